@@ -1,0 +1,157 @@
+"""The generic driver side of the commit protocol (DESIGN section 3), written once.
+
+Spark calls the sink's ``commit(messages, epoch)`` after every task of the epoch returned
+its handle, and writes its own commit log for the epoch only after that call returns. A
+crash between the two makes Spark run the epoch again after a restart, with the same input
+positions, so the first commit of every run is where recovery happens:
+
+* the run takes the lease (fencing) -- a first commit of a new run then recovers:
+  it finishes every intent without a completion and aborts every pre-commit of the
+  query that no intent names (failed attempts, a crash before the intent);
+* epoch already complete -> the call is a replay: abort its new handles;
+* otherwise write the intent (from here on the epoch *will* commit), commit every
+  handle, publish the epoch, record it complete.
+
+Races, case by case:
+* crash before the intent: no intent, recovery aborts the old handles, Spark replays the
+  epoch and the replay's handles commit.
+* crash after the intent, before or between handle commits, or before "complete":
+  recovery commits the intent's handles (each commit is idempotent) and marks the epoch
+  complete; the replay then finds it complete and aborts its own handles.
+* crash after "complete", before Spark's commit log: the replay finds it complete.
+* a second live instance: it fails to take the lease and raises FencedError before it
+  writes an intent; its handles are aborted by Spark's abort call or by later recovery.
+* Spark's ``abort`` for an epoch that has an intent does nothing: the intent wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from exactly.config import Mode
+from exactly.errors import ExactlyError
+from exactly.faults import FaultPoint, FaultSpec, maybe_crash
+from exactly.lease import Lease
+from exactly.logs import log_event
+from exactly.procs import driver_identity
+from exactly.sinks.commitlog import CommitLog, Intent
+from exactly.sinks.twophase import CommitOutcome, Handle, SinkSettings, TwoPhaseCommitSink
+
+logger = logging.getLogger("exactly.committer")
+
+
+class Committer:
+    """Runs the commit protocol for one sink."""
+
+    def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
+                 fault: FaultSpec | None = None) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.fault = fault
+        self.log = CommitLog(sink.log_directory)
+        self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
+
+    # -- step 2 ----------------------------------------------------------------------
+    def commit_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts."""
+        started = time.perf_counter()
+        if self.settings.mode is Mode.AT_LEAST_ONCE:
+            # Data became visible inside the tasks; only the crash points remain, so the
+            # same fault schedule can run in both modes.
+            for point in (FaultPoint.BEFORE_INTENT, FaultPoint.AFTER_INTENT,
+                          FaultPoint.BETWEEN_COMMITS, FaultPoint.AFTER_COMMITS,
+                          FaultPoint.AFTER_COMPLETE):
+                maybe_crash(self.fault, point, epoch)
+            return
+        if not handles:
+            return  # no task ran: nothing was pre-committed, nothing to make visible
+        query_id, run_id = self._identity(handles)
+        self.log.claim_owner(query_id)
+        if self.lease.acquire(run_id, driver_identity()):
+            self.recover(query_id, keep=handles)
+
+        if self.log.is_complete(epoch):
+            log_event(logger, "replay_of_complete_epoch", epoch=epoch, aborted=len(handles))
+            self._abort_all(handles)
+            return
+        intent = self.log.read_intent(epoch)
+        if intent is None:
+            maybe_crash(self.fault, FaultPoint.BEFORE_INTENT, epoch)
+            self.lease.verify(run_id)  # fencing at 2b
+            intent = self.log.write_intent(epoch, run_id, list(handles))
+            maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
+        else:  # written by this run before a failed commit call: the intent wins
+            self._abort_all([h for h in handles if h.key not in intent.keys])
+        self._finish(intent, started)
+        self._sweep_own_leftovers(query_id, run_id, epoch)
+
+    def _finish(self, intent: Intent, started: float | None = None) -> None:
+        """Steps 2c-2d: commit every handle of the intent, publish, record complete."""
+        outcomes = []
+        for i, handle in enumerate(intent.handles):
+            outcomes.append(self.sink.commit_handle(handle))
+            if i == 0:
+                maybe_crash(self.fault, FaultPoint.BETWEEN_COMMITS, intent.epoch)
+        self.sink.publish_epoch(intent.epoch, intent.handles)
+        maybe_crash(self.fault, FaultPoint.AFTER_COMMITS, intent.epoch)
+        stats = {
+            "rows": sum(h.rows for h in intent.handles),
+            "handles": len(intent.handles),
+            "already_committed": sum(o is CommitOutcome.ALREADY_COMMITTED for o in outcomes),
+            "run_id": intent.run_id,
+            "completed_at": time.time(),
+        }
+        if started is not None:
+            stats["commit_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        self.log.mark_complete(intent.epoch, stats)
+        log_event(logger, "epoch_complete", epoch=intent.epoch, **stats)
+        maybe_crash(self.fault, FaultPoint.AFTER_COMPLETE, intent.epoch)
+        self.log.prune(self.settings.retain_epochs)
+
+    # -- step 3 ----------------------------------------------------------------------
+    def abort_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """Abort the handles of a failed epoch, unless an intent already decided it."""
+        if self.settings.mode is Mode.AT_LEAST_ONCE:
+            return
+        intent = self.log.read_intent(epoch)
+        keep = intent.keys if intent is not None else set()
+        self._abort_all([h for h in handles if h.key not in keep])
+
+    # -- step 4 ----------------------------------------------------------------------
+    def recover(self, query_id: str, keep: Sequence[Handle] = ()) -> None:
+        """Finish incomplete intents, then abort every orphaned pre-commit of the query.
+
+        ``keep`` are the handles of the commit call in progress: they are not orphans.
+        """
+        finished = self.log.incomplete_intents()
+        for intent in finished:
+            log_event(logger, "recover_intent", epoch=intent.epoch, handles=len(intent.handles))
+            self._finish(intent)
+        protected = {h.key for h in keep}
+        orphans = [h for h in self.sink.list_pre_commits(query_id) if h.key not in protected]
+        self._abort_all(orphans)
+        log_event(logger, "recovered", query_id=query_id, intents_finished=len(finished),
+                  orphans_aborted=len(orphans))
+
+    def _sweep_own_leftovers(self, query_id: str, run_id: str, epoch: int) -> None:
+        """Abort this run's pre-commits of finished epochs (failed or speculative attempts).
+
+        Other runs' leftovers are left to recovery: they may belong to a live, fenced
+        instance, which must fail on its own lease check and not on vanished files.
+        """
+        stale = [h for h in self.sink.list_pre_commits(query_id)
+                 if h.run_id == run_id and h.epoch <= epoch]
+        self._abort_all(stale)
+
+    def _abort_all(self, handles: Sequence[Handle]) -> None:
+        for handle in handles:
+            self.sink.abort(handle)
+
+    @staticmethod
+    def _identity(handles: Sequence[Handle]) -> tuple[str, str]:
+        ids = {(h.query_id, h.run_id) for h in handles}
+        if len(ids) != 1:
+            raise ExactlyError(f"one epoch's handles name several queries or runs: {ids}")
+        return ids.pop()

@@ -1,0 +1,233 @@
+"""Two-phase-commit file sink: readers of the output directory see whole committed epochs.
+
+Guarantee: exactly once in ``exactly_once`` mode (each row of each epoch appears in exactly
+one committed file, and an epoch appears all at once or not at all); at least once in
+``at_least_once`` mode (files appear as tasks finish; a replay after a crash adds them again).
+
+Layout of ``path``::
+
+    epoch-000000000007/part-00000.parquet   committed epochs, one directory each
+    _staging/000000000007/<attempt>/        pre-commits: task.json + the staged data file
+    _staging/000000000007/_publish/         the epoch being assembled by the commit
+    _exactly/                               the sink's commit log and lease
+
+Begin: create the attempt directory and ``task.json``. Pre-commit: close and fsync the
+data file. Commit: rename the file into ``_publish`` under a name fixed by the partition;
+publish: rename ``_publish`` to ``epoch-N`` (one atomic directory rename on a POSIX file
+system). Readers (pandas, pyarrow, DuckDB ``epoch-*/*.parquet``, Spark) skip names that
+start with ``_``. Atomic publication needs a local or POSIX file system (no object stores).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from exactly.errors import ConfigError, DataLossError
+from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
+from exactly.sinks.twophase import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
+
+FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
+
+
+def epoch_dir_name(epoch: int) -> str:
+    return f"epoch-{epoch:012d}"
+
+
+@dataclass
+class FileTxn:
+    task: TaskInfo
+    directory: Path
+    data_file: Path
+    rows: int = 0
+    writer: Any = None
+    handle: Any = field(default=None, repr=False)
+
+
+class FileSink(TwoPhaseCommitSink[FileTxn]):
+    """Exactly-once Parquet / JSON-lines files, published one whole epoch at a time."""
+
+    name = "files"
+
+    def __init__(self, path: str, file_format: str = "parquet",
+                 compression: str = "snappy") -> None:
+        if not path:
+            raise ConfigError("exactly.files sink: set the output directory with "
+                              ".option('path', DIR) or .start(DIR)")
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        elif "://" in path:
+            raise ConfigError(
+                f"exactly.files sink: {path!r} is not a local path; atomic epoch publication "
+                "needs a POSIX file system (local disk, NFS mount). Object stores are not "
+                "supported yet."
+            )
+        fmt = FORMATS.get(file_format.lower())
+        if fmt is None:
+            raise ConfigError(f"exactly.files sink: format {file_format!r} is not one of "
+                              "parquet | json")
+        self.root = Path(path).absolute()
+        self.extension = fmt
+        self.compression = compression
+
+    # -- locations -------------------------------------------------------------------
+    @property
+    def log_directory(self) -> Path:
+        return self.root / "_exactly"
+
+    @property
+    def staging(self) -> Path:
+        return self.root / "_staging"
+
+    def _epoch_staging(self, epoch: int) -> Path:
+        return self.staging / f"{epoch:012d}"
+
+    def _final_dir(self, epoch: int) -> Path:
+        return self.root / epoch_dir_name(epoch)
+
+    def _final_name(self, handle: Handle) -> str:
+        return f"part-{handle.partition:05d}.{self.extension}"
+
+    # -- executor side ----------------------------------------------------------------
+    def begin_transaction(self, task: TaskInfo) -> FileTxn:
+        directory = self._epoch_staging(task.epoch) / task.attempt_key
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(directory / "task.json", {
+            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
+            "partition": task.partition, "attempt": task.attempt})
+        return FileTxn(task, directory, directory / f"part.{self.extension}")
+
+    def write(self, txn: FileTxn, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if self.extension == "parquet":
+            if txn.writer is None:
+                txn.writer = pq.ParquetWriter(txn.data_file, batch.schema,
+                                              compression=self.compression)
+            txn.writer.write_batch(batch)
+        else:
+            if txn.writer is None:
+                txn.writer = open(txn.data_file, "w", encoding="utf-8")  # noqa: SIM115
+            lines = (json.dumps(row, default=_json_default, ensure_ascii=False)
+                     for row in batch.to_pylist())
+            txn.writer.write("\n".join(lines) + "\n")
+        txn.rows += batch.num_rows
+
+    def pre_commit(self, txn: FileTxn) -> dict[str, Any]:
+        has_file = txn.writer is not None
+        if has_file:
+            txn.writer.close()
+            txn.writer = None
+            fsync_file(txn.data_file)
+        fsync_dir(txn.directory)
+        return {"rows": txn.rows, "file": txn.data_file.name if has_file else None,
+                "dir": str(txn.directory.relative_to(self.root))}
+
+    def abort_transaction(self, txn: FileTxn) -> None:
+        if txn.writer is not None:
+            try:
+                txn.writer.close()
+            finally:
+                txn.writer = None
+        shutil.rmtree(txn.directory, ignore_errors=True)
+
+    def commit_visible(self, handle: Handle) -> None:
+        """at_least_once: move the file into its epoch directory at once, under a name
+        unique to the attempt, so that a replay adds a second copy."""
+        attempt_dir = self.root / handle.payload["dir"]
+        if handle.payload["file"]:
+            final_dir = self._final_dir(handle.epoch)
+            final_dir.mkdir(parents=True, exist_ok=True)
+            target = final_dir / f"part-{handle.task.attempt_key}.{self.extension}"
+            os.replace(attempt_dir / handle.payload["file"], target)
+            fsync_dir(final_dir)
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+
+    # -- driver side -------------------------------------------------------------------
+    def commit_handle(self, handle: Handle) -> CommitOutcome:
+        attempt_dir = self.root / handle.payload["dir"]
+        outcome = CommitOutcome.COMMITTED
+        if handle.payload["file"]:
+            source = attempt_dir / handle.payload["file"]
+            publish = self._epoch_staging(handle.epoch) / "_publish"
+            target = publish / self._final_name(handle)
+            if source.exists():
+                publish.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
+                fsync_dir(publish)
+            elif target.exists() or (self._final_dir(handle.epoch)
+                                     / self._final_name(handle)).exists():
+                outcome = CommitOutcome.ALREADY_COMMITTED
+            else:
+                raise DataLossError(
+                    f"epoch {handle.epoch} partition {handle.partition}: the staged file "
+                    f"{source} named by the commit intent is gone and was never published; "
+                    "something outside exactly removed it"
+                )
+        shutil.rmtree(attempt_dir, ignore_errors=True)
+        return outcome
+
+    def publish_epoch(self, epoch: int, handles: Iterable[Handle]) -> None:
+        expects_files = any(h.payload["file"] for h in handles)
+        publish = self._epoch_staging(epoch) / "_publish"
+        final = self._final_dir(epoch)
+        if expects_files and not final.exists():
+            if not publish.exists():
+                raise DataLossError(f"epoch {epoch}: nothing to publish in {publish} and "
+                                    f"{final} does not exist")
+            os.rename(publish, final)
+            fsync_dir(self.root)
+        _remove_if_empty(self._epoch_staging(epoch))
+
+    def abort(self, handle: Handle) -> None:
+        shutil.rmtree(self.root / handle.payload["dir"], ignore_errors=True)
+        _remove_if_empty(self._epoch_staging(handle.epoch))
+
+    def list_pre_commits(self, query_id: str) -> list[Handle]:
+        found = []
+        if not self.staging.is_dir():
+            return found
+        for epoch_dir in sorted(self.staging.iterdir()):
+            if not epoch_dir.name.isdigit():
+                continue
+            for attempt_dir in sorted(epoch_dir.iterdir()):
+                if attempt_dir.name.startswith("_") or not attempt_dir.is_dir():
+                    continue
+                task = read_json(attempt_dir / "task.json") or {
+                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
+                    "partition": -1, "attempt": -1}
+                if task["query_id"] != query_id:
+                    continue
+                data = next(iter(attempt_dir.glob("part.*")), None)
+                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
+                                    int(task["partition"]), int(task["attempt"]),
+                                    {"rows": 0, "file": data.name if data else None,
+                                     "dir": str(attempt_dir.relative_to(self.root))}))
+        return found
+
+
+def _remove_if_empty(directory: Path) -> None:
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
