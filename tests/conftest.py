@@ -1,0 +1,29 @@
+"""Shared fixtures: one local[2] SparkSession per test session, event files, workdirs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from exactly.demo import write_events
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from exactly.session import spark_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = spark_session(app_name="exactly-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def events_dir(tmp_path: Path) -> Path:
+    """8 JSON-lines files holding events with ids 0..3999."""
+    directory = tmp_path / "input"
+    write_events(directory, 4000, 8, seed=1)
+    return directory
