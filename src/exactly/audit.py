@@ -8,7 +8,7 @@ start with ``_`` or ``.`` (staging, commit logs) are not output, as for any read
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,6 @@ class AuditReport:
     duplicate_extra_rows: int
     malformed_input_rows: int = 0
     input_duplicates: int = 0
-    samples: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -44,12 +43,12 @@ class AuditReport:
             shown = ", ".join(str(v) for v in values[:10])
             return f"{len(values)}" + (f"  (e.g. {shown})" if len(values) else "")
 
+        extra = f"  [{self.duplicate_extra_rows} extra rows]" if self.duplicate_extra_rows else ""
         return [
             ("expected ids", str(self.expected)),
             ("output rows", str(self.found_rows)),
             ("missing ids", sample(self.missing)),
-            ("duplicated ids", sample(self.duplicated)
-             + (f"  [{self.duplicate_extra_rows} extra rows]" if self.duplicate_extra_rows else "")),
+            ("duplicated ids", sample(self.duplicated) + extra),
             ("unexpected ids", sample(self.unexpected)),
             ("malformed input rows", str(self.malformed_input_rows)),
             ("verdict", "EXACTLY ONCE" if self.ok else "MISMATCH"),

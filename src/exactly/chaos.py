@@ -8,6 +8,7 @@ input. Any other failure stops the harness: it is a bug, not an injected crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -124,10 +125,8 @@ def _drain(proc: subprocess.Popen, attempt: Attempt,
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def python_command(*args: str) -> list[str]:

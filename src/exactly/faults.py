@@ -14,6 +14,7 @@ Python driver process that owns it. ``in_write`` kills the executor's Python wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,7 +117,5 @@ def _claim_marker(path: str, point: FaultPoint, epoch: int) -> bool:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -66,18 +66,34 @@ def jvm_ancestor() -> int | None:
     return None
 
 
+def _own_gateway_jvm() -> int | None:
+    """Pid of the JVM this process launched when it is a PySpark driver, else None."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    sc = SparkContext._active_spark_context
+    proc = getattr(getattr(sc, "_gateway", None), "proc", None) if sc is not None else None
+    return proc.pid if proc is not None else None
+
+
 def driver_identity() -> ProcessId:
-    """Identity of the Spark driver seen from a driver-side worker (falls back to self)."""
+    """Identity of the Spark driver, seen from a driver-side worker (the JVM ancestor) or
+    from the Python driver itself (e.g. inside ``foreachBatch``)."""
     pid = jvm_ancestor() or os.getpid()
     stat = _stat(pid)
     return ProcessId(socket.gethostname(), pid, stat[2] if stat else 0)
 
 
 def driver_processes() -> list[int]:
-    """Pids that make up the driver: the Python driver that launched the JVM, and the JVM."""
+    """Pids that make up the driver: the Python driver that launched the JVM, and the JVM.
+
+    Works from a Python worker under the driver JVM and from the Python driver process.
+    """
     jvm = jvm_ancestor()
     if jvm is None:
-        return []
+        own = _own_gateway_jvm()
+        return [os.getpid(), own] if own is not None else [os.getpid()]
     pids = []
     stat = _stat(jvm)
     if stat is not None and _launched_by_pyspark(jvm):

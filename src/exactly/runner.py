@@ -132,10 +132,14 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     spark = df.sparkSession
     for key, value in checkpoint.spark_conf().items():
         spark.conf.set(key, value)
+    options = dict(options or {})
+    local = _local_path(location)
+    if local is not None:
+        options.setdefault("exactly.logDir", str(local / "exactly-sink"))
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
               .option("checkpointLocation", location)
               .option("mode", checkpoint.mode.value)  # type: ignore[union-attr]
-              .options(**(options or {})))
+              .options(**options))
     if query_name:
         writer = writer.queryName(query_name)
     if available_now:

@@ -25,7 +25,7 @@ def test_bad_durations_name_the_option(text):
 
 
 def test_unknown_mode_lists_the_choices():
-    with pytest.raises(ConfigError, match="exactly_once | at_least_once"):
+    with pytest.raises(ConfigError, match=r"exactly_once \| at_least_once"):
         CheckpointConfig(mode="maybe_once")
 
 

@@ -20,7 +20,6 @@ from exactly.errors import ConfigError, ExactlyError, MalformedRecordError
 from exactly.sources.datagen import DatagenStreamReader, generate
 from exactly.sources.files import FilesStreamReader
 
-
 # the demo's event schema (exactly.pipeline.EVENT_SCHEMA), built without a SparkSession
 EVENTS = StructType([StructField("id", LongType(), False), StructField("key", StringType()),
                      StructField("amount", DoubleType()),

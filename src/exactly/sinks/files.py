@@ -20,6 +20,7 @@ start with ``_``. Atomic publication needs a local or POSIX file system (no obje
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
@@ -217,10 +218,8 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
 
 
 def _remove_if_empty(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not empty: other attempts are still there
         directory.rmdir()
-    except OSError:
-        pass
 
 
 def _json_default(value: Any) -> Any:

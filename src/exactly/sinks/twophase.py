@@ -15,7 +15,6 @@ Driver side, once per epoch:
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 
 from exactly.config import Mode
+from exactly.errors import ConfigError
 
 TxnT = TypeVar("TxnT")
 
@@ -130,7 +130,7 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Commit one pre-commit. Idempotent; raises DataLossError if it vanished."""
 
-    def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:  # noqa: B027
+    def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
         """Make the epoch's committed handles visible together (default: nothing to do)."""
 
     @abstractmethod
@@ -149,6 +149,9 @@ class SinkSettings:
     mode: Mode = Mode.EXACTLY_ONCE
     retain_epochs: int = 100
     lease_stale_after: float = 600.0
+    #: where sinks without a directory of their own keep the commit log and lease
+    #: (option ``exactly.logDir``; ``start_query`` sets it under the checkpoint)
+    log_dir: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
@@ -157,8 +160,14 @@ class SinkSettings:
         mode = _enum(Mode, options.get("mode", Mode.EXACTLY_ONCE.value), "mode")
         return cls(mode=mode,  # type: ignore[arg-type]
                    retain_epochs=int(options.get("exactly.retainEpochs", 100)),
-                   lease_stale_after=float(options.get("exactly.leaseStaleAfterSeconds", 600)))
+                   lease_stale_after=float(options.get("exactly.leaseStaleAfterSeconds", 600)),
+                   log_dir=options.get("exactly.logDir"))
 
-
-def handles_json(handles: Iterable[Handle]) -> str:
-    return json.dumps([h.to_json() for h in handles])
+    def require_log_dir(self, sink: str) -> Path:
+        """The commit-log directory for sinks that keep it beside the checkpoint."""
+        if not self.log_dir:
+            raise ConfigError(
+                f"{sink} sink: set option exactly.logDir to a local directory for the sink's "
+                "commit log (exactly.runner.start_query sets it under the checkpoint)"
+            )
+        return Path(self.log_dir.removeprefix("file://"))

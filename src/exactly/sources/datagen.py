@@ -17,6 +17,7 @@ same rows. Supports ``Trigger.AvailableNow`` (reads up to ``totalRows``, ignorin
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -124,7 +125,7 @@ class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         n = min(self.partitions_n, stop - begin)  # type: ignore[type-var]
         bounds = np.linspace(begin, stop, n + 1, dtype=np.int64)
-        return [RowRange(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [RowRange(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: RowRange):  # type: ignore[override]
         for lo in range(partition.start, partition.end, _BATCH):
