@@ -30,7 +30,7 @@ class FilesDataSource(DataSource):
         return "exactly.files"
 
     def schema(self) -> StructType | str:
-        if self.options.get("format", "json").lower() == "parquet" and self.options.get("path"):
+        if self.options.get("format", "parquet").lower() == "parquet" and self.options.get("path"):
             from exactly.sources.files import infer_parquet_schema
 
             return infer_parquet_schema(self.options["path"])

@@ -123,6 +123,9 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
 
     ``available_now=True`` processes what the sources hold at start, in epochs sized by the
     sources' limits, then stops (a bounded run whose last epoch is checkpointed).
+
+    The state backend is a session setting in Spark: it applies to queries started later in
+    the same session too, and a checkpoint keeps the backend it was first started with.
     """
     if not df.isStreaming:
         raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")

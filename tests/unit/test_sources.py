@@ -27,7 +27,7 @@ EVENTS = StructType([StructField("id", LongType(), False), StructField("key", St
 
 
 def reader(directory: Path, **options) -> FilesStreamReader:
-    return FilesStreamReader({"path": str(directory), **options}, EVENTS)
+    return FilesStreamReader({"path": str(directory), "format": "json", **options}, EVENTS)
 
 
 def test_files_are_taken_in_name_order_and_epochs_are_capped(events_dir):

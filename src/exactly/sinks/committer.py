@@ -57,6 +57,8 @@ class Committer:
     def commit_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
         """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts."""
         started = time.perf_counter()
+        if handles:
+            self.log.claim_owner(self._identity(handles)[0])
         if self.settings.mode is Mode.AT_LEAST_ONCE:
             # Data became visible inside the tasks; only the crash points remain, so the
             # same fault schedule can run in both modes.
@@ -68,7 +70,6 @@ class Committer:
         if not handles:
             return  # no task ran: nothing was pre-committed, nothing to make visible
         query_id, run_id = self._identity(handles)
-        self.log.claim_owner(query_id)
         if self.lease.acquire(run_id, driver_identity()):
             self.recover(query_id, keep=handles)
 

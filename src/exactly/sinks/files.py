@@ -153,6 +153,7 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
             os.replace(attempt_dir / handle.payload["file"], target)
             fsync_dir(final_dir)
         shutil.rmtree(attempt_dir, ignore_errors=True)
+        _remove_if_empty(self._epoch_staging(handle.epoch))
 
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
@@ -188,6 +189,8 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
                                     f"{final} does not exist")
             os.rename(publish, final)
             fsync_dir(self.root)
+        elif final.exists() and publish.exists():
+            shutil.rmtree(publish)  # a second copy of an epoch that is already visible
         _remove_if_empty(self._epoch_staging(epoch))
 
     def abort(self, handle: Handle) -> None:

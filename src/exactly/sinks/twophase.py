@@ -158,8 +158,12 @@ class SinkSettings:
         from exactly.config import _enum  # shared enum parsing with its error message
 
         mode = _enum(Mode, options.get("mode", Mode.EXACTLY_ONCE.value), "mode")
+        retain = int(options.get("exactly.retainEpochs", 100))
+        if retain < 1:
+            raise ConfigError(f"exactly.retainEpochs must be >= 1 (the last completed epoch "
+                              f"must stay known to recognise its replay), got {retain}")
         return cls(mode=mode,  # type: ignore[arg-type]
-                   retain_epochs=int(options.get("exactly.retainEpochs", 100)),
+                   retain_epochs=retain,
                    lease_stale_after=float(options.get("exactly.leaseStaleAfterSeconds", 600)),
                    log_dir=options.get("exactly.logDir"))
 

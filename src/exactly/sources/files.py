@@ -3,7 +3,7 @@
 Options (``spark.readStream.format("exactly.files").schema(...)``):
 
 ``path``               the input directory (required)
-``format``             ``json`` (JSON lines, default) or ``parquet``
+``format``             ``parquet`` (default, as for the sink) or ``json`` (JSON lines)
 ``maxFilesPerTrigger`` cap on files per epoch (epoch sizing; default: all new files)
 ``deadLetterPath``     where malformed rows go; without it a malformed row fails the query
 
@@ -72,7 +72,7 @@ class FilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ConfigError("exactly.files source: set the input directory with "
                               ".option('path', DIR) or .load(DIR)")
         self.directory = Path(path.removeprefix("file://")).absolute()
-        self.format = options.get("format", "json").lower()
+        self.format = options.get("format", "parquet").lower()
         if self.format not in FORMATS:
             raise ConfigError(f"exactly.files source: format {self.format!r} is not one of "
                               "json | parquet")
