@@ -57,6 +57,7 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
                      env: dict[str, str] | None = None,
                      on_line: Callable[[Attempt, dict], None] | None = None,
                      on_start: Callable[[Attempt], None] | None = None,
+                     on_end: Callable[[Attempt], None] | None = None,
                      timeout: float = 600) -> list[Attempt]:
     """Run ``command`` with the faults of ``schedule`` armed one per attempt, restarting
     after every injected crash, until an attempt exits cleanly (input drained). A fault
@@ -86,6 +87,8 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
         if marker.exists():
             attempt.fired = json.loads(marker.read_text())
         attempts.append(attempt)
+        if on_end is not None:
+            on_end(attempt)
         if attempt.crashed:
             continue
         if proc.returncode != 0:

@@ -35,17 +35,27 @@ def main() -> None:
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for input, output and checkpoint (emptied first).")
 @click.option("--format", "output_format", default="parquet", show_default=True,
-              type=click.Choice(["parquet", "json"]), help="Output file format.")
-def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str) -> None:
-    """Generate events, run the exactly-once file pipeline under crashes, audit the output.
+              type=click.Choice(["parquet", "json"]), help="Output file format (files sink).")
+@click.option("--sink", default="files", show_default=True,
+              type=click.Choice(["files", "postgres", "kafka"]),
+              help="Where the pipeline writes: local files, PostgreSQL or Kafka.")
+def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str,
+         sink: str) -> None:
+    """Generate events, run an exactly-once pipeline under crashes, audit the output.
 
     Exit code 0 when every event is in the output exactly once, 1 otherwise.
     """
+    from importlib import import_module
+
     from exactly.demo import print_result, run_demo
 
     console = Console()
-    result = run_demo(events, crashes, seed, workdir.absolute(), output_format=output_format,
-                      console=console)
+    if sink == "files":
+        result = run_demo(events, crashes, seed, workdir.absolute(),
+                          output_format=output_format, console=console)
+    else:
+        module = import_module(f"exactly.demos.{sink}")
+        result = module.run_demo(events, crashes, seed, workdir.absolute(), console)
     print_result(result, console)
     sys.exit(0 if result.report.ok else 1)
 

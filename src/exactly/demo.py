@@ -67,12 +67,16 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
         armed = attempt.armed.render() if attempt.armed else "no fault"
         console.print(f"attempt {attempt.number}: starting ({armed} armed)")
 
-    attempts = run_with_crashes(command, schedule, on_line=progress, on_start=started)
-    for attempt in attempts:
+    def ended(attempt: Attempt) -> None:
         if attempt.crashed:
             fired = attempt.fired or {}
             console.print(f"  attempt {attempt.number}: [red]killed[/] at {fired.get('point')} "
-                          f"in epoch {fired.get('epoch')}")
+                          f"in epoch {fired.get('epoch')}; restarting")
+        else:
+            console.print(f"  attempt {attempt.number}: input drained")
+
+    attempts = run_with_crashes(command, schedule, on_line=progress, on_start=started,
+                                on_end=ended)
     report = verify(workdir / "input", workdir / "output")
     return DemoResult(attempts, report, files, epochs)
 
