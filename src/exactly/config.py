@@ -70,7 +70,8 @@ def parse_duration(value: str | float | int, *, name: str) -> float:
     return seconds
 
 
-def _enum(enum_type: type[Enum], value: object, name: str) -> Enum:
+def parse_enum(enum_type: type[Enum], value: object, name: str) -> Enum:
+    """``value`` as a member of ``enum_type``; a ConfigError lists the allowed values."""
     try:
         return enum_type(value.value if isinstance(value, Enum) else str(value).lower())
     except ValueError:
@@ -138,10 +139,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "mode", _enum(Mode, self.mode, "mode"))
-        set_(self, "state_backend", _enum(StateBackend, self.state_backend, "state_backend"))
+        set_(self, "mode", parse_enum(Mode, self.mode, "mode"))
+        set_(self, "state_backend", parse_enum(StateBackend, self.state_backend, "state_backend"))
         set_(self, "externalized_cleanup",
-             _enum(ExternalizedCleanup, self.externalized_cleanup, "externalized_cleanup"))
+             parse_enum(ExternalizedCleanup, self.externalized_cleanup, "externalized_cleanup"))
         set_(self, "interval_seconds", parse_duration(self.interval, name="interval"))
         if self.interval_seconds <= 0:
             raise ConfigError("interval: must be greater than 0, e.g. '1s'")

@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ class FileTxn:
     data_file: Path
     rows: int = 0
     writer: Any = None
-    handle: Any = field(default=None, repr=False)
 
 
 class FileSink(TwoPhaseCommitSink[FileTxn]):

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
-from exactly.config import Mode
+from exactly.config import Mode, parse_enum
 from exactly.errors import ConfigError
 
 TxnT = TypeVar("TxnT")
@@ -155,9 +155,7 @@ class SinkSettings:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
-        from exactly.config import _enum  # shared enum parsing with its error message
-
-        mode = _enum(Mode, options.get("mode", Mode.EXACTLY_ONCE.value), "mode")
+        mode = parse_enum(Mode, options.get("mode", Mode.EXACTLY_ONCE.value), "mode")
         retain = int(options.get("exactly.retainEpochs", 100))
         if retain < 1:
             raise ConfigError(f"exactly.retainEpochs must be >= 1 (the last completed epoch "
