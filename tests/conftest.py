@@ -27,3 +27,13 @@ def events_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "input"
     write_events(directory, 4000, 8, seed=1)
     return directory
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    if os.environ.get("EXACTLY_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="soak run: set EXACTLY_SLOW=1 to include it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

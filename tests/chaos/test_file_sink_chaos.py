@@ -155,3 +155,20 @@ def test_a_second_instance_of_the_query_is_fenced_and_never_commits(tmp_path):
         a.wait()
     ids = sorted(i for v in visible_ids_by_epoch(out).values() for i in v)
     assert ids == list(range(len(ids)))  # no id lost or duplicated in what A committed
+
+
+@pytest.mark.slow
+def test_soak_random_crashes_over_many_epochs(tmp_path):
+    """Soak: 100,000 events in 40 epochs, 12 crashes at random points and epochs."""
+    import random
+
+    from exactly.chaos import random_schedule
+    from exactly.demo import write_events
+
+    events = tmp_path / "input"
+    write_events(events, 100_000, 80, seed=11)
+    schedule = random_schedule(12, 40, random.Random(11))
+    attempts = run_with_crashes(pipeline(tmp_path, events), schedule)
+    assert sum(a.crashed for a in attempts) == len(schedule)
+    assert verify(events, tmp_path / "out").ok
+    assert_no_dangling_pre_commits(tmp_path / "out")
