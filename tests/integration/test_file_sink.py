@@ -151,3 +151,17 @@ def test_a_new_query_cannot_write_into_another_querys_output(spark, tmp_path):
                          available_now=True)
     with pytest.raises(Exception, match="already holds the output of streaming query"):
         second.await_termination()
+
+
+@pytest.mark.parametrize("cleanup", ["retain_on_cancellation", "delete_on_cancellation"])
+def test_cancel_applies_externalized_cleanup_to_the_checkpoint(spark, tmp_path, cleanup):
+    ck = tmp_path / "ck"
+    config = CheckpointConfig(storage=str(ck), interval="200ms", externalized_cleanup=cleanup)
+    df = spark.readStream.format("exactly.datagen").option("rowsPerSecond", 100).load()
+    query = start_query(df, sink_format="exactly.files", path=str(tmp_path / "out"),
+                        checkpoint=config)
+    deadline = time.monotonic() + 120
+    while not (ck / "commits" / "0").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    query.cancel()
+    assert ck.exists() == (cleanup == "retain_on_cancellation")
