@@ -27,6 +27,30 @@ class DemoResult:
     epochs_expected: int
 
 
+@dataclass
+class ConsoleProgress:
+    """Prints a crash-and-restart run as it happens (hooks for ``run_with_crashes``)."""
+
+    console: Console
+
+    def on_line(self, attempt: Attempt, event: dict) -> None:
+        if event.get("event") == "epoch":
+            self.console.print(f"  attempt {attempt.number}: epoch {event['epoch']} committed "
+                               f"({event['rows']} rows)")
+
+    def on_start(self, attempt: Attempt) -> None:
+        armed = attempt.armed.render() if attempt.armed else "no fault"
+        self.console.print(f"attempt {attempt.number}: starting ({armed} armed)")
+
+    def on_end(self, attempt: Attempt) -> None:
+        if attempt.crashed:
+            fired = attempt.fired or {}
+            self.console.print(f"  attempt {attempt.number}: [red]killed[/] at "
+                               f"{fired.get('point')} in epoch {fired.get('epoch')}; restarting")
+        else:
+            self.console.print(f"  attempt {attempt.number}: input drained")
+
+
 def write_events(directory: Path, events: int, files: int, seed: int) -> None:
     """``events`` JSON-lines events with ids 0..events-1 in ``files`` files, in name order."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -58,25 +82,9 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
         "--checkpoint", str(workdir / "checkpoint"), "--format", output_format,
         "--max-files-per-epoch", str(files_per_epoch))
 
-    def progress(attempt: Attempt, event: dict) -> None:
-        if event.get("event") == "epoch":
-            console.print(f"  attempt {attempt.number}: epoch {event['epoch']} committed "
-                          f"({event['rows']} rows)")
-
-    def started(attempt: Attempt) -> None:
-        armed = attempt.armed.render() if attempt.armed else "no fault"
-        console.print(f"attempt {attempt.number}: starting ({armed} armed)")
-
-    def ended(attempt: Attempt) -> None:
-        if attempt.crashed:
-            fired = attempt.fired or {}
-            console.print(f"  attempt {attempt.number}: [red]killed[/] at {fired.get('point')} "
-                          f"in epoch {fired.get('epoch')}; restarting")
-        else:
-            console.print(f"  attempt {attempt.number}: input drained")
-
-    attempts = run_with_crashes(command, schedule, on_line=progress, on_start=started,
-                                on_end=ended)
+    hooks = ConsoleProgress(console)
+    attempts = run_with_crashes(command, schedule, on_line=hooks.on_line,
+                                on_start=hooks.on_start, on_end=hooks.on_end)
     report = verify(workdir / "input", workdir / "output")
     return DemoResult(attempts, report, files, epochs)
 
