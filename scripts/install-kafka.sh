@@ -32,8 +32,13 @@ fetch() {  # fetch PROFILE DIR EXTRA_MVN_ARGS...
   log "fetching $profile jars from Maven Central into $dir"
   rm -rf "$dir.tmp"
   mkdir -p "$dir.tmp"
-  mvn -q -B -Dstyle.color=never -f "$POM" -P "$profile" dependency:copy-dependencies \
-      -DoutputDirectory="$PWD/$dir.tmp" "$@"
+  if ! mvn -q -B -Dstyle.color=never -f "$POM" -P "$profile" dependency:copy-dependencies \
+      -DoutputDirectory="$PWD/$dir.tmp" "$@" >"$dir.tmp.log" 2>&1; then
+    cat "$dir.tmp.log" >&2
+    log "mvn could not fetch the $profile jars (is Maven Central reachable?)"
+    exit 1
+  fi
+  rm -f "$dir.tmp.log"
   echo "$want" > "$dir.tmp/.stamp"
   rm -rf "$dir"
   mv "$dir.tmp" "$dir"

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,13 +62,27 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
                      timeout: float = 600) -> list[Attempt]:
     """Run ``command`` with the faults of ``schedule`` armed one per attempt, restarting
     after every injected crash, until an attempt exits cleanly (input drained). A fault
-    that is not reached before the input drains does not fire.
+    that is not reached before the input drains does not fire (see :func:`unfired`).
 
     Returns the attempts. Raises :class:`JobFailed` when an attempt fails on its own.
     """
+    marker_dir = Path(tempfile.mkdtemp(prefix="exactly-faults-"))
+    try:
+        return _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end, timeout)
+    finally:
+        shutil.rmtree(marker_dir, ignore_errors=True)
+
+
+def unfired(schedule: Sequence[FaultSpec], attempts: Sequence[Attempt]) -> list[FaultSpec]:
+    """Faults of ``schedule`` that never fired (the input drained before they were reached)."""
+    fired = sum(a.crashed for a in attempts)
+    return list(schedule[fired:])
+
+
+def _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end,
+              timeout) -> list[Attempt]:
     attempts: list[Attempt] = []
     pending = list(schedule)
-    marker_dir = Path(tempfile.mkdtemp(prefix="exactly-faults-"))
     while True:
         armed = pending.pop(0) if pending else None
         attempt = Attempt(len(attempts) + 1, armed, 0, None)

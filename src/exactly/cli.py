@@ -56,8 +56,9 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
     else:
         module = import_module(f"exactly.demos.{sink}")
         result = module.run_demo(events, crashes, seed, workdir.absolute(), console)
+        print_result = getattr(module, "print_result", print_result)
     print_result(result, console)
-    sys.exit(0 if result.report.ok else 1)
+    sys.exit(0 if result.ok else 1)
 
 
 @main.command()

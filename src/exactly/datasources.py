@@ -68,7 +68,10 @@ class DatagenDataSource(DataSource):
         return DatagenStreamReader(self.options)
 
 
-DATA_SOURCES = (FilesDataSource, DatagenDataSource)
+from exactly.db_datasources import DB_DATA_SOURCES  # noqa: E402  (PostgreSQL / SQLite sinks)
+from exactly.sinks.kafka import KafkaDataSource  # noqa: E402  (exactly.kafka sink)
+
+DATA_SOURCES = (FilesDataSource, DatagenDataSource, *DB_DATA_SOURCES, KafkaDataSource)
 
 
 def register(spark: SparkSession) -> None:

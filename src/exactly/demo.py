@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from exactly.audit import AuditReport, verify
-from exactly.chaos import Attempt, python_command, random_schedule, run_with_crashes
+from exactly.chaos import Attempt, python_command, random_schedule, run_with_crashes, unfired
 from exactly.sources.datagen import generate
 
 EVENTS_PER_FILE_TARGET = 20  # files in the input; epochs = files / files per epoch
@@ -25,6 +25,11 @@ class DemoResult:
     report: AuditReport
     files: int
     epochs_expected: int
+
+    @property
+    def ok(self) -> bool:
+        """Every id exactly once (sink-specific results add their own checks)."""
+        return self.report.ok
 
 
 @dataclass
@@ -85,6 +90,9 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
     hooks = ConsoleProgress(console)
     attempts = run_with_crashes(command, schedule, on_line=hooks.on_line,
                                 on_start=hooks.on_start, on_end=hooks.on_end)
+    for spec in unfired(schedule, attempts):
+        console.print(f"  [yellow]fault {spec.render()} was not reached[/] before the input "
+                      "drained")
     report = verify(workdir / "input", workdir / "output")
     return DemoResult(attempts, report, files, epochs)
 

@@ -139,6 +139,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     local = _local_path(location)
     if local is not None:
         options.setdefault("exactly.logDir", str(local / "exactly-sink"))
+    options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
               .option("checkpointLocation", location)
               .option("mode", checkpoint.mode.value)  # type: ignore[union-attr]

@@ -53,15 +53,25 @@ class Committer:
         self.log = CommitLog(sink.log_directory)
         self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
 
+    # -- steps 4 and 5 ----------------------------------------------------------------
+    def begin_run(self, query_id: str, run_id: str, keep: Sequence[Handle] = ()) -> bool:
+        """Bind the sink to ``query_id``, take the lease for ``run_id`` (FencedError if
+        another live driver holds it) and, when this run is new, recover. True if new."""
+        self.log.claim_owner(query_id)
+        if not self.lease.acquire(run_id, driver_identity()):
+            return False
+        self.recover(query_id, keep=keep)
+        return True
+
     # -- step 2 ----------------------------------------------------------------------
     def commit_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
         """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts."""
         started = time.perf_counter()
-        if handles:
-            self.log.claim_owner(self._identity(handles)[0])
         if self.settings.mode is Mode.AT_LEAST_ONCE:
             # Data became visible inside the tasks; only the crash points remain, so the
             # same fault schedule can run in both modes.
+            if handles:
+                self.log.claim_owner(self._identity(handles)[0])
             for point in (FaultPoint.BEFORE_INTENT, FaultPoint.AFTER_INTENT,
                           FaultPoint.BETWEEN_COMMITS, FaultPoint.AFTER_COMMITS,
                           FaultPoint.AFTER_COMPLETE):
@@ -70,8 +80,7 @@ class Committer:
         if not handles:
             return  # no task ran: nothing was pre-committed, nothing to make visible
         query_id, run_id = self._identity(handles)
-        if self.lease.acquire(run_id, driver_identity()):
-            self.recover(query_id, keep=handles)
+        self.begin_run(query_id, run_id, keep=handles)
 
         if self.log.is_complete(epoch):
             log_event(logger, "replay_of_complete_epoch", epoch=epoch, aborted=len(handles))

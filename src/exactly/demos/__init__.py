@@ -1,0 +1,1 @@
+"""Self-contained demos and job entry points beyond the file demo (PostgreSQL, ...)."""

@@ -1,0 +1,240 @@
+"""``exactly demo --sink kafka``: Kafka -> stateful job -> Kafka under random crashes, audited.
+
+It produces ``events`` input records with unique ids into a fresh input topic, runs
+:mod:`exactly.demos.kafka_job` (the ``exactly.kafka`` transactional sink) under a random
+crash schedule drawn from every driver protocol point, ``in_write`` and the Kafka sink's own
+``in_transaction`` point, restarting after each crash until the input is drained, then reads
+the output topic with a ``read_committed`` consumer and audits it: every id exactly once, and
+per key the running sequence numbers exactly 1..n (the job's state was applied once). The
+``read_uncommitted`` view (which also shows records of aborted transactions) is reported too.
+
+The broker is ``EXACTLY_KAFKA_BOOTSTRAP`` when set, else one started here for the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from exactly.audit import AuditReport
+from exactly.chaos import Attempt, run_with_crashes
+from exactly.demo import DemoResult
+from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
+from exactly.sinks.kafka import IN_TRANSACTION, KAFKA_FAULT_ENV, KAFKA_FAULT_MARKER_ENV
+
+KEYS = 20
+#: schedule placeholder: arms the harness's crash marker for the attempt in which the Kafka
+#: sink's own point (EXACTLY_KAFKA_FAULT) fires; a fault at this epoch is never reached
+PLACEHOLDER_EPOCH = 10**9
+
+
+def produce_events(bootstrap: str, topic: str, events: int, seed: int = 0,
+                   start: int = 0) -> None:
+    """``events`` JSON records ``{"id", "key", "amount"}`` with ids start..start+events-1."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**quiet_conf(bootstrap), "linger.ms": 20, "enable.idempotence": True,
+                         "partitioner": "murmur2_random"})
+    rng = random.Random(seed)
+    for i in range(start, start + events):
+        key = f"k{i % KEYS:02d}"
+        value = json.dumps({"id": i, "key": key, "amount": round(rng.uniform(1, 100), 2)})
+        while True:
+            try:
+                producer.produce(topic, value.encode(), key.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise RuntimeError(f"could not deliver the input events to {topic}")
+
+
+@dataclass
+class KafkaAudit:
+    """What a consumer of the output topic saw."""
+
+    isolation_level: str
+    report: AuditReport
+    seq_errors: int  # keys whose distinct records do not carry seq 1..n exactly once
+    records: int
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and self.seq_errors == 0
+
+
+def audit_output(bootstrap: str, topic: str, expected_ids: int,
+                 isolation_level: str = "read_committed") -> KafkaAudit:
+    """Audit the output topic against input ids ``0..expected_ids-1``."""
+    records = consume_all(bootstrap, topic, isolation_level=isolation_level)
+    rows = [json.loads(value) for _, _, _, value in records if value is not None]
+    ids = np.array([r["id"] for r in rows], dtype=np.int64)
+    expected = np.arange(expected_ids, dtype=np.int64)
+    found, counts = np.unique(ids, return_counts=True)
+    report = AuditReport(
+        expected=expected_ids, found_rows=len(ids),
+        missing=np.setdiff1d(expected, found, assume_unique=True),
+        duplicated=found[counts > 1],
+        unexpected=np.setdiff1d(found, expected, assume_unique=True),
+        duplicate_extra_rows=int((counts[counts > 1] - 1).sum()))
+    per_key: dict[str, dict[int, int]] = defaultdict(dict)
+    for r in rows:
+        per_key[r["key"]][r["id"]] = r["seq"]
+    seq_errors = sum(sorted(seqs.values()) != list(range(1, len(seqs) + 1))
+                     for seqs in per_key.values())
+    return KafkaAudit(isolation_level, report, seq_errors, len(records))
+
+
+def chaos_schedule(epochs: int, crashes: int | None, rng: random.Random | None,
+                   ) -> tuple[list[FaultSpec], int | None]:
+    """Crash points at distinct epochs 1.., in protocol order for ``crashes=None`` (every
+    driver point, the Kafka sink's ``in_transaction``, then ``in_write``), else ``crashes``
+    random points. Returns the schedule and the epoch of ``in_transaction`` (or None)."""
+    points: list[str] = [p.value for p in DRIVER_POINTS] + [IN_TRANSACTION,
+                                                            FaultPoint.IN_WRITE.value]
+    if crashes is not None:
+        assert rng is not None
+        points = [rng.choice(points) for _ in range(crashes)]
+    if len(points) > max(epochs - 1, 1):
+        points = points[:max(epochs - 1, 1)]
+    schedule: list[FaultSpec] = []
+    in_txn_epoch = None
+    for epoch, point in enumerate(points, start=1):
+        if point == IN_TRANSACTION:
+            if in_txn_epoch is None:
+                in_txn_epoch = epoch
+                schedule.append(FaultSpec(FaultPoint.IN_WRITE, PLACEHOLDER_EPOCH))
+            continue
+        schedule.append(FaultSpec(FaultPoint(point), epoch))
+    return schedule, in_txn_epoch
+
+
+@dataclass
+class ChaosRun:
+    attempts: list[Attempt]
+    committed: KafkaAudit
+    uncommitted: KafkaAudit
+    broker_restarts: int = 0
+    fired: list[str] = field(default_factory=list)
+
+
+def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: str = "exactly",
+              schedule: Sequence[FaultSpec], in_transaction_epoch: int | None = None,
+              mode: str = "exactly_once",
+              restart_broker: Callable[[], None] | None = None,
+              restart_broker_after_epoch: int | None = None,
+              on_line: Callable[[Attempt, dict], None] | None = None,
+              on_start: Callable[[Attempt], None] | None = None,
+              on_end: Callable[[Attempt], None] | None = None) -> ChaosRun:
+    """Produce the input, run the job under ``schedule`` until drained, audit the output.
+
+    ``restart_broker`` is called once, in the first attempt that reports an epoch
+    ``>= restart_broker_after_epoch`` after the schedule is exhausted (a broker crash while
+    the job runs).
+    """
+    name = uuid.uuid4().hex[:8]
+    input_topic, output_topic = f"in-{name}", f"out-{name}"
+    create_topic(bootstrap, input_topic, 2)
+    create_topic(bootstrap, output_topic, 2)
+    produce_events(bootstrap, input_topic, events)
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    command = [sys.executable, "-m", "exactly.demos.kafka_job", "--bootstrap", bootstrap,
+               "--input", input_topic, "--output", output_topic,
+               "--checkpoint", str(workdir / "checkpoint"), "--sink", sink, "--mode", mode,
+               "--prefix", f"demo-{name}",
+               "--max-offsets-per-trigger", str(math.ceil(events / epochs))]
+    env: dict[str, str] = {}
+    if in_transaction_epoch is not None:
+        env[KAFKA_FAULT_ENV] = f"{IN_TRANSACTION}@{in_transaction_epoch}"
+        env[KAFKA_FAULT_MARKER_ENV] = str(workdir / "kafka-fault.json")
+    restarts = 0
+
+    def line(attempt: Attempt, event: dict) -> None:
+        nonlocal restarts
+        if on_line is not None:
+            on_line(attempt, event)
+        if (restart_broker is not None and restarts == 0 and event.get("event") == "epoch"
+                and attempt.armed is None and restart_broker_after_epoch is not None
+                and event["epoch"] >= restart_broker_after_epoch):
+            restarts += 1
+            restart_broker()
+
+    attempts = run_with_crashes(command, schedule, env=env, on_line=line, on_start=on_start,
+                                on_end=on_end, timeout=900)
+    committed = audit_output(bootstrap, output_topic, events, "read_committed")
+    uncommitted = audit_output(bootstrap, output_topic, events, "read_uncommitted")
+    fired = [str((a.fired or {}).get("point")) for a in attempts if a.crashed]
+    return ChaosRun(attempts, committed, uncommitted, restarts, fired)
+
+
+def run_demo(events: int, crashes: int, seed: int, workdir: Path,
+             console: Console | None = None) -> DemoResult:
+    """Same contract as :func:`exactly.demo.run_demo`, with Kafka input and output."""
+    console = console or Console()
+    epochs = max(2, min(20, math.ceil(events / 500)))
+    schedule, in_txn = chaos_schedule(epochs, crashes, random.Random(seed))
+    planned = [s.render() if s.min_epoch != PLACEHOLDER_EPOCH
+               else f"kafka_{IN_TRANSACTION}@{in_txn}" for s in schedule]
+    workdir.mkdir(parents=True, exist_ok=True)
+    with broker_or_configured(workdir / "broker") as bootstrap:
+        where = ("configured broker" if os.environ.get("EXACTLY_KAFKA_BOOTSTRAP")
+                 else "a local broker started for the demo")
+        console.print(f"[bold]exactly demo --sink kafka[/]: {events} events -> {epochs} epochs "
+                      f"on {where} ({bootstrap}); {len(schedule)} crash(es) planned: "
+                      + (", ".join(planned) or "none"))
+
+        def progress(attempt: Attempt, event: dict) -> None:
+            if event.get("event") == "epoch":
+                console.print(f"  attempt {attempt.number}: epoch {event['epoch']} committed "
+                              f"({event['rows']} rows)")
+
+        def started(attempt: Attempt) -> None:
+            armed = "no fault" if attempt.armed is None else (
+                f"kafka_{IN_TRANSACTION}@{in_txn}" if attempt.armed.min_epoch
+                == PLACEHOLDER_EPOCH else attempt.armed.render())
+            console.print(f"attempt {attempt.number}: starting ({armed} armed)")
+
+        def ended(attempt: Attempt) -> None:
+            if attempt.crashed:
+                fired = attempt.fired or {}
+                console.print(f"  attempt {attempt.number}: [red]killed[/] at "
+                              f"{fired.get('point')} in epoch {fired.get('epoch')}; restarting")
+            else:
+                console.print(f"  attempt {attempt.number}: input drained")
+
+        run = run_chaos(bootstrap, workdir / "job", events=events, epochs=epochs,
+                        schedule=schedule, in_transaction_epoch=in_txn, on_line=progress,
+                        on_start=started, on_end=ended)
+    print_views(run, console)
+    return DemoResult(run.attempts, run.committed.report, files=0, epochs_expected=epochs)
+
+
+def print_views(run: ChaosRun, console: Console) -> None:
+    """The read_committed and read_uncommitted views of the output, side by side."""
+    table = Table(title="output topic as consumers see it")
+    for column in ("consumer", "records", "distinct ids", "missing", "duplicated ids",
+                   "state (seq) errors"):
+        table.add_column(column)
+    for audit in (run.committed, run.uncommitted):
+        r = audit.report
+        table.add_row(audit.isolation_level, str(audit.records),
+                      str(r.found_rows - r.duplicate_extra_rows - len(r.unexpected)),
+                      str(len(r.missing)), str(len(r.duplicated)), str(audit.seq_errors))
+    console.print(table)
+    console.print("read_uncommitted also shows records of transactions that were aborted "
+                  "(a crash inside a publish); read_committed consumers never see them.")

@@ -1,0 +1,178 @@
+"""The Kafka end-to-end job: Kafka -> stateful transformation -> Kafka, drained then stopped.
+
+Run as ``python -m exactly.demos.kafka_job --bootstrap HOST:PORT --input IN --output OUT
+--checkpoint DIR [--sink exactly|spark]``; it is the job that the chaos tests, the Kafka demo
+and the benchmark restart under faults (:func:`exactly.chaos.run_with_crashes`).
+
+Input records are JSON ``{"id", "key", "amount"}`` with unique ids. Per ``key`` the job keeps
+state (a running count and sum, ``applyInPandasWithState``) and emits one record per input
+record: key = ``key``, value = JSON ``{"id", "key", "seq", "total"}`` where ``seq`` is the
+record's 1-based position among its key's records (in id order within an epoch). Exactly once
+end to end means: every id once in the output, and per key the ``seq`` values are exactly
+1..n (state was neither lost nor applied twice).
+
+``--sink exactly``  the ``exactly.kafka`` transactional sink through ``start_query``.
+``--sink spark``    Spark's own Kafka writer, in ``foreachBatch`` so that the same crash
+                    points exist: the batch's records are written, then the driver points
+                    fire in protocol order, before Spark's commit log (the window in which
+                    Spark's Kafka sink duplicates). ``in_write`` kills the Python worker of
+                    a ``mapInArrow`` step feeding the writer after its first batch.
+
+Progress goes to stdout as one JSON object a line (``{"event": "epoch", ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+from exactly.config import CheckpointConfig
+from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
+from exactly.runner import start_query
+from exactly.sources.kafka import read_kafka, spark_kafka_conf
+
+EVENT_SCHEMA = "id long, key string, amount double"
+OUTPUT_SCHEMA = "id long, key string, seq long, total double"
+STATE_SCHEMA = "count long, total double"
+
+
+def running_totals(key: tuple, frames: Iterator[pd.DataFrame],
+                   state: GroupState) -> Iterator[pd.DataFrame]:
+    """Per key: number each record (seq) and keep a running total, in id order."""
+    count, total = state.get if state.exists else (0, 0.0)
+    batch = pd.concat(list(frames)).sort_values("id")
+    seq = count + pd.RangeIndex(1, len(batch) + 1).to_numpy()
+    totals = total + batch["amount"].cumsum().to_numpy()
+    state.update((int(seq[-1]), float(totals[-1])))
+    yield pd.DataFrame({"id": batch["id"].to_numpy(), "key": key[0], "seq": seq,
+                        "total": totals})
+
+
+def build(spark: SparkSession, bootstrap: str, input_topic: str,
+          max_offsets_per_trigger: int) -> DataFrame:
+    """The job's DataFrame, ready for a Kafka sink: columns ``key`` and ``value``."""
+    source = read_kafka(spark, bootstrap, topics=input_topic,
+                        max_offsets_per_trigger=max_offsets_per_trigger)
+    events = (source.select(F.from_json(F.col("value").cast("string"), EVENT_SCHEMA)
+                            .alias("e")).select("e.*"))
+    numbered = events.groupBy("key").applyInPandasWithState(
+        running_totals, OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout)
+    return numbered.select(F.col("key"),
+                           F.to_json(F.struct("id", "key", "seq", "total")).alias("value"))
+
+
+def _crash_in_write(fault: FaultSpec | None, epoch: int):
+    def step(batches: Iterator) -> Iterator:
+        for i, batch in enumerate(batches):
+            yield batch
+            if i == 0:
+                maybe_crash(fault, FaultPoint.IN_WRITE, epoch)
+    return step
+
+
+def spark_sink_writer(bootstrap: str, output_topic: str):
+    """``foreachBatch`` function: Spark's Kafka writer, then the driver crash points."""
+    from exactly.sinks.kafka import maybe_crash_in_transaction
+
+    fault = fault_from({})
+
+    def write(batch: DataFrame, epoch: int) -> None:
+        if fault is not None and fault.point is FaultPoint.IN_WRITE:
+            batch = batch.mapInArrow(_crash_in_write(fault, epoch), batch.schema)
+        (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", output_topic).save())
+        for point in DRIVER_POINTS:  # all after the write, before Spark's commit log
+            maybe_crash(fault, point, epoch)
+        maybe_crash_in_transaction(epoch)  # EXACTLY_KAFKA_FAULT=in_transaction: same window
+    return write
+
+
+def run(args: argparse.Namespace, out=sys.stdout) -> None:
+    spark = _session()
+    try:
+        df = build(spark, args.bootstrap, args.input, args.max_offsets_per_trigger)
+        config = CheckpointConfig(mode=args.mode, storage=args.checkpoint,
+                                  interval=f"{args.interval_ms}ms")
+        if args.sink == "exactly":
+            query = start_query(df, sink_format="exactly.kafka", checkpoint=config,
+                                available_now=not args.continuous, options={
+                                    "kafka.bootstrap.servers": args.bootstrap,
+                                    "topic": args.output,
+                                    "transactionalIdPrefix": args.prefix,
+                                    "kafka.transaction.timeout.ms": str(args.txn_timeout_ms),
+                                    "exactly.checkpointIntervalMs": str(args.interval_ms)}).query
+        else:
+            for key, value in config.spark_conf().items():
+                spark.conf.set(key, value)
+            writer = (df.writeStream.foreachBatch(spark_sink_writer(args.bootstrap, args.output))
+                      .option("checkpointLocation", args.checkpoint))
+            writer = (writer.trigger(processingTime=f"{args.interval_ms} milliseconds")
+                      if args.continuous else writer.trigger(availableNow=True))
+            query = writer.start()
+        _report(query, out)
+    finally:
+        spark.stop()
+
+
+def _report(query, out) -> None:
+    seen: set[int] = set()
+    while True:
+        finished = query.awaitTermination(0.25)
+        for progress in query.recentProgress:
+            batch = progress["batchId"]
+            if batch not in seen and progress.get("numInputRows") is not None:
+                seen.add(batch)
+                print(json.dumps({"event": "epoch", "epoch": batch,
+                                  "rows": progress["numInputRows"], "at": time.time(),
+                                  "durations": progress.get("durationMs", {})}),
+                      file=out, flush=True)
+        if finished:
+            break
+    print(json.dumps({"event": "drained", "epochs": len(seen)}), file=out, flush=True)
+
+
+def _session() -> SparkSession:
+    from exactly.session import spark_session
+
+    return spark_session(app_name="exactly-kafka-job", conf=spark_kafka_conf())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m exactly.demos.kafka_job",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--input", required=True, help="input topic")
+    p.add_argument("--output", required=True, help="output topic")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--sink", choices=("exactly", "spark"), default="exactly")
+    p.add_argument("--mode", choices=("exactly_once", "at_least_once"), default="exactly_once")
+    p.add_argument("--prefix", default="exactly-kafka-job", help="transactional id prefix")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=500)
+    p.add_argument("--interval-ms", type=int, default=1000)
+    p.add_argument("--txn-timeout-ms", type=int, default=60_000)
+    p.add_argument("--continuous", action="store_true",
+                   help="keep running with a processing-time trigger (bench latency)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from exactly.logs import configure
+
+    configure()
+    try:
+        run(parse_args(argv))
+    except Exception as exc:  # the query's error; the harness shows stderr
+        print(f"kafka job failed: {exc}", file=sys.stderr)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""The commit protocol on the real PostgreSQL sinks, driven step by step without Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import socket
+import sqlite3
+import threading
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from exactly.errors import ConfigError, DataLossError
+from exactly.pgcluster import TempPostgres, wait_until_accepting
+from exactly.procs import ProcessId
+from exactly.sinks.committer import Committer
+from exactly.sinks.idempotent import IdempotentUpsertSink
+from exactly.sinks.postgres import PostgresTwoPhaseSink, check_prepared_capacity, prepared_count
+from exactly.sinks.sql import DatabaseError, pg_connect, redact_dsn
+from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
+from exactly.sinks.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
+
+QUERY = str(uuid.uuid4())
+DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
+
+
+def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
+              attempt_base: int = 0) -> list[Handle]:
+    """Step 1 as Spark's executors do it: one pre-committed handle per partition."""
+    handles = []
+    for p in range(parts):
+        task = TaskInfo(QUERY, run_id, epoch, p, attempt_base + p)
+        txn = sink.begin_transaction(task)
+        start = epoch * 1000 + p * rows
+        ids = list(range(start, start + rows))
+        sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
+                                        schema=SCHEMA))
+        handles.append(Handle(QUERY, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+    return handles
+
+
+def ids_in(conn, table: str) -> list[int]:
+    from psycopg import sql
+
+    return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
+        sql.Identifier(table))).fetchall()]
+
+
+@pytest.fixture
+def two_pc(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", retry_seconds=20)
+    sink.prepare_target(SCHEMA, partitions=2)
+    return sink
+
+
+def test_2pc_nothing_visible_before_commit_everything_after(two_pc, conn, table_name):
+    handles = run_tasks(two_pc, str(uuid.uuid4()), 0)
+    assert ids_in(conn, table_name) == []
+    assert prepared_count(conn, QUERY) == 2
+    Committer(two_pc, SinkSettings()).commit_epoch(0, handles)
+    assert ids_in(conn, table_name) == list(range(10))
+    assert prepared_count(conn, QUERY) == 0
+
+
+def test_2pc_a_committed_gid_is_recognised_by_its_marker(two_pc, conn):
+    handles = run_tasks(two_pc, str(uuid.uuid4()), 0, parts=1)
+    assert two_pc.commit_handle(handles[0]).value == "committed"
+    assert two_pc.commit_handle(handles[0]).value == "already_committed"
+
+
+def test_2pc_killed_after_the_intent_the_epoch_still_commits_exactly_once(two_pc, conn,
+                                                                          table_name):
+    run = str(uuid.uuid4())
+    handles = run_tasks(two_pc, run, 0)
+    c = Committer(two_pc, SinkSettings())
+    c.lease.acquire(run, DEAD_DRIVER)
+    c.log.write_intent(0, run, handles)
+    two_pc.commit_handle(handles[0])  # crash after the first COMMIT PREPARED
+    replay = run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=10)
+    Committer(two_pc, SinkSettings()).commit_epoch(0, replay)
+    assert ids_in(conn, table_name) == list(range(10))
+    assert c.log.completion(0)["already_committed"] == 1
+    assert prepared_count(conn, QUERY) == 0
+
+
+def test_2pc_orphans_of_a_crash_before_the_intent_are_rolled_back(two_pc, conn, table_name):
+    run_tasks(two_pc, str(uuid.uuid4()), 0)  # prepared, then the driver died
+    Committer(two_pc, SinkSettings()).commit_epoch(
+        0, run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=10))
+    assert ids_in(conn, table_name) == list(range(10))
+    assert prepared_count(conn, QUERY) == 0
+
+
+def test_2pc_a_vanished_prepared_transaction_is_data_loss(two_pc, conn):
+    run = str(uuid.uuid4())
+    handles = run_tasks(two_pc, run, 0)
+    c = Committer(two_pc, SinkSettings())
+    c.lease.acquire(run, DEAD_DRIVER)
+    c.log.write_intent(0, run, handles)
+    two_pc.abort(handles[1])  # someone ran ROLLBACK PREPARED behind our back
+    with pytest.raises(DataLossError, match="partition 1"):
+        Committer(two_pc, SinkSettings()).commit_epoch(
+            0, run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=7))
+
+
+def test_2pc_prepared_transactions_survive_a_server_crash(tmp_path, table_name):
+    """pg_ctl stop -m immediate between PREPARE and COMMIT PREPARED: nothing is lost."""
+    with TempPostgres(max_prepared_transactions=4) as server:
+        sink = PostgresTwoPhaseSink(server.dsn, table_name, tmp_path / "log")
+        sink.prepare_target(SCHEMA, partitions=2)
+        handles = run_tasks(sink, str(uuid.uuid4()), 0)
+        server.restart_after_crash()
+        wait_until_accepting(server)
+        Committer(sink, SinkSettings()).commit_epoch(0, handles)
+        with server.connect() as c:
+            assert ids_in(c, table_name) == list(range(10))
+            assert prepared_count(c) == 0
+
+
+def test_2pc_commit_survives_a_terminated_connection(two_pc, pg, conn, table_name, monkeypatch):
+    """pg_terminate_backend on the committing connection: the retry finds the work done."""
+    import exactly.sinks.postgres as mod
+
+    handles = run_tasks(two_pc, str(uuid.uuid4()), 0)
+    real = mod.pg_connect
+    calls = {"n": 0}
+
+    def connect_then_terminate(*args, **kwargs):
+        c = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first commit connection dies before it is used
+            pid = c.info.backend_pid
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        return c
+
+    monkeypatch.setattr(mod, "pg_connect", connect_then_terminate)
+    Committer(two_pc, SinkSettings()).commit_epoch(0, handles)
+    assert ids_in(conn, table_name) == list(range(10))
+    assert prepared_count(conn, QUERY) == 0
+
+
+def test_2pc_max_prepared_transactions_is_checked_with_the_setting_named():
+    with TempPostgres(max_prepared_transactions=0) as server, \
+            pg_connect(server.dsn, application="t") as c, \
+            pytest.raises(ConfigError, match=r"max_prepared_transactions = 0.*Set "
+                                             r"max_prepared_transactions = 4"):
+        check_prepared_capacity(c, 2)
+    with TempPostgres(max_prepared_transactions=2) as server, \
+            pg_connect(server.dsn, application="t") as c:
+        with pytest.raises(ConfigError, match="max_prepared_transactions = 8"):
+            check_prepared_capacity(c, 4)
+        assert check_prepared_capacity(c, 2) == 2
+
+
+HOSTILE_TABLE = 'we"ird; DROP TABLE x; --'
+HOSTILE_COLUMNS = ['id', 'sel"ect', "Mixed Case", "drop table;"]
+
+
+def test_hostile_table_and_column_names_are_quoted(pg, conn, tmp_path):
+    schema = pa.schema([(n, pa.int64() if n == "id" else pa.string()) for n in HOSTILE_COLUMNS])
+    quoted = HOSTILE_TABLE.replace('"', '""')
+    sink = PostgresTwoPhaseSink(pg.dsn, f'"odd.schema"."{quoted}"', tmp_path / "log")
+    sink.prepare_target(schema, partitions=1)
+    task = TaskInfo(QUERY, str(uuid.uuid4()), 0, 0, 0)
+    txn = sink.begin_transaction(task)
+    sink.write(txn, pa.record_batch([pa.array([1, 2]), pa.array(["a", ""]),
+                                     pa.array([None, "x"]), pa.array(["'", '"'])],
+                                    schema=schema))
+    handle = Handle(QUERY, task.run_id, 0, 0, 0, sink.pre_commit(txn))
+    Committer(sink, SinkSettings()).commit_epoch(0, [handle])
+    from psycopg import sql
+
+    rows = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1").format(
+        sql.Identifier("odd.schema", HOSTILE_TABLE))).fetchall()
+    assert rows == [(1, "a", None, "'"), (2, "", "x", '"')]  # '' stays '', NULL stays NULL
+
+
+def test_types_round_trip_through_copy(pg, conn, tmp_path, table_name):
+    schema = pa.schema([
+        ("id", pa.int64()), ("i", pa.int32()), ("s", pa.int16()), ("f", pa.float64()),
+        ("r", pa.float32()), ("b", pa.bool_()), ("d", pa.decimal128(10, 2)),
+        ("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us")),
+        ("day", pa.date32()), ("bin", pa.binary()), ("txt", pa.string())])
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc)
+    row = {"id": 1, "i": 2, "s": 3, "f": 1.5, "r": 2.5, "b": True,
+           "d": decimal.Decimal("12.34"), "ts": when, "ntz": when.replace(tzinfo=None),
+           "day": dt.date(2026, 1, 2), "bin": b"\x00\xff", "txt": 'a,"b"\nc'}
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    sink.prepare_target(schema, partitions=1)
+    task = TaskInfo(QUERY, str(uuid.uuid4()), 0, 0, 0)
+    txn = sink.begin_transaction(task)
+    sink.write(txn, pa.RecordBatch.from_pylist([row, {"id": 2}], schema=schema))
+    Committer(sink, SinkSettings()).commit_epoch(
+        0, [Handle(QUERY, task.run_id, 0, 0, 0, sink.pre_commit(txn))])
+    from psycopg import sql
+
+    got = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(
+        sql.Identifier(table_name))).fetchall()
+    assert got[0] == tuple(row.values())
+    assert got[1] == (2,) + (None,) * 11
+
+
+def test_an_existing_table_that_does_not_fit_is_refused_with_the_column_named(pg, conn,
+                                                                              tmp_path,
+                                                                              table_name):
+    conn.execute(f'CREATE TABLE "{table_name}" (id integer, key text, extra text NOT NULL)')
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    with pytest.raises(ConfigError) as err:
+        sink.prepare_target(SCHEMA, partitions=1)
+    assert "'id' is integer, the stream writes bigint" in str(err.value)
+    assert "'extra' is NOT NULL without a default" in str(err.value)
+
+
+def test_passwords_never_appear_in_errors(pg, tmp_path):
+    wrong = pg.dsn.replace(pg.password, "s3cret-wrong")
+    sink = PostgresTwoPhaseSink(wrong, "t", tmp_path / "log")
+    with pytest.raises(DatabaseError) as err:
+        sink.prepare_target(SCHEMA)
+    assert "s3cret-wrong" not in str(err.value)
+    assert "password authentication failed" in str(err.value)
+    assert pg.password not in repr(PostgresTwoPhaseSink(pg.dsn, "t", tmp_path))
+    assert "hunter2" not in redact_dsn("host=h user=u password=hunter2 dbname=d")
+    assert "hunter2" not in redact_dsn("postgresql://u:hunter2@h/d")
+
+
+# -- write-ahead sink ------------------------------------------------------------------
+@pytest.fixture(params=["postgres", "sqlite"])
+def wal(request, pg, tmp_path, table_name) -> WriteAheadSink:
+    if request.param == "postgres":
+        target = PostgresWalTarget(pg.dsn, table_name)
+    else:
+        target = SqliteWalTarget(str(tmp_path / "db.sqlite"), table_name)
+    sink = WriteAheadSink(target, tmp_path / "log")
+    sink.prepare_target(SCHEMA)
+    return sink
+
+
+def wal_ids(sink: WriteAheadSink) -> list[int]:
+    if isinstance(sink.target, SqliteWalTarget):
+        with sqlite3.connect(sink.target.path) as c:
+            return [r[0] for r in c.execute(
+                f"SELECT id FROM {sink.target.table.sqlite()} ORDER BY id")]
+    with pg_connect(sink.target.dsn, application="t", autocommit=True) as c:
+        return ids_in(c, sink.target.table.name)
+
+
+def test_wal_epoch_is_loaded_once_with_its_marker(wal):
+    run = str(uuid.uuid4())
+    handles = run_tasks(wal, run, 0)
+    assert wal_ids(wal) == []
+    Committer(wal, SinkSettings()).commit_epoch(0, handles)
+    assert wal_ids(wal) == list(range(10))
+    assert wal.list_pre_commits(QUERY) == []
+
+
+def test_wal_crash_between_load_and_acknowledgement_does_not_duplicate(wal):
+    """The seeds' write-ahead flaw: loaded, then killed before the checkpoint knew it."""
+    run = str(uuid.uuid4())
+    handles = run_tasks(wal, run, 0)
+    c = Committer(wal, SinkSettings())
+    c.lease.acquire(run, DEAD_DRIVER)
+    c.log.write_intent(0, run, handles)
+    wal.target.load(QUERY, 0, wal._tables(handles))  # loaded, staged files still there
+    # ... killed here: no "complete", Spark replays epoch 0
+    Committer(wal, SinkSettings()).commit_epoch(
+        0, run_tasks(wal, str(uuid.uuid4()), 0, attempt_base=10))
+    assert wal_ids(wal) == list(range(10))
+    assert wal.list_pre_commits(QUERY) == []
+    assert not list((wal.log_directory / "wal").glob("*/*"))
+
+
+def test_wal_loaded_and_cleaned_then_killed_is_recognised_by_the_marker(wal):
+    run = str(uuid.uuid4())
+    handles = run_tasks(wal, run, 0)
+    c = Committer(wal, SinkSettings())
+    c.lease.acquire(run, DEAD_DRIVER)
+    c.log.write_intent(0, run, handles)
+    wal.publish_epoch(0, handles)  # loaded and staged files removed, not marked complete
+    Committer(wal, SinkSettings()).commit_epoch(
+        0, run_tasks(wal, str(uuid.uuid4()), 0, attempt_base=10))
+    assert wal_ids(wal) == list(range(10))
+    assert c.log.completion(0)["already_committed"] == 2
+
+
+# -- idempotent sink -------------------------------------------------------------------
+def test_upsert_a_replay_of_an_older_epoch_never_moves_a_value_back(pg, conn, tmp_path,
+                                                                    table_name):
+    schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
+    sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")
+    sink.prepare_target(schema)
+
+    def write(epoch: int, rows: dict[str, int]) -> None:
+        txn = sink.begin_transaction(TaskInfo(QUERY, "r", epoch, 0, 0))
+        sink.write(txn, pa.record_batch({"key": list(rows), "total": list(rows.values())},
+                                        schema=schema))
+        sink.pre_commit(txn)
+
+    write(1, {"a": 10, "b": 5})
+    write(2, {"a": 12})
+    write(1, {"a": 10, "b": 5})  # a stale replay of epoch 1 (e.g. an older checkpoint)
+    write(2, {"a": 12})  # a replay of the newest epoch rewrites the same value
+    rows = dict(conn.execute(f'SELECT key, total FROM "{table_name}"').fetchall())
+    assert rows == {"a": 12, "b": 5}
+    epochs = dict(conn.execute(f'SELECT key, exactly_epoch FROM "{table_name}"').fetchall())
+    assert epochs == {"a": 2, "b": 1}
+
+
+def test_upsert_concurrent_poller_never_sees_a_value_decrease(pg, conn, tmp_path, table_name):
+    schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
+    sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")
+    sink.prepare_target(schema)
+    seen: dict[str, int] = {}
+    backwards: list[tuple] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with pg.connect() as c:
+            while not stop.is_set():
+                for key, total in c.execute(f'SELECT key, total FROM "{table_name}"'):
+                    if total < seen.get(key, -1):
+                        backwards.append((key, seen[key], total))
+                    seen[key] = total
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        for epoch in range(30):  # every epoch is written, then replayed from 3 epochs back
+            for e in (epoch, max(0, epoch - 3), epoch):
+                txn = sink.begin_transaction(TaskInfo(QUERY, "r", e, 0, 0))
+                sink.write(txn, pa.record_batch({"key": ["a", "b"],
+                                                 "total": [e * 10, e * 20]}, schema=schema))
+                sink.pre_commit(txn)
+    finally:
+        stop.set()
+        poller.join()
+    assert backwards == []
+    assert seen == {"a": 290, "b": 580}
+
+
+def test_an_upsert_table_created_by_the_sink_is_accepted_on_restart(pg, tmp_path, table_name):
+    schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
+    for _ in range(2):  # the second start validates what the first one created
+        IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log").prepare_target(schema)
+    upsert_2pc = PostgresTwoPhaseSink(pg.dsn, f"{table_name}_2", tmp_path / "log2",
+                                      write_mode="upsert", key_columns=["key"])
+    upsert_2pc.prepare_target(schema, 1)
+    upsert_2pc.prepare_target(schema, 1)
