@@ -20,7 +20,6 @@ start with ``_``. Atomic publication needs a local or POSIX file system (no obje
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import decimal
 import json
@@ -35,7 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
+from exactly.fsutil import fsync_dir, fsync_file
+from exactly.sinks.staging import StagingArea, remove_if_empty
 from exactly.sinks.twophase import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
@@ -79,6 +79,7 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
         self.root = Path(path).absolute()
         self.extension = fmt
         self.compression = compression
+        self.stage = StagingArea(self.root / "_staging", self.root, f"part.{fmt}")
 
     # -- locations -------------------------------------------------------------------
     @property
@@ -87,10 +88,7 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
 
     @property
     def staging(self) -> Path:
-        return self.root / "_staging"
-
-    def _epoch_staging(self, epoch: int) -> Path:
-        return self.staging / f"{epoch:012d}"
+        return self.stage.base
 
     def _final_dir(self, epoch: int) -> Path:
         return self.root / epoch_dir_name(epoch)
@@ -100,12 +98,8 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
 
     # -- executor side ----------------------------------------------------------------
     def begin_transaction(self, task: TaskInfo) -> FileTxn:
-        directory = self._epoch_staging(task.epoch) / task.attempt_key
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / "task.json", {
-            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
-            "partition": task.partition, "attempt": task.attempt})
-        return FileTxn(task, directory, directory / f"part.{self.extension}")
+        directory = self.stage.begin(task)
+        return FileTxn(task, directory, directory / self.stage.data_name)
 
     def write(self, txn: FileTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -129,9 +123,7 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
             txn.writer.close()
             txn.writer = None
             fsync_file(txn.data_file)
-        fsync_dir(txn.directory)
-        return {"rows": txn.rows, "file": txn.data_file.name if has_file else None,
-                "dir": str(txn.directory.relative_to(self.root))}
+        return self.stage.payload(txn.directory, txn.rows, has_file)
 
     def abort_transaction(self, txn: FileTxn) -> None:
         if txn.writer is not None:
@@ -144,23 +136,21 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
     def commit_visible(self, handle: Handle) -> None:
         """at_least_once: move the file into its epoch directory at once, under a name
         unique to the attempt, so that a replay adds a second copy."""
-        attempt_dir = self.root / handle.payload["dir"]
-        if handle.payload["file"]:
+        source = self.stage.data_file(handle)
+        if source is not None:
             final_dir = self._final_dir(handle.epoch)
             final_dir.mkdir(parents=True, exist_ok=True)
             target = final_dir / f"part-{handle.task.attempt_key}.{self.extension}"
-            os.replace(attempt_dir / handle.payload["file"], target)
+            os.replace(source, target)
             fsync_dir(final_dir)
-        shutil.rmtree(attempt_dir, ignore_errors=True)
-        _remove_if_empty(self._epoch_staging(handle.epoch))
+        self.stage.discard(handle)
 
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
-        attempt_dir = self.root / handle.payload["dir"]
         outcome = CommitOutcome.COMMITTED
-        if handle.payload["file"]:
-            source = attempt_dir / handle.payload["file"]
-            publish = self._epoch_staging(handle.epoch) / "_publish"
+        source = self.stage.data_file(handle)
+        if source is not None:
+            publish = self.stage.epoch_dir(handle.epoch) / "_publish"
             target = publish / self._final_name(handle)
             if source.exists():
                 publish.mkdir(parents=True, exist_ok=True)
@@ -175,12 +165,12 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
                     f"{source} named by the commit intent is gone and was never published; "
                     "something outside exactly removed it"
                 )
-        shutil.rmtree(attempt_dir, ignore_errors=True)
+        shutil.rmtree(self.stage.directory(handle), ignore_errors=True)
         return outcome
 
     def publish_epoch(self, epoch: int, handles: Iterable[Handle]) -> None:
         expects_files = any(h.payload["file"] for h in handles)
-        publish = self._epoch_staging(epoch) / "_publish"
+        publish = self.stage.epoch_dir(epoch) / "_publish"
         final = self._final_dir(epoch)
         if expects_files and not final.exists():
             if not publish.exists():
@@ -190,38 +180,13 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
             fsync_dir(self.root)
         elif final.exists() and publish.exists():
             shutil.rmtree(publish)  # a second copy of an epoch that is already visible
-        _remove_if_empty(self._epoch_staging(epoch))
+        remove_if_empty(self.stage.epoch_dir(epoch))
 
     def abort(self, handle: Handle) -> None:
-        shutil.rmtree(self.root / handle.payload["dir"], ignore_errors=True)
-        _remove_if_empty(self._epoch_staging(handle.epoch))
+        self.stage.discard(handle)
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
-        found = []
-        if not self.staging.is_dir():
-            return found
-        for epoch_dir in sorted(self.staging.iterdir()):
-            if not epoch_dir.name.isdigit():
-                continue
-            for attempt_dir in sorted(epoch_dir.iterdir()):
-                if attempt_dir.name.startswith("_") or not attempt_dir.is_dir():
-                    continue
-                task = read_json(attempt_dir / "task.json") or {
-                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
-                    "partition": -1, "attempt": -1}
-                if task["query_id"] != query_id:
-                    continue
-                data = next(iter(attempt_dir.glob("part.*")), None)
-                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
-                                    int(task["partition"]), int(task["attempt"]),
-                                    {"rows": 0, "file": data.name if data else None,
-                                     "dir": str(attempt_dir.relative_to(self.root))}))
-        return found
-
-
-def _remove_if_empty(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty: other attempts are still there
-        directory.rmdir()
+        return self.stage.list(query_id)
 
 
 def _json_default(value: Any) -> Any:

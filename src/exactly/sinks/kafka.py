@@ -80,8 +80,9 @@ from pyspark.sql.types import StructType
 
 from exactly.config import Mode
 from exactly.errors import ConfigError, DataLossError, ExactlyError, FencedError
-from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
+from exactly.fsutil import fsync_file
 from exactly.logs import log_event
+from exactly.sinks.staging import StagingArea
 from exactly.sinks.twophase import (
     CommitOutcome,
     Handle,
@@ -249,6 +250,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         self.options = options
         self.mode = settings.mode
         self.root = settings.require_log_dir("exactly.kafka")
+        self.stage = StagingArea(self.root / "staging", self.root, _STAGED)
         self._session: _PublishSession | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # clients never travel to executors
@@ -281,12 +283,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
 
             txn.producer = _new_producer(self.options, {"on_delivery": on_delivery})
             return txn
-        directory = self.staging / f"{task.epoch:012d}" / task.attempt_key
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / "task.json", {
-            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
-            "partition": task.partition, "attempt": task.attempt})
-        return KafkaTxn(task, directory=directory)
+        return KafkaTxn(task, directory=self.stage.begin(task))
 
     def write(self, txn: KafkaTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -315,9 +312,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             txn.sink.close()
             txn.writer = txn.sink = None
             fsync_file(txn.directory / _STAGED)
-        fsync_dir(txn.directory)
-        return {"rows": txn.rows, "dir": str(txn.directory.relative_to(self.root)),
-                "file": _STAGED if has_file else None}
+        return self.stage.payload(txn.directory, txn.rows, has_file)
 
     def abort_transaction(self, txn: KafkaTxn) -> None:
         if txn.producer is not None:
@@ -368,34 +363,14 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             self._remove(handle)
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
-        found: list[Handle] = []
-        if not self.staging.is_dir():
-            return found
-        for epoch_dir in sorted(self.staging.iterdir()):
-            if not epoch_dir.name.isdigit():
-                continue
-            for attempt_dir in sorted(p for p in epoch_dir.iterdir() if p.is_dir()):
-                task = read_json(attempt_dir / "task.json") or {
-                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
-                    "partition": -1, "attempt": -1}
-                if task["query_id"] != query_id:
-                    continue
-                staged = attempt_dir / _STAGED
-                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
-                                    int(task["partition"]), int(task["attempt"]),
-                                    {"rows": 0, "dir": str(attempt_dir.relative_to(self.root)),
-                                     "file": _STAGED if staged.exists() else None}))
-        return found
+        return self.stage.list(query_id)
 
     # -- helpers -----------------------------------------------------------------------
     def _staged(self, handle: Handle) -> Path:
-        return self.root / handle.payload["dir"] / _STAGED
+        return self.stage.directory(handle) / _STAGED
 
     def _remove(self, handle: Handle) -> None:
-        directory = self.root / handle.payload["dir"]
-        shutil.rmtree(directory, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            directory.parent.rmdir()  # the epoch directory, once empty
+        self.stage.discard(handle)
 
     def _publisher(self, query_id: str) -> _PublishSession:
         if self._session is None or self._session.query_id != query_id:

@@ -23,7 +23,6 @@ mode and one-host clusters, a shared mount otherwise).
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
+from exactly.fsutil import fsync_file
 from exactly.sinks.sql import (
     TableName,
     clean_error,
@@ -49,6 +48,7 @@ from exactly.sinks.sql import (
     sqlite_connect,
     sqlite_value_columns,
 )
+from exactly.sinks.staging import StagingArea
 from exactly.sinks.twophase import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
 
 DEFAULT_MARKER_TABLE = "exactly_wal_epochs"
@@ -250,6 +250,7 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
     def __init__(self, target: WalTarget, log_dir: str | Path) -> None:
         self.target = target
         self._log_dir = Path(log_dir).absolute()
+        self.stage = StagingArea(self._log_dir / "wal", self._log_dir, "rows.parquet")
 
     def __repr__(self) -> str:
         return f"WriteAheadSink({self.target.describe()})"
@@ -260,22 +261,15 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
 
     @property
     def staging(self) -> Path:
-        return self._log_dir / "wal"
-
-    def _epoch_dir(self, epoch: int) -> Path:
-        return self.staging / f"{epoch:012d}"
+        return self.stage.base
 
     def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
         self.target.prepare(schema)
 
     # -- executor side -----------------------------------------------------------------
     def begin_transaction(self, task: TaskInfo) -> WalTxn:
-        directory = self._epoch_dir(task.epoch) / task.attempt_key
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / "task.json", {
-            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
-            "partition": task.partition, "attempt": task.attempt})
-        return WalTxn(task, directory, directory / "rows.parquet")
+        directory = self.stage.begin(task)
+        return WalTxn(task, directory, directory / self.stage.data_name)
 
     def write(self, txn: WalTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -291,9 +285,7 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
             txn.writer.close()
             txn.writer = None
             fsync_file(txn.data_file)
-        fsync_dir(txn.directory)
-        return {"rows": txn.rows, "file": txn.data_file.name if has_file else None,
-                "dir": str(txn.directory.relative_to(self._log_dir))}
+        return self.stage.payload(txn.directory, txn.rows, has_file)
 
     def abort_transaction(self, txn: WalTxn) -> None:
         if txn.writer is not None:
@@ -306,7 +298,7 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
     def commit_visible(self, handle: Handle) -> None:
         for table in self._tables([handle]):
             self.target.append(table)
-        shutil.rmtree(self._log_dir / handle.payload["dir"], ignore_errors=True)
+        self.stage.discard(handle)
 
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
@@ -332,8 +324,7 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
         if not self.target.has_marker(query_id, epoch):
             self.target.load(query_id, epoch, self._tables(handles))
         for handle in handles:
-            shutil.rmtree(self._log_dir / handle.payload["dir"], ignore_errors=True)
-        _rmdir_if_empty(self._epoch_dir(epoch))
+            self.stage.discard(handle)
 
     def _tables(self, handles: Sequence[Handle]) -> Iterator[pa.Table]:
         for handle in handles:
@@ -345,30 +336,7 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
                 yield pq.read_table(path)
 
     def abort(self, handle: Handle) -> None:
-        shutil.rmtree(self._log_dir / handle.payload["dir"], ignore_errors=True)
-        _rmdir_if_empty(self._epoch_dir(handle.epoch))
+        self.stage.discard(handle)
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
-        found: list[Handle] = []
-        if not self.staging.is_dir():
-            return found
-        for epoch_dir in sorted(self.staging.iterdir()):
-            if not epoch_dir.name.isdigit():
-                continue
-            for attempt in sorted(p for p in epoch_dir.iterdir() if p.is_dir()):
-                task = read_json(attempt / "task.json") or {
-                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
-                    "partition": -1, "attempt": -1}
-                if task["query_id"] != query_id:
-                    continue
-                data = attempt / "rows.parquet"
-                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
-                                    int(task["partition"]), int(task["attempt"]),
-                                    {"rows": 0, "file": data.name if data.exists() else None,
-                                     "dir": str(attempt.relative_to(self._log_dir))}))
-        return found
-
-
-def _rmdir_if_empty(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not empty: other attempts are still there
-        directory.rmdir()
+        return self.stage.list(query_id)

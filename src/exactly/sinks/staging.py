@@ -1,0 +1,84 @@
+"""Pre-commits as staged files: one directory per task attempt, shared by staging sinks.
+
+Layout under ``base``: ``<epoch:012d>/<attempt key>/task.json`` plus the attempt's data
+file. ``task.json`` is written when the transaction begins, so even an attempt that died
+mid-write can be listed (and aborted) by recovery. Handle payloads name the attempt
+directory relative to ``root``, so the sink can find it from the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Any
+
+from exactly.fsutil import atomic_write_json, fsync_dir, read_json
+from exactly.sinks.twophase import Handle, TaskInfo
+
+
+def remove_if_empty(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty: other attempts are still there
+        directory.rmdir()
+
+
+class StagingArea:
+    """Attempt directories below ``base``; payload paths are relative to ``root``."""
+
+    def __init__(self, base: Path, root: Path, data_name: str) -> None:
+        self.base = base
+        self.root = root
+        self.data_name = data_name
+
+    def epoch_dir(self, epoch: int) -> Path:
+        return self.base / f"{epoch:012d}"
+
+    def begin(self, task: TaskInfo) -> Path:
+        """Create the attempt's directory and record which task it belongs to."""
+        directory = self.epoch_dir(task.epoch) / task.attempt_key
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(directory / "task.json", {
+            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
+            "partition": task.partition, "attempt": task.attempt})
+        return directory
+
+    def payload(self, directory: Path, rows: int, has_file: bool) -> dict[str, Any]:
+        """The handle payload of a pre-committed attempt (directory entries made durable)."""
+        fsync_dir(directory)
+        return {"rows": rows, "file": self.data_name if has_file else None,
+                "dir": str(directory.relative_to(self.root))}
+
+    def directory(self, handle: Handle) -> Path:
+        return self.root / handle.payload["dir"]
+
+    def data_file(self, handle: Handle) -> Path | None:
+        name = handle.payload.get("file")
+        return self.directory(handle) / name if name else None
+
+    def discard(self, handle: Handle) -> None:
+        """Remove the attempt's directory, and its epoch's directory once empty."""
+        shutil.rmtree(self.directory(handle), ignore_errors=True)
+        remove_if_empty(self.epoch_dir(handle.epoch))
+
+    def list(self, query_id: str) -> list[Handle]:
+        """Every staged attempt of ``query_id`` (names starting with ``_`` are not attempts)."""
+        found: list[Handle] = []
+        if not self.base.is_dir():
+            return found
+        for epoch_dir in sorted(self.base.iterdir()):
+            if not epoch_dir.name.isdigit():
+                continue
+            for attempt in sorted(epoch_dir.iterdir()):
+                if attempt.name.startswith("_") or not attempt.is_dir():
+                    continue
+                task = read_json(attempt / "task.json") or {
+                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
+                    "partition": -1, "attempt": -1}
+                if task["query_id"] != query_id:
+                    continue
+                has_file = (attempt / self.data_name).exists()
+                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
+                                    int(task["partition"]), int(task["attempt"]),
+                                    {"rows": 0, "file": self.data_name if has_file else None,
+                                     "dir": str(attempt.relative_to(self.root))}))
+        return found
