@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,27 @@ def _drain(proc: subprocess.Popen, attempt: Attempt,
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def report_progress(query, out=sys.stdout, poll_seconds: float = 0.5) -> None:
+    """The job's side of the harness: one JSON line per finished epoch, then "drained".
+
+    ``query`` is a running ``StreamingQuery``; returns when it terminates (raising its error).
+    """
+    seen: set[int] = set()
+    while True:
+        finished = query.awaitTermination(poll_seconds)
+        for progress in query.recentProgress:
+            batch = progress["batchId"]
+            if batch not in seen and progress.get("numInputRows") is not None:
+                seen.add(batch)
+                print(json.dumps({"event": "epoch", "epoch": batch,
+                                  "rows": progress["numInputRows"], "at": time.time(),
+                                  "durations": progress.get("durationMs", {})}),
+                      file=out, flush=True)
+        if finished:
+            break
+    print(json.dumps({"event": "drained", "epochs": len(seen)}), file=out, flush=True)
 
 
 def python_command(*args: str) -> list[str]:

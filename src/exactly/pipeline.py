@@ -7,14 +7,13 @@ Every input event becomes exactly one output row with the same ``id``. It runs i
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from exactly.chaos import report_progress
 from exactly.config import CheckpointConfig
 from exactly.runner import start_query
 
@@ -55,16 +54,4 @@ def run(spark: SparkSession, spec: PipelineSpec, out=sys.stdout) -> None:
     query = start_query(build(spark, spec), sink_format="exactly.files", path=spec.output_dir,
                         options={"format": spec.output_format}, checkpoint=config,
                         available_now=True)
-    seen: set[int] = set()
-    while True:
-        finished = query.await_termination(0.5)
-        for progress in query.query.recentProgress:
-            batch = progress["batchId"]
-            if batch not in seen and progress.get("numInputRows") is not None:
-                seen.add(batch)
-                print(json.dumps({"event": "epoch", "epoch": batch,
-                                  "rows": progress["numInputRows"], "at": time.time()}),
-                      file=out, flush=True)
-        if finished:
-            break
-    print(json.dumps({"event": "drained", "epochs": len(seen)}), file=out, flush=True)
+    report_progress(query.query, out)

@@ -24,9 +24,7 @@ Progress goes to stdout as one JSON object a line (``{"event": "epoch", ...}``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections.abc import Iterator
 
 import pandas as pd
@@ -34,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from exactly.chaos import report_progress
 from exactly.config import CheckpointConfig
 from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
 from exactly.runner import start_query
@@ -117,26 +116,9 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
             writer = (writer.trigger(processingTime=f"{args.interval_ms} milliseconds")
                       if args.continuous else writer.trigger(availableNow=True))
             query = writer.start()
-        _report(query, out)
+        report_progress(query, out, poll_seconds=0.25)
     finally:
         spark.stop()
-
-
-def _report(query, out) -> None:
-    seen: set[int] = set()
-    while True:
-        finished = query.awaitTermination(0.25)
-        for progress in query.recentProgress:
-            batch = progress["batchId"]
-            if batch not in seen and progress.get("numInputRows") is not None:
-                seen.add(batch)
-                print(json.dumps({"event": "epoch", "epoch": batch,
-                                  "rows": progress["numInputRows"], "at": time.time(),
-                                  "durations": progress.get("durationMs", {})}),
-                      file=out, flush=True)
-        if finished:
-            break
-    print(json.dumps({"event": "drained", "epochs": len(seen)}), file=out, flush=True)
 
 
 def _session() -> SparkSession:

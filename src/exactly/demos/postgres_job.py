@@ -22,10 +22,10 @@ Fault injection: ``EXACTLY_FAULT=POINT[@EPOCH]`` as everywhere in exactly.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
+
+from exactly.chaos import report_progress
 
 DSN_ENV = "EXACTLY_PG_DSN"
 
@@ -168,20 +168,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
     conf = {"spark.sql.shuffle.partitions": str(args.partitions)}
     spark = spark_session(master=args.master, app_name="exactly-postgres-job", conf=conf)
     try:
-        query = start(spark, args)
-        seen: set[int] = set()
-        while True:
-            finished = query.awaitTermination(0.5)
-            for progress in query.recentProgress:
-                batch = progress["batchId"]
-                if batch not in seen and progress.get("numInputRows") is not None:
-                    seen.add(batch)
-                    print(json.dumps({"event": "epoch", "epoch": batch,
-                                      "rows": progress["numInputRows"], "at": time.time()}),
-                          file=out, flush=True)
-            if finished:
-                break
-        print(json.dumps({"event": "drained", "epochs": len(seen)}), file=out, flush=True)
+        report_progress(start(spark, args), out)
     finally:
         spark.stop()
 
