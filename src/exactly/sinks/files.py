@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import fsync_dir, fsync_file
-from exactly.sinks.staging import StagingArea, remove_if_empty
+from exactly.fsutil import fsync_dir
+from exactly.sinks.staging import StagedTxn, StagingArea, remove_if_empty
 from exactly.sinks.twophase import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
@@ -45,16 +44,7 @@ def epoch_dir_name(epoch: int) -> str:
     return f"epoch-{epoch:012d}"
 
 
-@dataclass
-class FileTxn:
-    task: TaskInfo
-    directory: Path
-    data_file: Path
-    rows: int = 0
-    writer: Any = None
-
-
-class FileSink(TwoPhaseCommitSink[FileTxn]):
+class FileSink(TwoPhaseCommitSink[StagedTxn]):
     """Exactly-once Parquet / JSON-lines files, published one whole epoch at a time."""
 
     name = "files"
@@ -97,11 +87,10 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
         return f"part-{handle.partition:05d}.{self.extension}"
 
     # -- executor side ----------------------------------------------------------------
-    def begin_transaction(self, task: TaskInfo) -> FileTxn:
-        directory = self.stage.begin(task)
-        return FileTxn(task, directory, directory / self.stage.data_name)
+    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
+        return self.stage.begin_txn(task)
 
-    def write(self, txn: FileTxn, batch: pa.RecordBatch) -> None:
+    def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         if self.extension == "parquet":
@@ -117,21 +106,11 @@ class FileSink(TwoPhaseCommitSink[FileTxn]):
             txn.writer.write("\n".join(lines) + "\n")
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: FileTxn) -> dict[str, Any]:
-        has_file = txn.writer is not None
-        if has_file:
-            txn.writer.close()
-            txn.writer = None
-            fsync_file(txn.data_file)
-        return self.stage.payload(txn.directory, txn.rows, has_file)
+    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+        return self.stage.pre_commit(txn)
 
-    def abort_transaction(self, txn: FileTxn) -> None:
-        if txn.writer is not None:
-            try:
-                txn.writer.close()
-            finally:
-                txn.writer = None
-        shutil.rmtree(txn.directory, ignore_errors=True)
+    def abort_transaction(self, txn: StagedTxn) -> None:
+        self.stage.abort_txn(txn)
 
     def commit_visible(self, handle: Handle) -> None:
         """at_least_once: move the file into its epoch directory at once, under a name

@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exactly.fsutil import atomic_write_json, fsync_dir, read_json
+from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
 from exactly.sinks.twophase import Handle, TaskInfo
+
+
+@dataclass
+class StagedTxn:
+    """One task attempt writing a single staged data file."""
+
+    task: TaskInfo
+    directory: Path
+    data_file: Path
+    writer: Any = None  # opened on the first non-empty batch; has close()
+    rows: int = 0
 
 
 def remove_if_empty(directory: Path) -> None:
@@ -32,6 +44,29 @@ class StagingArea:
 
     def epoch_dir(self, epoch: int) -> Path:
         return self.base / f"{epoch:012d}"
+
+    def begin_txn(self, task: TaskInfo) -> StagedTxn:
+        """Begin a transaction whose rows go to this area's data file."""
+        directory = self.begin(task)
+        return StagedTxn(task, directory, directory / self.data_name)
+
+    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+        """Close and fsync the data file; return the handle's payload."""
+        has_file = txn.writer is not None
+        if has_file:
+            txn.writer.close()
+            txn.writer = None
+            fsync_file(txn.data_file)
+        return self.payload(txn.directory, txn.rows, has_file)
+
+    def abort_txn(self, txn: StagedTxn) -> None:
+        """Close the writer (if any) and remove the attempt's directory."""
+        try:
+            if txn.writer is not None:
+                txn.writer.close()
+        finally:
+            txn.writer = None
+            shutil.rmtree(txn.directory, ignore_errors=True)
 
     def begin(self, task: TaskInfo) -> Path:
         """Create the attempt's directory and record which task it belongs to."""

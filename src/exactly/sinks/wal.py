@@ -23,10 +23,8 @@ mode and one-host clusters, a shared mount otherwise).
 
 from __future__ import annotations
 
-import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import fsync_file
 from exactly.sinks.sql import (
     TableName,
     clean_error,
@@ -48,7 +45,7 @@ from exactly.sinks.sql import (
     sqlite_connect,
     sqlite_value_columns,
 )
-from exactly.sinks.staging import StagingArea
+from exactly.sinks.staging import StagedTxn, StagingArea
 from exactly.sinks.twophase import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
 
 DEFAULT_MARKER_TABLE = "exactly_wal_epochs"
@@ -233,16 +230,7 @@ def target_from_options(options: dict[str, str], dsn: str | None) -> WalTarget:
     return SqliteWalTarget(path, table, marker)
 
 
-@dataclass
-class WalTxn:
-    task: TaskInfo
-    directory: Path
-    data_file: Path
-    writer: Any = None
-    rows: int = 0
-
-
-class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
+class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
     """Exactly-once rows in any transactional table: staged files + marker-guarded load."""
 
     name = "wal"
@@ -267,11 +255,10 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
         self.target.prepare(schema)
 
     # -- executor side -----------------------------------------------------------------
-    def begin_transaction(self, task: TaskInfo) -> WalTxn:
-        directory = self.stage.begin(task)
-        return WalTxn(task, directory, directory / self.stage.data_name)
+    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
+        return self.stage.begin_txn(task)
 
-    def write(self, txn: WalTxn, batch: pa.RecordBatch) -> None:
+    def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         if txn.writer is None:
@@ -279,21 +266,11 @@ class WriteAheadSink(TwoPhaseCommitSink[WalTxn]):
         txn.writer.write_batch(batch)
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: WalTxn) -> dict[str, Any]:
-        has_file = txn.writer is not None
-        if has_file:
-            txn.writer.close()
-            txn.writer = None
-            fsync_file(txn.data_file)
-        return self.stage.payload(txn.directory, txn.rows, has_file)
+    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+        return self.stage.pre_commit(txn)
 
-    def abort_transaction(self, txn: WalTxn) -> None:
-        if txn.writer is not None:
-            try:
-                txn.writer.close()
-            finally:
-                txn.writer = None
-        shutil.rmtree(txn.directory, ignore_errors=True)
+    def abort_transaction(self, txn: StagedTxn) -> None:
+        self.stage.abort_txn(txn)
 
     def commit_visible(self, handle: Handle) -> None:
         for table in self._tables([handle]):
