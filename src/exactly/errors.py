@@ -37,3 +37,31 @@ class DataLossError(ExactlyError):
 
 class MalformedRecordError(ExactlyError):
     """An input row cannot be parsed; names the file and the line."""
+
+
+class CorruptFileError(ExactlyError):
+    """A protocol file exists but cannot be read; names the file, the problem and the repair."""
+
+    def __init__(self, path: str, problem: str, repair: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.repair = repair
+        super().__init__(f"{self.path} {problem}. Safe repair: {repair}.")
+
+    def __reduce__(self):  # picklable across processes despite the 3-argument constructor
+        return (type(self), (self.path, self.problem, self.repair))
+
+
+class CorruptCheckpointFileError(CorruptFileError):
+    """A file of Spark's own checkpoint (``metadata``, ``offsets/N``, ``commits/N``, a
+    ``.crc``) is damaged; found before Spark fails on it without naming it."""
+
+
+class ReplannedEpochError(ExactlyError):
+    """Spark asks to commit an epoch number that the sink already committed, but over
+    different input positions (e.g. after ``offsets/N`` was deleted and Spark re-planned N).
+
+    Discarding the call would lose the new part of the input and committing it would
+    duplicate the shared part, so the sink refuses and commits nothing; the message names
+    both positions and the repair.
+    """

@@ -39,3 +39,17 @@ def configure(level: str | None = None) -> None:
     if not root.handlers:
         root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def ensure_console() -> None:
+    """Make exactly's WARNING and ERROR events reach stderr in processes where nobody set up
+    logging (Spark's driver-side Python workers run the sink's commit; their stderr goes to
+    the driver's console). Leaves any configuration made by the application alone."""
+    root = logging.getLogger("exactly")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.addHandler(handler)
+    if root.level == logging.NOTSET:
+        root.setLevel(os.environ.get("EXACTLY_LOG_LEVEL", "WARNING").upper())

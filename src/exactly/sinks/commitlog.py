@@ -7,6 +7,11 @@ Layout under the log directory::
     complete/<epoch>.json       "epoch n is visible" with its statistics (step 2d)
     lease.json, lease.lock      fencing (see exactly.lease)
 
+Intents and completions carry the epoch's ``input``: the source positions Spark wrote to
+``offsets/<epoch>`` for it (parsed, a digest, and the raw entry so it can be restored). An
+epoch is its number *and* its input: a later commit call for the same number is a replay
+only when its input is the same (DESIGN section 3, "Epoch identity").
+
 Every file is written atomically (temp file, fsync, rename, fsync of the directory).
 """
 
@@ -31,6 +36,8 @@ class Intent:
     epoch: int
     run_id: str
     handles: tuple[Handle, ...]
+    #: the epoch's recorded input (``{"digest", "sources", "offsets_log"}``), if known
+    input: dict[str, Any] | None = None
 
     @property
     def keys(self) -> set[str]:
@@ -64,13 +71,20 @@ class CommitLog:
         if data is None:
             return None
         return Intent(int(data["epoch"]), data["run_id"],
-                      tuple(Handle.from_json(h) for h in data["handles"]))
+                      tuple(Handle.from_json(h) for h in data["handles"]), data.get("input"))
 
-    def write_intent(self, epoch: int, run_id: str, handles: list[Handle]) -> Intent:
+    def write_intent(self, epoch: int, run_id: str, handles: list[Handle],
+                     input: dict[str, Any] | None = None) -> Intent:
         atomic_write_json(self.intents / _name(epoch), {
             "epoch": epoch, "run_id": run_id, "written_at": time.time(),
-            "handles": [h.to_json() for h in handles]})
-        return Intent(epoch, run_id, tuple(handles))
+            "handles": [h.to_json() for h in handles], "input": input})
+        return Intent(epoch, run_id, tuple(handles), input)
+
+    def intent_path(self, epoch: int) -> Path:
+        return self.intents / _name(epoch)
+
+    def completion_path(self, epoch: int) -> Path:
+        return self.complete / _name(epoch)
 
     def is_complete(self, epoch: int) -> bool:
         return (self.complete / _name(epoch)).exists()

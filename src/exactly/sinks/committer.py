@@ -8,7 +8,9 @@ positions, so the first commit of every run is where recovery happens:
 * the run takes the lease (fencing) -- a first commit of a new run then recovers:
   it finishes every intent without a completion and aborts every pre-commit of the
   query that no intent names (failed attempts, a crash before the intent);
-* epoch already complete -> the call is a replay: abort its new handles;
+* epoch already complete -> the call is a replay if its input (Spark's ``offsets/N``) is
+  the one the epoch was committed with: abort its new handles; over different input it is
+  a re-planned epoch: refuse with ReplannedEpochError (see exactly.sinks.epoch_identity);
 * otherwise write the intent (from here on the epoch *will* commit), commit every
   handle, publish the epoch, record it complete.
 
@@ -22,6 +24,12 @@ Races, case by case:
 * a second live instance: it fails to take the lease and raises FencedError before it
   writes an intent; its handles are aborted by Spark's abort call or by later recovery.
 * Spark's ``abort`` for an epoch that has an intent does nothing: the intent wins.
+* Spark re-planned a completed epoch over other input (offsets/N deleted or rewritten):
+  the new handles are aborted and ReplannedEpochError names both inputs; an intent of
+  this run for the old input is finished first (it decided that epoch).
+
+Replays, recoveries, orphan aborts and fencing are logged at WARNING: they are rare, and an
+operator should see each one.
 """
 
 from __future__ import annotations
@@ -31,12 +39,13 @@ import time
 from collections.abc import Sequence
 
 from exactly.config import Mode
-from exactly.errors import ExactlyError
+from exactly.errors import ExactlyError, FencedError
 from exactly.faults import FaultPoint, FaultSpec, maybe_crash
 from exactly.lease import Lease
-from exactly.logs import log_event
+from exactly.logs import ensure_console, log_event
 from exactly.procs import driver_identity
 from exactly.sinks.commitlog import CommitLog, Intent
+from exactly.sinks.epoch_identity import input_record, replanned_error, same_input
 from exactly.sinks.twophase import CommitOutcome, Handle, SinkSettings, TwoPhaseCommitSink
 
 logger = logging.getLogger("exactly.committer")
@@ -52,14 +61,20 @@ class Committer:
         self.fault = fault
         self.log = CommitLog(sink.log_directory)
         self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
+        ensure_console()  # driver-side workers have no logging set up: warnings must show
 
     # -- steps 4 and 5 ----------------------------------------------------------------
     def begin_run(self, query_id: str, run_id: str, keep: Sequence[Handle] = ()) -> bool:
         """Bind the sink to ``query_id``, take the lease for ``run_id`` (FencedError if
         another live driver holds it) and, when this run is new, recover. True if new."""
         self.log.claim_owner(query_id)
-        if not self.lease.acquire(run_id, driver_identity()):
-            return False
+        try:
+            if not self.lease.acquire(run_id, driver_identity()):
+                return False
+        except FencedError as exc:
+            log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
+                      detail=str(exc))
+            raise
         self.recover(query_id, keep=keep)
         return True
 
@@ -82,20 +97,58 @@ class Committer:
         query_id, run_id = self._identity(handles)
         self.begin_run(query_id, run_id, keep=handles)
 
-        if self.log.is_complete(epoch):
-            log_event(logger, "replay_of_complete_epoch", epoch=epoch, aborted=len(handles))
+        current = input_record(self.settings.checkpoint_location, epoch)
+        completion = self.log.completion(epoch)
+        if completion is not None:
+            self._check_replay(epoch, completion.get("input"), current, handles,
+                               self.log.completion_path(epoch))
+            log_event(logger, "replay_of_complete_epoch", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, aborted=len(handles), rows=completion.get("rows"),
+                      input_checked=same_input(completion.get("input"), current) is True)
             self._abort_all(handles)
             return
         intent = self.log.read_intent(epoch)
         if intent is None:
             maybe_crash(self.fault, FaultPoint.BEFORE_INTENT, epoch)
-            self.lease.verify(run_id)  # fencing at 2b
-            intent = self.log.write_intent(epoch, run_id, list(handles))
+            self._verify_lease(run_id)  # fencing at 2b
+            intent = self.log.write_intent(epoch, run_id, list(handles), current)
             maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
         else:  # written by this run before a failed commit call: the intent wins
-            self._abort_all([h for h in handles if h.key not in intent.keys])
+            new = [h for h in handles if h.key not in intent.keys]
+            if same_input(intent.input, current) is False:
+                self._finish(intent, started)
+                self._check_replay(epoch, intent.input, current, new,
+                                   self.log.intent_path(epoch))
+            self._abort_all(new)
         self._finish(intent, started)
         self._sweep_own_leftovers(query_id, run_id, epoch)
+
+    def _check_replay(self, epoch: int, recorded: dict | None, current: dict | None,
+                      handles: Sequence[Handle], record_path) -> None:
+        """Raise ReplannedEpochError (after aborting ``handles``) when ``current`` input
+        differs from the ``recorded`` input of the committed epoch."""
+        verdict = same_input(recorded, current)
+        if verdict is None:
+            log_event(logger, "replay_input_unchecked", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, detail="the epoch's input was not recorded or is unknown "
+                      "(no checkpointLocation): treated as a replay")
+            return
+        if verdict:
+            return
+        self._abort_all(handles)
+        error = replanned_error(epoch, recorded or {}, current, record_path,
+                                self.log.directory, self.settings.checkpoint_location)
+        log_event(logger, "replanned_epoch_refused", logging.ERROR, sink=self.sink.name,
+                  epoch=epoch, aborted=len(handles), detail=str(error))
+        raise error
+
+    def _verify_lease(self, run_id: str) -> None:
+        try:
+            self.lease.verify(run_id)
+        except FencedError as exc:
+            log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
+                      detail=str(exc))
+            raise
 
     def _finish(self, intent: Intent, started: float | None = None) -> None:
         """Steps 2c-2d: commit every handle of the intent, publish, record complete."""
@@ -115,8 +168,10 @@ class Committer:
         }
         if started is not None:
             stats["commit_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        stats["input"] = intent.input
         self.log.mark_complete(intent.epoch, stats)
-        log_event(logger, "epoch_complete", epoch=intent.epoch, **stats)
+        log_event(logger, "epoch_complete", epoch=intent.epoch,
+                  **{k: v for k, v in stats.items() if k != "input"})
         maybe_crash(self.fault, FaultPoint.AFTER_COMPLETE, intent.epoch)
         self.log.prune(self.settings.retain_epochs)
 
@@ -137,13 +192,17 @@ class Committer:
         """
         finished = self.log.incomplete_intents()
         for intent in finished:
-            log_event(logger, "recover_intent", epoch=intent.epoch, handles=len(intent.handles))
+            log_event(logger, "recover_intent", logging.WARNING, sink=self.sink.name,
+                      epoch=intent.epoch, handles=len(intent.handles),
+                      rows=sum(h.rows for h in intent.handles))
             self._finish(intent)
         protected = {h.key for h in keep}
         orphans = [h for h in self.sink.list_pre_commits(query_id) if h.key not in protected]
         self._abort_all(orphans)
-        log_event(logger, "recovered", query_id=query_id, intents_finished=len(finished),
-                  orphans_aborted=len(orphans))
+        level = logging.WARNING if finished or orphans else logging.INFO
+        log_event(logger, "recovered", level, sink=self.sink.name, query_id=query_id,
+                  intents_finished=[i.epoch for i in finished], orphans_aborted=len(orphans),
+                  orphan_epochs=sorted({h.epoch for h in orphans}))
 
     def _sweep_own_leftovers(self, query_id: str, run_id: str, epoch: int) -> None:
         """Abort this run's pre-commits of finished epochs (failed or speculative attempts).
@@ -153,6 +212,9 @@ class Committer:
         """
         stale = [h for h in self.sink.list_pre_commits(query_id)
                  if h.run_id == run_id and h.epoch <= epoch]
+        if stale:
+            log_event(logger, "leftover_attempts_aborted", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, aborted=len(stale))
         self._abort_all(stale)
 
     def _abort_all(self, handles: Sequence[Handle]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -69,6 +70,23 @@ def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | N
     return write_partition
 
 
+def running_checkpoint(query_id: str) -> str:
+    """The resolved checkpoint directory of the active streaming query ``query_id``.
+
+    ``foreachBatch`` runs in the driver process with a clone of the user's session, whose
+    query manager does not list the query; the session the query was started from does.
+    """
+    from pyspark.sql import SparkSession
+
+    query = SparkSession.builder.getOrCreate().streams.get(query_id)
+    if query is None:
+        raise ExactlyError(
+            f"TwoPhaseForeachBatch: cannot find the running query {query_id} to read its "
+            "checkpoint location; pass it as SinkSettings(checkpoint_location=DIR)"
+        )
+    return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+
+
 class TwoPhaseForeachBatch:
     """``df.writeStream.foreachBatch(TwoPhaseForeachBatch(sink, settings))``.
 
@@ -98,6 +116,9 @@ class TwoPhaseForeachBatch:
             self.sink.prepare_target(to_arrow_schema(batch_df.schema, timezone="UTC"),
                                      batch_df.rdd.getNumPartitions())
             self._prepared = True
+        if self.settings.mode is Mode.EXACTLY_ONCE and not self.settings.checkpoint_location:
+            self.settings = replace(self.settings,
+                                    checkpoint_location=running_checkpoint(query_id))
         committer = Committer(self.sink, self.settings, self.fault)
         if self.settings.mode is Mode.EXACTLY_ONCE:
             committer.begin_run(query_id, run_id)  # a new run recovers before its tasks write

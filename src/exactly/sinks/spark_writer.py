@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from exactly.config import Mode
-from exactly.errors import ExactlyError
+from exactly.errors import ConfigError, ExactlyError
 from exactly.faults import FaultPoint, FaultSpec, maybe_crash
 from exactly.sinks.committer import Committer
 from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
@@ -53,6 +53,13 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
                  fault: FaultSpec | None) -> None:
+        if settings.mode is Mode.EXACTLY_ONCE and not settings.checkpoint_location:
+            raise ConfigError(
+                f"exactly.{sink.name} sink: give the query's checkpoint directory with "
+                "writeStream.option('checkpointLocation', DIR). The sink reads each epoch's "
+                "input positions from it to tell a replay from a re-planned epoch; the session "
+                "default spark.sql.streaming.checkpointLocation is not visible to sinks."
+            )
         self.sink = sink
         self.settings = settings
         self.fault = fault

@@ -152,6 +152,9 @@ class SinkSettings:
     #: where sinks without a directory of their own keep the commit log and lease
     #: (option ``exactly.logDir``; ``start_query`` sets it under the checkpoint)
     log_dir: str | None = None
+    #: Spark's checkpoint directory of the query (option ``checkpointLocation``): the sink
+    #: reads each epoch's input positions from its ``offsets/N`` (epoch identity)
+    checkpoint_location: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
@@ -163,7 +166,8 @@ class SinkSettings:
         return cls(mode=mode,  # type: ignore[arg-type]
                    retain_epochs=retain,
                    lease_stale_after=float(options.get("exactly.leaseStaleAfterSeconds", 600)),
-                   log_dir=options.get("exactly.logDir"))
+                   log_dir=options.get("exactly.logDir"),
+                   checkpoint_location=options.get("checkpointLocation"))
 
     def require_log_dir(self, sink: str) -> Path:
         """The commit-log directory for sinks that keep it beside the checkpoint."""
