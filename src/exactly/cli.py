@@ -1,27 +1,78 @@
-"""The ``exactly`` command line: demo, pipeline, verify, faults."""
+"""The ``exactly`` command line: demo, pipeline, verify, doctor, restore-offsets, faults.
+
+Every command that fails ends its standard error with one line naming the root cause
+(``pipeline failed: OSError: [Errno 30] Read-only file system: '/x/out'``), found under
+Spark's and Py4J's wrapping by :func:`root_cause`; ``exactly --verbose COMMAND`` prints the
+full traceback above it.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from exactly.doctor import RefusedError
 from exactly.faults import FaultPoint
 
-ERR = Console(stderr=True)
+#: exit code of a command that could not do its work (its root cause is the last line)
+FAILED = 3
 
 
 @click.group()
 @click.version_option(package_name="exactly")
-def main() -> None:
+@click.option("--verbose", is_flag=True,
+              help="On failure, print the full traceback above the root cause.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Flink's end-to-end exactly-once model for PySpark Structured Streaming."""
     from exactly.logs import configure
 
+    ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
     configure()
+
+
+def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
+                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run a command; on an exception end stderr with ``<command> failed: <root cause>``
+    (the traceback above it only with ``--verbose``) and exit with :data:`FAILED`, or with 1
+    for the ``refused`` exception types (a refusal that changed nothing)."""
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(body)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return body(*args, **kwargs)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except Exception as exc:  # every failure gets its root cause
+                text = "".join(traceback.format_exception(exc))
+                sys.stdout.flush()
+                if _verbose():
+                    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+                sys.stderr.write(f"{command} failed: {root_cause(text)}\n")
+                sys.stderr.flush()
+                sys.exit(1 if isinstance(exc, refused) else FAILED)
+
+        return wrapper
+
+    return decorate
+
+
+def _verbose() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and (ctx.find_root().obj or {}).get("verbose"))
 
 
 @main.command()
@@ -39,6 +90,7 @@ def main() -> None:
 @click.option("--sink", default="files", show_default=True,
               type=click.Choice(["files", "postgres", "kafka"]),
               help="Where the pipeline writes: local files, PostgreSQL or Kafka.")
+@reports_failure("demo")
 def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str,
          sink: str) -> None:
     """Generate events, run an exactly-once pipeline under crashes, audit the output.
@@ -75,25 +127,26 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
 @click.option("--max-files-per-epoch", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--dead-letter", "dead_letter_dir", default=None,
               type=click.Path(file_okay=False), help="Route malformed rows here and go on.")
+@reports_failure("pipeline")
 def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
              output_format: str, max_files_per_epoch: int, dead_letter_dir: str | None) -> None:
     """Drain an input directory through the demo pipeline into the file sink, then stop.
 
-    Fault injection: set EXACTLY_FAULT=POINT[@EPOCH] (see `exactly faults`).
+    Fault injection: set EXACTLY_FAULT=POINT[@EPOCH] (see `exactly faults`). Spark's own
+    log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
     """
     from exactly.pipeline import PipelineSpec, run
     from exactly.session import spark_session
 
+    if not _verbose():  # Spark's ERROR log repeats the worker's traceback per task
+        os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     spec = PipelineSpec(input_dir, output_dir, checkpoint_dir, mode, output_format,
                         max_files_per_epoch, dead_letter_dir)
     spark = spark_session(app_name="exactly-pipeline")
     try:
         run(spark, spec)
-    except Exception as exc:  # the query's error, already logged by Spark
-        ERR.print(f"[red]pipeline failed:[/] {_root_cause(exc)}")
-        sys.exit(3)
     finally:
-        spark.stop()
+        spark.stop()  # before the root cause is printed, so it stays the last line
 
 
 @main.command()
@@ -103,6 +156,7 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
               help="Sink output directory.")
 @click.option("--id-column", default="id", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@reports_failure("verify")
 def verify(input_path: str, output_path: str, id_column: str, as_json: bool) -> None:
     """Audit: every input id exactly once in the output. Exit 1 on any mismatch."""
     from exactly.audit import verify as run_verify
@@ -128,12 +182,124 @@ def faults() -> None:
         click.echo(f"{point.value:16} {where}")
 
 
-def _root_cause(exc: BaseException) -> str:
-    text = str(exc)
-    for line in text.splitlines():
-        if "exactly.errors." in line:
-            return line.strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+@main.command()
+@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.option("--sink-log", default=None, type=click.Path(file_okay=False),
+              help="The exactly sink's commit-log directory (default: CHECKPOINT/exactly-sink "
+                   "when it exists).")
+@click.option("--sink-path", default=None, type=click.Path(file_okay=False),
+              help="Output directory of the file sink (its log is OUTPUT/_exactly).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@reports_failure("doctor")
+def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
+           as_json: bool) -> None:
+    """Check a checkpoint and an exactly sink's log offline; changes nothing.
+
+    Reports damaged, missing or stray files, gaps, a sink of another query, pending
+    recovery, epochs Spark would re-plan, and the lease holder, each with the safe repair.
+    Exit code 0 when there is no error, 1 otherwise.
+    """
+    from exactly.doctor import diagnose
+
+    report = diagnose(checkpoint, sink_log, sink_path)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        table = Table(title=f"doctor: {checkpoint}" + (f" + {report.sink_log}"
+                                                       if report.sink_log else ""))
+        for column in ("severity", "file", "finding", "safe repair"):
+            table.add_column(column, overflow="fold")
+        colours = {"error": "red", "warning": "yellow", "info": "cyan"}
+        for f in sorted(report.findings, key=lambda f: ("error", "warning", "info")
+                        .index(f.severity)):
+            table.add_row(f"[{colours[f.severity]}]{f.severity}[/]", f.path, f.problem,
+                          f.repair)
+        console = Console(width=max(Console().width, 160))
+        console.print(table)
+        errors = sum(f.severity == "error" for f in report.findings)
+        console.print("clean: no errors" if report.ok else f"{errors} error(s)")
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command("restore-offsets")
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("--sink-log", default=None, type=click.Path(file_okay=False),
+              help="The exactly sink's commit-log directory.")
+@click.option("--sink-path", default=None, type=click.Path(file_okay=False),
+              help="Output directory of the file sink (its log is OUTPUT/_exactly).")
+@click.option("--epoch", required=True, type=click.IntRange(0),
+              help="The epoch whose offsets entry to put back.")
+@reports_failure("restore-offsets", refused=(RefusedError,))
+def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None,
+                    epoch: int) -> None:
+    """Write the offsets entry the sink recorded for EPOCH back into the checkpoint.
+
+    The repair for a re-planned epoch (ReplannedEpochError): Spark then replays the epoch
+    over the input it was committed with. Refuses while a driver holding the sink's lease is
+    alive, when the sink has no record of the epoch, and when offsets/EPOCH already holds it.
+    """
+    from exactly.doctor import restore, sink_log_for
+
+    log = sink_log_for(checkpoint, sink_log, sink_path)
+    if log is None:
+        raise RefusedError(f"no exactly sink log found under {checkpoint}: pass --sink-log "
+                           "DIR or --sink-path OUTPUT. Nothing was written.")
+    target = restore(checkpoint, log, epoch)
+    click.echo(f"restored {target} from the sink log {log}; start the query again: Spark "
+               f"replays epoch {epoch} over the input it was committed with")
+
+
+#: ``exactly.errors.FencedError: ...`` or any exception class of exactly's own modules
+_EXACTLY_LINE = re.compile(r"^exactly\.[\w.]*?(\w+): (.+)$")
+#: an OS error with its errno, from Python (``OSError: [Errno 30] ...``)
+_ERRNO_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): (\[Errno \d+\].*)$")
+#: the exception line that ends a Python traceback (``module.SomethingError: message``)
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?([A-Za-z_]\w*)(?:: (.*))?$")
+_JAVA_LINE = re.compile(r"^(?:Caused by: |: )?(?:[a-z]\w*\.)+([A-Z]\w*(?:Error|Exception)): "
+                        r"(.+)$")
+_SPARK_PREFIX = re.compile(r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with "
+                           r"exception: ")
+_SQLSTATE = re.compile(r"(\s*SQLSTATE: \w+)+\s*$")
+
+
+def root_cause(text: str) -> str:
+    """The one line that says what really went wrong, from a formatted exception.
+
+    Spark wraps a Python worker's error in a StreamingQueryException (or Py4J's error) whose
+    text holds the worker's traceback. In order of preference: the last line raised by one
+    of exactly's own exception classes; the last OS error with its errno; the exception line
+    that ends the innermost (last) Python traceback, or the innermost Java cause; finally
+    the first line of the text. Spark's "[STREAM_FAILED] Query [...] terminated with
+    exception:" prefix and "SQLSTATE" suffixes are removed.
+    """
+    lines = [line.rstrip() for line in text.splitlines()]
+    for pattern in (_EXACTLY_LINE, _ERRNO_LINE):
+        matches = [m for m in map(pattern.match, lines) if m]
+        if matches:
+            return _clean(f"{matches[-1].group(1)}: {matches[-1].group(2)}")
+    java = [m for m in map(_JAVA_LINE.match, lines) if m]
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
+    if starts:
+        for line in lines[starts[-1] + 1:]:
+            if not line or line[0].isspace() or line.startswith("^"):
+                continue  # a frame, a source line or a caret marker
+            match = _EXCEPTION_LINE.match(line)
+            if match is None:
+                return _clean(line)
+            name, message = match.group(1), _clean(match.group(2) or "")
+            if java and name in ("Py4JJavaError", "StreamingQueryException") and (
+                    not message or message.startswith("An error occurred while calling")):
+                break
+            return f"{name}: {message}" if message else name
+    if java:
+        return _clean(f"{java[-1].group(1)}: {java[-1].group(2)}")
+    first = next((line.strip() for line in lines
+                  if line.strip() and "Traceback (most recent call last)" not in line), "")
+    return _clean(first) or "unknown error"
+
+
+def _clean(message: str) -> str:
+    return _SQLSTATE.sub("", _SPARK_PREFIX.sub("", message.strip())).strip()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from exactly.errors import CorruptFileError
+
+#: the repair for a damaged file that has no more specific one
+GENERIC_REPAIR = ("it was written atomically (temp file, fsync, rename), so the damage came from "
+                  "outside (a disk fault, an interrupted copy, an edit): restore it from a "
+                  "backup, or run `exactly doctor CHECKPOINT` for the repair of this file")
+
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (creations, renames) durable."""
@@ -37,10 +44,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # ENOSPC at flush names no file: name the target
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        raise
     os.replace(tmp, target)
     fsync_dir(target.parent)
 
@@ -49,13 +63,49 @@ def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
     atomic_write_bytes(path, json.dumps(value, sort_keys=True, indent=1).encode())
 
 
-def read_json(path: str | os.PathLike[str]) -> Any | None:
-    """The JSON value at ``path``, or ``None`` when the file does not exist."""
+def read_json(path: str | os.PathLike[str], repair: str | None = None) -> Any | None:
+    """The JSON value at ``path``, or ``None`` when the file does not exist.
+
+    Raises
+    ------
+    CorruptFileError
+        When the file exists but is not JSON (torn, empty, binary): names the file, what is
+        wrong and ``repair`` (the safe repair for this file; a generic one when omitted).
+    """
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            data = f.read()
     except FileNotFoundError:
         return None
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFileError(str(path), f"is not valid JSON ({_describe(data, exc)})",
+                               repair or GENERIC_REPAIR) from None
+
+
+def require_fields(value: Any, path: str | os.PathLike[str], fields: tuple[str, ...],
+                   repair: str | None = None) -> dict[str, Any]:
+    """``value`` (read from ``path``) as a JSON object holding every one of ``fields``.
+
+    Raises :class:`CorruptFileError` naming the file and the missing fields otherwise.
+    """
+    if not isinstance(value, dict):
+        raise CorruptFileError(str(path), f"holds a JSON {type(value).__name__}, not an object",
+                               repair or GENERIC_REPAIR)
+    missing = [f for f in fields if f not in value]
+    if missing:
+        raise CorruptFileError(str(path), f"lacks the field(s) {', '.join(missing)}",
+                               repair or GENERIC_REPAIR)
+    return value
+
+
+def _describe(data: bytes, exc: Exception) -> str:
+    if not data:
+        return "the file is empty"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{len(data)} bytes that are not UTF-8 text"
+    return f"{len(data)} bytes, torn or damaged: {exc}"
 
 
 @contextlib.contextmanager

@@ -17,11 +17,17 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from exactly.errors import FencedError
-from exactly.fsutil import atomic_write_json, file_lock, read_json
+from exactly.errors import CorruptFileError, FencedError
+from exactly.fsutil import atomic_write_json, file_lock, read_json, require_fields
 from exactly.procs import ProcessId
 
 DEFAULT_STALE_AFTER_S = 600.0
+
+#: the safe repair of a damaged lease.json
+LEASE_REPAIR = ("delete it once no driver of this query runs (the holder's pid, if still "
+                "readable, is in the file): the next start takes a fresh lease. Deleting it "
+                "cannot let two drivers commit: a driver whose lease vanished is fenced off at "
+                "its next commit and commits nothing")
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,23 @@ class Lease:
         return self.directory / "lease.json"
 
     def current(self) -> LeaseState | None:
-        data = read_json(self.path)
-        return LeaseState.from_json(data) if data else None
+        """The lease as written, or ``None`` when nobody holds it.
+
+        Raises
+        ------
+        CorruptFileError
+            When ``lease.json`` is damaged (names it and the repair: delete it).
+        """
+        data = read_json(self.path, repair=LEASE_REPAIR)
+        if data is None:
+            return None
+        require_fields(data, self.path, ("run_id", "generation", "holder", "acquired_at",
+                                         "renewed_at"), LEASE_REPAIR)
+        try:
+            return LeaseState.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptFileError(str(self.path), f"has a malformed field ({exc!r})",
+                                   LEASE_REPAIR) from None
 
     def acquire(self, run_id: str, me: ProcessId) -> bool:
         """Take or renew the lease for ``run_id``; True when this call took it (a new run).

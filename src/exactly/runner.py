@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
 from exactly.errors import ConfigError, SourceNotReplayableError
 from exactly.logs import log_event
+from exactly.sinks.epoch_identity import check_checkpoint_against_log
 
 logger = logging.getLogger("exactly.runner")
 
@@ -131,6 +132,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
         raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")
     check_replayable(df, checkpoint.mode, accept_at_most_once)  # type: ignore[arg-type]
     location = checkpoint_location(checkpoint)
+    preflight_checkpoint(location, sink_format, path, options)
     check_pinned_state_backend(location, checkpoint)
     spark = df.sparkSession
     for key, value in checkpoint.spark_conf().items():
@@ -140,6 +142,10 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     if local is not None:
         options.setdefault("exactly.logDir", str(local / "exactly-sink"))
     options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
+    if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
+        log_dir = sink_log_directory(sink_format, path, options)
+        if log_dir is not None:
+            check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
               .option("checkpointLocation", location)
               .option("mode", checkpoint.mode.value)  # type: ignore[union-attr]
@@ -155,6 +161,39 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
               checkpoint=location, mode=checkpoint.mode.value)  # type: ignore[union-attr]
     return ExactlyQuery(query, location, checkpoint)
+
+
+def sink_log_directory(sink_format: str, path: str | None,
+                       options: dict[str, str]) -> Path | None:
+    """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
+    option ``exactly.logDir`` for the others; ``None`` for sinks that are not exactly's."""
+    if sink_format == "exactly.files":
+        output = path or options.get("path")
+        return Path(output.removeprefix("file://")).absolute() / "_exactly" if output else None
+    if sink_format.startswith("exactly.") and options.get("exactly.logDir"):
+        return Path(options["exactly.logDir"].removeprefix("file://"))
+    return None
+
+
+def preflight_checkpoint(location: str, sink_format: str, path: str | None,
+                         options: dict[str, str] | None) -> None:
+    """Before Spark reads an existing local checkpoint, fail on every file Spark would fail
+    on -- a torn ``metadata``, ``offsets/N`` or ``commits/N``, a checksum mismatch, a stray
+    ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
+    and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
+    of the sink's commit log fails here too, with its repair."""
+    from exactly.fsutil import read_json
+    from exactly.repairs import query_repair
+    from exactly.spark_checkpoint import preflight
+
+    local = _local_path(location)
+    if local is None or not local.is_dir():
+        return
+    defaults = {"exactly.logDir": str(local / "exactly-sink"), **(options or {})}
+    log_dir = sink_log_directory(sink_format, path, defaults)
+    owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
+    sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
+    preflight(location, sink_query_id)
 
 
 def _local_path(location: str) -> Path | None:

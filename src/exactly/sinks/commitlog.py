@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from exactly.errors import OwnershipError
-from exactly.fsutil import atomic_write_json, read_json
+from exactly.fsutil import atomic_write_json, read_json, require_fields
+from exactly.repairs import completion_repair, intent_repair, query_repair
 from exactly.sinks.twophase import Handle
 
 
@@ -55,7 +56,9 @@ class CommitLog:
     def claim_owner(self, query_id: str) -> None:
         """Bind the sink to ``query_id`` on first use; refuse any other query afterwards."""
         path = self.directory / "query.json"
-        owner = read_json(path)
+        owner = read_json(path, repair=query_repair(self.directory))
+        if owner is not None:
+            require_fields(owner, path, ("query_id",), query_repair(self.directory))
         if owner is None:
             atomic_write_json(path, {"query_id": query_id, "created_at": time.time()})
         elif owner["query_id"] != query_id:
@@ -67,9 +70,12 @@ class CommitLog:
             )
 
     def read_intent(self, epoch: int) -> Intent | None:
-        data = read_json(self.intents / _name(epoch))
+        path = self.intent_path(epoch)
+        repair = intent_repair(self.directory, epoch)
+        data = read_json(path, repair=repair)
         if data is None:
             return None
+        require_fields(data, path, ("epoch", "run_id", "handles"), repair)
         return Intent(int(data["epoch"]), data["run_id"],
                       tuple(Handle.from_json(h) for h in data["handles"]), data.get("input"))
 
@@ -93,7 +99,8 @@ class CommitLog:
         atomic_write_json(self.complete / _name(epoch), {"epoch": epoch, **stats})
 
     def completion(self, epoch: int) -> dict[str, Any] | None:
-        return read_json(self.complete / _name(epoch))
+        return read_json(self.completion_path(epoch),
+                         repair=completion_repair(self.directory, epoch))
 
     def _epochs(self, folder: Path) -> list[int]:
         if not folder.is_dir():

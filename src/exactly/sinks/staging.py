@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json
+from exactly.errors import CorruptFileError
+from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json, require_fields
 from exactly.sinks.twophase import Handle, TaskInfo
 
 
@@ -106,7 +107,7 @@ class StagingArea:
             for attempt in sorted(epoch_dir.iterdir()):
                 if attempt.name.startswith("_") or not attempt.is_dir():
                     continue
-                task = read_json(attempt / "task.json") or {
+                task = _read_task(attempt) or {
                     "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
                     "partition": -1, "attempt": -1}
                 if task["query_id"] != query_id:
@@ -117,3 +118,24 @@ class StagingArea:
                                     {"rows": 0, "file": self.data_name if has_file else None,
                                      "dir": str(attempt.relative_to(self.root))}))
         return found
+
+
+def _read_task(attempt: Path) -> dict[str, Any] | None:
+    """``task.json`` of an attempt directory; ``None`` if the attempt died before writing it.
+
+    Raises :class:`CorruptFileError` (naming the file and the repair) when it is damaged.
+    """
+    from exactly.repairs import task_repair
+
+    path = attempt / "task.json"
+    task = read_json(path, repair=task_repair(attempt))
+    if task is None:
+        return None
+    require_fields(task, path, ("query_id", "run_id", "epoch", "partition", "attempt"),
+                   task_repair(attempt))
+    try:
+        int(task["epoch"]), int(task["partition"]), int(task["attempt"])
+    except (TypeError, ValueError) as exc:
+        raise CorruptFileError(str(path), f"has a malformed field ({exc})",
+                               task_repair(attempt)) from None
+    return task

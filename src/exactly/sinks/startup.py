@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import time
 
+from exactly.errors import CorruptFileError
 from exactly.faults import FaultSpec
-from exactly.fsutil import atomic_write_json, file_lock, read_json
+from exactly.fsutil import atomic_write_json, file_lock, read_json, require_fields
 from exactly.lease import Lease
 from exactly.procs import ProcessId, driver_identity
+from exactly.repairs import marker_repair, query_repair
 from exactly.sinks.committer import Committer
 from exactly.sinks.twophase import SinkSettings, TwoPhaseCommitSink
 
@@ -34,13 +36,15 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
                           fault: FaultSpec | None = None) -> bool:
     """Finish unfinished intents and abort orphans once per driver; True when it recovered."""
     directory = sink.log_directory
-    owner = read_json(directory / "query.json")
+    owner = read_json(directory / "query.json", repair=query_repair(directory))
     if owner is None:
         return False
+    require_fields(owner, directory / "query.json", ("query_id",), query_repair(directory))
     me = driver_identity()
     with file_lock(directory / "startup.lock"):
-        seen = read_json(directory / MARKER_NAME)
-        if seen is not None and ProcessId.from_json(seen["driver"]) == me:
+        marker = directory / MARKER_NAME
+        seen = read_json(marker, repair=marker_repair(directory))
+        if seen is not None and _marker_driver(seen, marker) == me:
             return False
         lease = Lease(directory, stale_after=settings.lease_stale_after)
         holder = lease.current()
@@ -52,3 +56,12 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
         Committer(sink, settings, fault).recover(owner["query_id"])
         atomic_write_json(directory / MARKER_NAME, {"driver": me.to_json(), "at": time.time()})
         return True
+
+
+def _marker_driver(seen: object, marker) -> ProcessId:
+    data = require_fields(seen, marker, ("driver",), marker_repair(marker.parent))
+    try:
+        return ProcessId.from_json(data["driver"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptFileError(str(marker), f"has a malformed driver ({exc!r})",
+                               marker_repair(marker.parent)) from None
