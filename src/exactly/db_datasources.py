@@ -13,7 +13,9 @@ when the query starts, in the driver; executors get it with the sink. ``table`` 
 
 ``exactly.postgres`` sink: ``writeMode`` (append | upsert), ``keyColumns`` (for upsert),
 ``markerTable``, ``partitions`` (write tasks per epoch, for the start-up capacity check of
-``max_prepared_transactions``), ``lockTimeoutMs``, ``retrySeconds``.
+``max_prepared_transactions``), ``lockTimeoutMs``, ``retrySeconds``; for epoch-consistent
+reads ``epochColumn`` (default ``exactly_epoch``), ``epochsTable`` (default
+``exactly_2pc_epochs``) and ``viewName`` (default ``<table>_committed``).
 ``exactly.wal`` sink: ``dsn`` for PostgreSQL, ``sqlite:PATH`` or ``path`` for SQLite;
 ``markerTable``. ``exactly.upsert`` sink: ``keyColumns`` (required), ``epochColumn``.
 Every sink: ``mode``, ``exactly.logDir`` (set by ``exactly.runner.start_query``), the fault
@@ -104,7 +106,11 @@ class PostgresDataSource(DataSource):
             resolve_dsn(self.options, what="exactly.postgres source"), self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.sinks.postgres import PostgresTwoPhaseSink
+        from exactly.sinks.postgres import (
+            DEFAULT_EPOCH_COLUMN,
+            DEFAULT_EPOCHS_TABLE,
+            PostgresTwoPhaseSink,
+        )
 
         options = self.options
         settings = SinkSettings.from_options(options)
@@ -114,7 +120,10 @@ class PostgresDataSource(DataSource):
             write_mode=options.get("writeMode", "append"), key_columns=_key_columns(options),
             marker_table=options.get("markerTable", "exactly_2pc_markers"),
             retry_seconds=float(options.get("retrySeconds", 60)),
-            lock_timeout_ms=int(options.get("lockTimeoutMs", 60_000)))
+            lock_timeout_ms=int(options.get("lockTimeoutMs", 60_000)),
+            epoch_column=options.get("epochColumn", DEFAULT_EPOCH_COLUMN),
+            epochs_table=options.get("epochsTable", DEFAULT_EPOCHS_TABLE),
+            view_name=options.get("viewName") or None)
         partitions = int(options["partitions"]) if options.get("partitions") else None
         return DatabaseStreamWriter(sink, settings, fault_from(options), schema, partitions)
 

@@ -19,7 +19,11 @@ unique within an epoch's output -- true for a streaming aggregation in update mo
 events the last row of a key in a task wins.
 
 It runs under the generic committer like every sink (same fault points, same fencing), with
-nothing to commit or abort on the driver side.
+nothing to commit or abort on the driver side. Fencing therefore stops a second live
+instance's commit (FencedError, no intent, no completion) but not its tasks' upserts, which
+are visible when they finish: the epoch guard refuses its writes of an older epoch to keys a
+newer epoch wrote, and a replay of the same epoch rewrites the same values when the pipeline
+is deterministic. The 2PC sink's ``writeMode=upsert`` holds a fenced instance's writes back.
 """
 
 from __future__ import annotations

@@ -1,0 +1,306 @@
+"""What a reader of the 2PC sink's table sees: the plain table vs the epoch-consistent view.
+
+PostgreSQL commits prepared transactions one at a time, so between two ``COMMIT PREPARED``s of
+one epoch the plain table holds part of it. The view ``<table>_committed`` shows only epochs
+whose completion record (written after the last ``COMMIT PREPARED``) is committed.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from psycopg import sql
+
+from exactly.errors import ConfigError
+from exactly.pgcluster import TempPostgres
+from exactly.procs import ProcessId
+from exactly.sinks.committer import Committer
+from exactly.sinks.postgres import MARKER_RETAIN_EPOCHS, PostgresTwoPhaseSink, prepared_count
+from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
+
+QUERY = str(uuid.uuid4())
+SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
+#: a driver on this host that no longer runs: its lease can be taken over
+DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
+
+
+def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
+              attempt_base: int = 0, query: str = QUERY) -> list[Handle]:
+    """Step 1 as Spark's executors do it: one pre-committed handle per partition."""
+    handles = []
+    for p in range(parts):
+        task = TaskInfo(query, run_id, epoch, p, attempt_base + p)
+        txn = sink.begin_transaction(task)
+        start = epoch * 1000 + p * rows
+        ids = list(range(start, start + rows))
+        sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
+                                        schema=SCHEMA))
+        handles.append(Handle(query, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+    return handles
+
+
+def epoch_ids(n: int, parts: int = 2, rows: int = 5) -> list[int]:
+    return [n * 1000 + i for i in range(parts * rows)]
+
+
+def ids(conn, relation: str) -> list[int]:
+    return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
+        sql.Identifier(relation))).fetchall()]
+
+
+@pytest.fixture
+def sink(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
+    s = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", retry_seconds=20)
+    s.prepare_target(SCHEMA, partitions=2)
+    return s
+
+
+def test_between_two_commit_prepared_the_table_shows_part_of_the_epoch_the_view_none(
+        sink, conn, table_name):
+    run = str(uuid.uuid4())
+    committer = Committer(sink, SinkSettings())
+    committer.commit_epoch(0, run_tasks(sink, run, 0))
+    view = f"{table_name}_committed"
+    assert ids(conn, view) == epoch_ids(0)
+
+    handles = run_tasks(sink, run, 1)
+    committer.log.write_intent(1, run, handles)
+    sink.commit_handle(handles[0])  # the driver stops here, between two COMMIT PREPAREDs
+    assert ids(conn, table_name) == epoch_ids(0) + epoch_ids(1)[:5]  # half of epoch 1
+    assert ids(conn, view) == epoch_ids(0)  # none of epoch 1
+
+    committer.commit_epoch(1, handles)  # the commit call goes on
+    assert ids(conn, view) == epoch_ids(0) + epoch_ids(1)
+    assert ids(conn, table_name) == ids(conn, view)
+
+
+def test_recovery_of_a_half_committed_epoch_makes_the_whole_epoch_visible_in_the_view(
+        sink, conn, table_name):
+    run = str(uuid.uuid4())
+    handles = run_tasks(sink, run, 0)
+    crashed = Committer(sink, SinkSettings())
+    crashed.lease.acquire(run, DEAD_DRIVER)
+    crashed.log.write_intent(0, run, handles)
+    sink.commit_handle(handles[0])  # killed after the first COMMIT PREPARED
+    view = f"{table_name}_committed"
+    assert ids(conn, view) == []
+
+    replay = run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10)
+    Committer(sink, SinkSettings()).commit_epoch(0, replay)  # recovery finishes the intent
+    assert ids(conn, view) == epoch_ids(0)
+    assert ids(conn, table_name) == epoch_ids(0)
+    assert prepared_count(conn, QUERY) == 0
+
+
+def test_upsert_mode_view_never_shows_a_value_of_an_incomplete_epoch(pg, conn, tmp_path,
+                                                                   table_name):
+    schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", write_mode="upsert",
+                                key_columns=["key"])
+    sink.prepare_target(schema, partitions=2)
+    run = str(uuid.uuid4())
+    committer = Committer(sink, SinkSettings())
+
+    def tasks(epoch: int, parts: list[dict[str, int]]) -> list[Handle]:
+        handles = []
+        for p, rows in enumerate(parts):
+            txn = sink.begin_transaction(TaskInfo(QUERY, run, epoch, p, epoch * 10 + p))
+            sink.write(txn, pa.record_batch({"key": list(rows), "total": list(rows.values())},
+                                            schema=schema))
+            handles.append(Handle(QUERY, run, epoch, p, epoch * 10 + p, sink.pre_commit(txn)))
+        return handles
+
+    def view() -> dict[str, tuple[int, int]]:
+        return {k: (t, e) for k, t, e in conn.execute(sql.SQL(
+            "SELECT key, total, exactly_epoch FROM {}").format(
+            sql.Identifier(f"{table_name}_committed"))).fetchall()}
+
+    committer.commit_epoch(0, tasks(0, [{"a": 1, "b": 1}, {"c": 1}]))
+    assert view() == {"a": (1, 0), "b": (1, 0), "c": (1, 0)}
+    handles = tasks(1, [{"a": 2}, {"c": 2, "d": 2}])
+    committer.log.write_intent(1, run, handles)
+    sink.commit_handle(handles[0])  # key a now holds epoch 1's value in the table
+    assert all(epoch == 0 for _, epoch in view().values())  # no value of epoch 1
+    committer.commit_epoch(1, handles)
+    assert view() == {"a": (2, 1), "b": (1, 0), "c": (2, 1), "d": (2, 1)}
+
+
+def test_an_existing_table_without_the_epoch_column_is_refused_with_the_alter_statement(
+        pg, conn, tmp_path, table_name):
+    conn.execute(sql.SQL("CREATE TABLE {} (id bigint, key text)").format(
+        sql.Identifier(table_name)))
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (-1, 'old')").format(sql.Identifier(table_name)))
+    conn.commit()
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    with pytest.raises(ConfigError) as err:
+        sink.prepare_target(SCHEMA, partitions=2)
+    fix = f'ALTER TABLE "{table_name}" ADD COLUMN "exactly_epoch" bigint'
+    assert fix in str(err.value) and "epochColumn" in str(err.value)
+    conn.execute(fix)  # the fix the error names
+    conn.commit()
+    sink.prepare_target(SCHEMA, partitions=2)
+    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    assert ids(conn, f"{table_name}_committed") == [-1, *epoch_ids(0)]  # NULL epoch: shown
+
+
+def test_a_second_query_into_a_bound_table_is_refused_before_prepare(sink, conn, table_name):
+    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    other = str(uuid.uuid4())
+    with pytest.raises(ConfigError, match=f"belongs to query {QUERY}") as err:
+        run_tasks(sink, str(uuid.uuid4()), 0, query=other)
+    assert "DELETE FROM" in str(err.value) and "new table" in str(err.value)
+    assert prepared_count(conn, other) == 0
+    assert ids(conn, table_name) == epoch_ids(0)
+
+
+def test_pruning_old_markers_keeps_every_old_epoch_visible_in_the_view(sink, conn, table_name):
+    run = str(uuid.uuid4())
+    committer = Committer(sink, SinkSettings())
+    epochs = MARKER_RETAIN_EPOCHS + 11  # pruning runs at epochs 20 and 30
+    for epoch in range(epochs):
+        committer.commit_epoch(epoch, run_tasks(sink, run, epoch, parts=1, rows=2))
+    markers = conn.execute(sql.SQL("SELECT min(epoch) FROM {} WHERE query_id = %s").format(
+        sink.markers.sql()), (QUERY,)).fetchone()[0]
+    assert markers == 30 - MARKER_RETAIN_EPOCHS  # old markers are gone ...
+    expected = [e * 1000 + i for e in range(epochs) for i in range(2)]
+    assert ids(conn, f"{table_name}_committed") == expected  # ... their rows are not hidden
+
+
+def test_custom_epoch_column_epochs_table_and_view_names_are_quoted(pg, conn, tmp_path,
+                                                                    table_name):
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log",
+                                epoch_column='Ep"och', epochs_table='"odd.s"."Done Epochs"',
+                                view_name='"odd.v"."Whole; Epochs"')
+    sink.prepare_target(SCHEMA, partitions=2)
+    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    rows = conn.execute('SELECT id, "Ep""och" FROM "odd.v"."Whole; Epochs" ORDER BY id'
+                        ).fetchall()
+    assert rows == [(i, 0) for i in epoch_ids(0)]
+    assert conn.execute('SELECT epoch FROM "odd.s"."Done Epochs"').fetchall() == [(0,)]
+
+
+def test_a_view_name_taken_by_a_table_is_refused_with_the_option_named(pg, conn, tmp_path,
+                                                                      table_name):
+    conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(
+        sql.Identifier(f"{table_name}_committed")))
+    conn.commit()
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    with pytest.raises(ConfigError, match=r"is not a view.*option viewName"):
+        sink.prepare_target(SCHEMA, partitions=2)
+
+
+# -- real Spark, real PostgreSQL --------------------------------------------------------
+class ViewPoller:
+    """Polls ``SELECT epoch, count(*) ... GROUP BY epoch`` on the view (and, for contrast,
+    on the plain table) as fast as it can, keeping every distinct state it saw."""
+
+    def __init__(self, pg, table: str) -> None:
+        self.pg, self.table = pg, table
+        self.view_states: Counter = Counter()
+        self.table_states: Counter = Counter()
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _state(self, conn, relation: str) -> frozenset:
+        return frozenset(conn.execute(sql.SQL(
+            "SELECT exactly_epoch, count(*) FROM {} GROUP BY 1").format(
+            sql.Identifier(relation))).fetchall())
+
+    def _run(self) -> None:
+        import psycopg
+
+        view = f"{self.table}_committed"
+        with self.pg.connect() as conn:
+            conn.autocommit = True
+            while not self._stop.is_set():
+                try:
+                    self.view_states[self._state(conn, view)] += 1
+                    self.table_states[self._state(conn, self.table)] += 1
+                except psycopg.errors.UndefinedTable:  # the sink has not created it yet
+                    self._stop.wait(0.05)
+                except psycopg.Error as exc:  # e.g. a lock while the view is (re)defined
+                    self.errors.append(str(exc))
+                    self._stop.wait(0.05)
+
+    def __enter__(self) -> ViewPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark, pg, conn,
+                                                                          tmp_path,
+                                                                          table_name):
+    """6 epochs of 3 write tasks each (3 prepared transactions per epoch, committed one by
+    one) while a thread polls the view as fast as it can: every state it sees is a union of
+    whole epochs (a prefix of them), and at the end it shows every row exactly once."""
+    from exactly.config import CheckpointConfig
+    from exactly.runner import start_query
+
+    rows, per_epoch, tasks = 1800, 300, 3
+    df = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)
+          .option("totalRows", rows).option("maxRowsPerTrigger", per_epoch)
+          .option("numPartitions", tasks).load().select("id", "key"))
+    with ViewPoller(pg, table_name) as poller:
+        query = start_query(df, sink_format="exactly.postgres",
+                            options={"dsn": pg.dsn, "table": table_name,
+                                     "partitions": str(tasks)},
+                            checkpoint=CheckpointConfig(storage=str(tmp_path / "ck")),
+                            available_now=True)
+        query.await_termination()
+    final = dict(conn.execute(sql.SQL("SELECT exactly_epoch, count(*) FROM {} GROUP BY 1")
+                              .format(sql.Identifier(table_name))).fetchall())
+    assert sorted(final) == list(range(rows // per_epoch)), final
+    assert all(n == per_epoch for n in final.values()), final
+    tasks_per_epoch = dict(conn.execute(sql.SQL(
+        "SELECT epoch, count(*) FROM {} WHERE query_id = %s GROUP BY 1").format(
+        sql.Identifier("exactly_2pc_markers")), (str(query.query.id),)).fetchall())
+    assert set(tasks_per_epoch.values()) == {tasks}, tasks_per_epoch  # several COMMIT PREPAREDs
+
+    assert sum(poller.view_states.values()) > 0, poller.errors
+    for state in poller.view_states:
+        seen = dict(state)
+        assert all(seen[e] == final[e] for e in seen), f"part of an epoch in the view: {seen}"
+        assert sorted(seen) == list(range(len(seen))), f"epochs out of order: {seen}"
+    view_ids = ids(conn, f"{table_name}_committed")
+    assert view_ids == list(range(rows))  # everything, each id exactly once
+    assert prepared_count(conn) == 0
+    partial = [dict(s) for s in poller.table_states
+               if any(n != final[e] for e, n in dict(s).items())]
+    print(f"view: {sum(poller.view_states.values())} reads, {len(poller.view_states)} states; "
+          f"plain table: {len(partial)} distinct states with part of an epoch")
+
+
+def test_the_view_survives_a_server_restart_with_prepared_transactions(tmp_path, table_name):
+    """Prepared and half-committed across ``pg_ctl stop -m immediate``: the view still hides
+    the epoch until its completion is recorded, then shows all of it."""
+    from exactly.pgcluster import wait_until_accepting
+
+    with TempPostgres(max_prepared_transactions=4) as server:
+        sink = PostgresTwoPhaseSink(server.dsn, table_name, tmp_path / "log")
+        sink.prepare_target(SCHEMA, partitions=2)
+        run = str(uuid.uuid4())
+        handles = run_tasks(sink, run, 0)
+        committer = Committer(sink, SinkSettings())
+        committer.lease.acquire(run, DEAD_DRIVER)
+        committer.log.write_intent(0, run, handles)
+        sink.commit_handle(handles[0])
+        server.restart_after_crash()
+        wait_until_accepting(server)
+        with server.connect() as c:
+            assert ids(c, f"{table_name}_committed") == []
+            assert ids(c, table_name) == epoch_ids(0)[:5]
+        Committer(sink, SinkSettings()).commit_epoch(
+            0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10))
+        with server.connect() as c:
+            assert ids(c, f"{table_name}_committed") == epoch_ids(0)
