@@ -54,6 +54,17 @@ class ConsoleProgress:
                                f"{fired.get('point')} in epoch {fired.get('epoch')}; restarting")
         else:
             self.console.print(f"  attempt {attempt.number}: input drained")
+        print_leftovers(attempt, self.console)
+
+
+def print_leftovers(attempt: Attempt, console: Console) -> None:
+    """Name the processes of the attempt that outlived its driver (the harness killed them
+    and checked that none of its processes is alive)."""
+    if attempt.killed:
+        names = ", ".join(sorted({p.cmdline.split(" -m ")[1].split(" ")[0]
+                                  if " -m " in p.cmdline else p.name for p in attempt.killed}))
+        console.print(f"  attempt {attempt.number}: {len(attempt.killed)} leftover "
+                      f"process(es) killed ({names}); none of the job's processes is alive")
 
 
 def write_events(directory: Path, events: int, files: int, seed: int) -> None:
@@ -99,13 +110,15 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
 
 def print_result(result: DemoResult, console: Console) -> None:
     crashes = Table(title="injected crashes")
-    for column in ("attempt", "armed", "fired at", "epoch", "exit"):
+    for column in ("attempt", "armed", "fired at", "epoch", "exit", "leftovers killed"):
         crashes.add_column(column)
     for a in result.attempts:
         crashes.add_row(str(a.number), a.armed.render() if a.armed else "-",
                         (a.fired or {}).get("point", "-"), str((a.fired or {}).get("epoch", "-")),
-                        str(a.returncode))
+                        str(a.returncode), str(len(a.killed)))
     console.print(crashes)
+    console.print("after every attempt the job's whole process tree (driver, JVM, PySpark "
+                  "worker daemons and workers) was killed and checked: no process left")
     audit = Table(title="audit: input ids vs committed output")
     audit.add_column("check")
     audit.add_column("result")

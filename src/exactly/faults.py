@@ -7,8 +7,10 @@ option ``exactly.faultMarker`` / variable ``EXACTLY_FAULT_MARKER`` set to a file
 fault fires at most once across restarts: the marker is created atomically just before the
 kill and records where it fired.
 
-Driver points kill the driver: the Spark driver JVM and, when PySpark launched that JVM, the
-Python driver process that owns it. ``in_write`` kills the executor's Python worker inside
+Driver points kill the driver's whole local process tree, as a crash of its host would: the
+Spark driver JVM, the Python driver process that launched it, the PySpark worker daemons and
+Python workers under the JVM, and every process carrying the job's ``EXACTLY_JOB_TOKEN``
+(:func:`exactly.procs.local_job_pids`). ``in_write`` kills the executor's Python worker inside
 ``write()``, after its first batch of rows.
 """
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from exactly.errors import ConfigError
-from exactly.procs import driver_processes
+from exactly.procs import local_job_pids
 
 
 class FaultPoint(str, Enum):
@@ -90,13 +92,14 @@ def fault_from(options: Mapping[str, str] | None = None) -> FaultSpec | None:
 
 
 def maybe_crash(spec: FaultSpec | None, point: FaultPoint, epoch: int) -> None:
-    """Kill this process (and for driver points the Spark driver) if ``spec`` says so."""
+    """Kill this process (and for driver points the driver's whole local process tree)
+    if ``spec`` says so."""
     if spec is None or spec.point is not point or epoch < spec.min_epoch:
         return
     if spec.marker and not _claim_marker(spec.marker, point, epoch):
         return
     if point.on_driver:
-        for pid in driver_processes():
+        for pid in local_job_pids():
             _kill(pid)
     _kill(os.getpid())
     time.sleep(60)  # SIGKILL is asynchronous; never run on past the point

@@ -103,6 +103,14 @@ class Lease:
             self._write(LeaseState(run_id, generation, me, now, now))
             return True
 
+    def refuse_if_held(self, me: ProcessId) -> None:
+        """Before a start: raise FencedError when another live driver holds the lease, so a
+        second instance fails on fencing first, not on what its (older) checkpoint lacks."""
+        with file_lock(self.directory / "lease.lock"):
+            cur = self.current()
+            if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
+                raise self._fenced("not started yet", cur)
+
     def verify(self, run_id: str) -> int:
         """Check that ``run_id`` still holds the lease (step 2b); returns the generation."""
         with file_lock(self.directory / "lease.lock"):
@@ -128,8 +136,9 @@ class Lease:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.acquired_at))
             who = (f"run {holder.run_id} holds it (generation {holder.generation}, driver pid "
                    f"{holder.holder.pid} on {holder.holder.host}, since {started})")
+        me = run_id if " " in run_id else f"run {run_id}"
         return FencedError(
-            f"this instance (run {run_id}) is fenced off: {who}. Another instance of the same "
+            f"this instance ({me}) is fenced off: {who}. Another instance of the same "
             "query is live; stop it before starting this one, or give this query its own "
             "checkpoint location and sink path. This instance committed nothing."
         )

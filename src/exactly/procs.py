@@ -1,15 +1,38 @@
-"""Process identities on this host, read from /proc (Linux).
+"""Process identities on this host, and killing a job's whole process tree (Linux).
 
 Spark runs a Python data source's driver-side methods in Python workers forked under the
-driver JVM. The JVM ancestor identifies the driver: it is what a lease records and what a
-driver-side fault kills.
+driver JVM. The JVM ancestor identifies the driver: it is what a lease records.
+
+A job is more than its driver: the Python driver launches the driver JVM, the JVM starts
+PySpark worker daemons (``pyspark.daemon``), and the daemons fork the Python workers. Each
+daemon puts itself into a process group of its own (``os.setpgid(0, 0)``), so killing the
+driver's process group leaves the daemons and their workers alive, and once the driver is
+dead they are re-parented to pid 1, out of reach of a walk down from the driver. A job run
+by :func:`exactly.chaos.run_with_crashes` therefore carries a unique token in its
+environment (``EXACTLY_JOB_TOKEN``): the Python driver passes its environment to the JVM,
+the JVM to every worker daemon it starts, and a forked worker shares its daemon's. Finding
+a job's processes is a scan of every process's environment for the token
+(:func:`job_processes`), and :func:`kill_job` SIGKILLs the job's whole tree, scans again
+until nothing of it is left, and raises :class:`ProcessesSurvived` naming the pids and
+command lines of anything that will not die.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
+import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+
+import psutil
+
+from exactly.errors import ExactlyError
+
+#: environment variable carrying the token of a job run under the crash harness
+JOB_TOKEN_ENV = "EXACTLY_JOB_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -80,7 +103,7 @@ def _own_gateway_jvm() -> int | None:
 def driver_identity() -> ProcessId:
     """Identity of the Spark driver, seen from a driver-side worker (the JVM ancestor) or
     from the Python driver itself (e.g. inside ``foreachBatch``)."""
-    pid = jvm_ancestor() or os.getpid()
+    pid = jvm_ancestor() or _own_gateway_jvm() or os.getpid()
     stat = _stat(pid)
     return ProcessId(socket.gethostname(), pid, stat[2] if stat else 0)
 
@@ -109,3 +132,152 @@ def _launched_by_pyspark(jvm: int) -> bool:
             return b"_PYSPARK_DRIVER_CONN_INFO_PATH=" in f.read()
     except OSError:
         return False
+
+
+# -- a job's process tree ------------------------------------------------------------------
+
+
+class ProcessesSurvived(ExactlyError):
+    """Processes of a job are still alive after it was killed; names them."""
+
+    def __init__(self, what: str, survivors: list[ProcessInfo]) -> None:
+        self.survivors = survivors
+        listing = "\n".join(f"  pid {p.pid} (pgid {p.pgid}, ppid {p.ppid}): {p.cmdline}"
+                            for p in survivors)
+        super().__init__(f"{len(survivors)} process(es) of {what} survived SIGKILL:\n{listing}")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What a process was when it was found: enough to name it in a report."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    name: str
+    cmdline: str
+
+    @classmethod
+    def of(cls, proc: psutil.Process) -> ProcessInfo:
+        with proc.oneshot():
+            pid, name, ppid = proc.pid, _safe(proc.name, "?"), _safe(proc.ppid, 0)
+            cmdline = " ".join(_safe(proc.cmdline, [])) or name
+        try:
+            pgid = os.getpgid(pid)
+        except OSError:
+            pgid = 0
+        return cls(pid, ppid, pgid, name, cmdline)
+
+
+def _safe(call, default):
+    try:
+        return call()
+    except psutil.Error:
+        return default
+
+
+def new_job_token() -> str:
+    """A token unique to one run of a job (put it into the job's environment)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """True while ``proc`` (the same process, not a reused pid) runs; a zombie is dead."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def job_processes(token: str) -> list[psutil.Process]:
+    """Living processes on this host whose environment carries ``EXACTLY_JOB_TOKEN=token``
+    (never this process)."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(JOB_TOKEN_ENV) == token and is_alive(proc):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _descendants(root: psutil.Process | None) -> list[psutil.Process]:
+    if root is None or not is_alive(root):
+        return []
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_job(token: str | None = None, root: psutil.Process | None = None, *,
+             timeout: float = 30.0, what: str = "the job") -> list[ProcessInfo]:
+    """SIGKILL every process of a job and check that none is left.
+
+    The job is ``root`` and its descendants (while ``root`` lives) and every process whose
+    environment carries ``token`` (which finds workers already re-parented away from a dead
+    driver). Killing and scanning repeat until a scan finds nothing alive, so a process
+    forked between a scan and its kill is caught by the next round. Returns the processes
+    that were alive and were killed; raises :class:`ProcessesSurvived` (naming them) when
+    some are still alive after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    killed: dict[tuple[int, float], tuple[psutil.Process, ProcessInfo]] = {}
+    while True:
+        targets = {p.pid: p for p in _descendants(root)}
+        if token:
+            targets.update((p.pid, p) for p in job_processes(token))
+        for proc, _ in killed.values():
+            targets.setdefault(proc.pid, proc)
+        alive = [p for p in targets.values() if is_alive(p)]
+        if not alive:
+            return [info for _, info in killed.values()]
+        if time.monotonic() > deadline:
+            raise ProcessesSurvived(what, [_info(p, killed) for p in alive])
+        for proc in alive:
+            key = (proc.pid, _safe(proc.create_time, 0.0))
+            if key not in killed:
+                killed[key] = (proc, _info(proc, killed))
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.kill()
+        _wait_dead(alive, min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def _info(proc: psutil.Process, known) -> ProcessInfo:
+    for p, info in known.values():
+        if p.pid == proc.pid:
+            return info
+    try:
+        return ProcessInfo.of(proc)
+    except psutil.Error:
+        return ProcessInfo(proc.pid, 0, 0, "?", "?")
+
+
+def _wait_dead(procs: Iterable[psutil.Process], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if is_alive(p)]
+        if pending:
+            time.sleep(0.01)
+
+
+def local_job_pids() -> list[int]:
+    """Pids of the local job this process belongs to, without this process: the driver
+    (:func:`driver_processes`), every descendant of the driver JVM (worker daemons and
+    workers), and every process carrying this process's ``EXACTLY_JOB_TOKEN``. A crash of
+    the driver's host kills all of them; a driver-side fault does the same."""
+    pids = set(driver_processes())
+    jvm = jvm_ancestor() or _own_gateway_jvm()
+    if jvm is not None:
+        with contextlib.suppress(psutil.Error):
+            pids.update(p.pid for p in psutil.Process(jvm).children(recursive=True))
+    token = os.environ.get(JOB_TOKEN_ENV)
+    if token:
+        pids.update(p.pid for p in job_processes(token))
+    pids.discard(os.getpid())
+    return sorted(pids)

@@ -21,7 +21,9 @@ from pyspark.sql.streaming import StreamingQuery
 
 from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
 from exactly.errors import ConfigError, SourceNotReplayableError
+from exactly.lease import Lease
 from exactly.logs import log_event
+from exactly.procs import driver_identity
 from exactly.sinks.epoch_identity import check_checkpoint_against_log
 
 logger = logging.getLogger("exactly.runner")
@@ -144,7 +146,9 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
     if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
         log_dir = sink_log_directory(sink_format, path, options)
-        if log_dir is not None:
+        if log_dir is not None and log_dir.is_dir():
+            # a second live instance fails on fencing, before anything about its checkpoint
+            Lease(log_dir).refuse_if_held(driver_identity())
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
               .option("checkpointLocation", location)

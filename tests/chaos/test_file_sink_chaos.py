@@ -10,18 +10,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.dataset as ds
 import pytest
 
 from exactly.audit import data_files, verify
 from exactly.chaos import python_command, run_with_crashes
 from exactly.faults import FAULT_ENV, MARKER_ENV, FaultPoint, FaultSpec
+from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.sinks.commitlog import CommitLog
 from exactly.sinks.files import FileSink
 
@@ -134,8 +135,10 @@ def test_a_second_instance_of_the_query_is_fenced_and_never_commits(tmp_path):
     clear error and commit nothing, while A goes on committing."""
     out, ck = tmp_path / "out", tmp_path / "ck"
     log = CommitLog(out / "_exactly")
+    token = new_job_token()
     a = subprocess.Popen(_continuous_job(out, ck), stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+                         stderr=subprocess.DEVNULL, start_new_session=True,
+                         env={**os.environ, JOB_TOKEN_ENV: token})
     try:
         _wait_for(lambda: len(log.completed_epochs()) >= 2)
         shutil.copytree(ck, tmp_path / "ck-copy")
@@ -151,7 +154,7 @@ def test_a_second_instance_of_the_query_is_fenced_and_never_commits(tmp_path):
         done = len(log.completed_epochs())
         _wait_for(lambda: len(log.completed_epochs()) > done)  # A is still committing
     finally:
-        os.killpg(a.pid, signal.SIGKILL)  # the driver and its JVM
+        kill_job(token, psutil.Process(a.pid))  # the driver, its JVM and its workers
         a.wait()
     ids = sorted(i for v in visible_ids_by_epoch(out).values() for i in v)
     assert ids == list(range(len(ids)))  # no id lost or duplicated in what A committed

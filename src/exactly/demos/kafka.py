@@ -31,7 +31,7 @@ from rich.table import Table
 
 from exactly.audit import AuditReport
 from exactly.chaos import Attempt, run_with_crashes
-from exactly.demo import DemoResult
+from exactly.demo import DemoResult, print_leftovers
 from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 from exactly.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 from exactly.sinks.kafka import IN_TRANSACTION, KAFKA_FAULT_ENV, KAFKA_FAULT_MARKER_ENV
@@ -216,6 +216,7 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
                               f"{fired.get('point')} in epoch {fired.get('epoch')}; restarting")
             else:
                 console.print(f"  attempt {attempt.number}: input drained")
+            print_leftovers(attempt, console)
 
         run = run_chaos(bootstrap, workdir / "job", events=events, epochs=epochs,
                         schedule=schedule, in_transaction_epoch=in_txn, on_line=progress,

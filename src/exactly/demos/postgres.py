@@ -27,7 +27,7 @@ from rich.table import Table
 
 from exactly.chaos import Attempt, random_schedule, run_with_crashes
 from exactly.db_audit import audit_ids, pg_table_ids
-from exactly.demo import DemoResult
+from exactly.demo import DemoResult, print_leftovers
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.sinks.sql import pg_connect, redact_dsn
 
@@ -90,11 +90,12 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
 
     with postgres_server(console) as dsn:
         with pg_connect(dsn, application="exactly-demo", autocommit=True) as conn:
-            conn.execute(f'DROP TABLE IF EXISTS "{TABLE}"')
+            conn.execute(f'DROP TABLE IF EXISTS "{TABLE}" CASCADE')
         args = ["--sink", "2pc", "--table", TABLE, "--checkpoint", str(checkpoint),
                 "--rows", str(events), "--rows-per-epoch", str(per_epoch), "--keys", "100"]
         attempts = run_with_crashes(command(*args), schedule, env={DSN_ENV: dsn},
-                                    on_line=progress, on_start=started)
+                                    on_line=progress, on_start=started,
+                                    on_end=lambda a: print_leftovers(a, console))
         for attempt in attempts:
             if attempt.crashed:
                 fired = attempt.fired or {}

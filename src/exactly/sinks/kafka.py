@@ -634,7 +634,7 @@ def maybe_crash_in_transaction(epoch: int, producer: Any = None) -> None:
     if point != IN_TRANSACTION or epoch < int(at or 0):
         return
     from exactly.faults import MARKER_ENV
-    from exactly.procs import driver_processes
+    from exactly.procs import local_job_pids
 
     record = json.dumps({"point": f"kafka_{IN_TRANSACTION}", "epoch": epoch,
                          "pid": os.getpid(), "at": time.time()})
@@ -652,7 +652,7 @@ def maybe_crash_in_transaction(epoch: int, producer: Any = None) -> None:
     if core:
         with contextlib.suppress(FileExistsError), open(core, "x") as f:
             f.write(record)
-    for pid in [*driver_processes(), os.getpid()]:
+    for pid in [*local_job_pids(), os.getpid()]:  # the driver's whole local tree
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     time.sleep(60)
