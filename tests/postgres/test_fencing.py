@@ -168,9 +168,10 @@ def test_upsert_a_second_live_instance_is_fenced_at_commit_and_cannot_move_a_val
 
 def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone(
         spark, pg, conn, tmp_path, table_name):
-    """Real Spark: the checkpoint's sink lease is held by a live process; the query fails
-    with FencedError at its first commit and nothing becomes visible. After the holder
-    exits, the same query restarts and writes everything once."""
+    """Real Spark: the checkpoint's sink lease is held by a live process; start_query
+    refuses the query with FencedError before Spark runs anything (the sink's own check at
+    the first commit is the protocol-level tests' subject) and nothing becomes visible.
+    After the holder exits, the same query starts and writes everything once."""
     from exactly.config import CheckpointConfig
     from exactly.runner import start_query
 
@@ -191,11 +192,10 @@ def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone
         log_directory = log_dir
 
     with live_holder(LogDir) as first:
-        query = start()
-        with pytest.raises(Exception, match=f"fenced off: run {first} holds it"):
-            query.await_termination()
-        assert pg_ids(conn, table_name) == []
-        assert pg_ids(conn, f"{table_name}_committed") == []
+        with pytest.raises(FencedError, match=f"fenced off: run {first} holds it"):
+            start()  # start_query refuses it before Spark runs anything
+        created = conn.execute("SELECT to_regclass(%s)", (f'"{table_name}"',)).fetchone()[0]
+        assert created is None  # refused before the sink even prepared its table
     query = start()
     query.await_termination()
     assert pg_ids(conn, f"{table_name}_committed") == list(range(400))
