@@ -33,6 +33,7 @@ from exactly.spark_checkpoint import (
     Finding,
     batch_numbers,
     check_files,
+    describe_positions,
     local_checkpoint,
     read_metadata,
     read_offsets,
@@ -250,7 +251,8 @@ def _check_sink_log(report: Report, location: str, log: Path, offsets: list[int]
             continue  # below Spark's retained window: never planned again
         if entry.input.digest != recorded.get("digest"):
             report.add("error", path,
-                       f"epoch {epoch} was committed over input {_positions(recorded)}, but "
+                       f"epoch {epoch} was committed over input "
+                       f"{describe_positions(recorded)}, but "
                        f"offsets/{epoch} now holds {entry.input.describe()}: Spark re-planned "
                        "the epoch (the next commit fails with ReplannedEpochError)", restore)
     if unchecked:
@@ -261,12 +263,6 @@ def _check_sink_log(report: Report, location: str, log: Path, offsets: list[int]
         report.add("info", log / "complete",
                    f"Spark committed epochs up to {commits[-1]}, the sink up to "
                    f"{completed[-1]} (epochs without rows commit nothing)")
-
-
-def _positions(record: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(record.get("sources"), sort_keys=True, separators=(",", ":"))
 
 
 def lease_holder(log: Path) -> tuple[LeaseState | None, bool | None]:

@@ -25,6 +25,7 @@ from exactly.lease import Lease
 from exactly.logs import log_event
 from exactly.procs import driver_identity
 from exactly.sinks.epoch_identity import check_checkpoint_against_log
+from exactly.spark_checkpoint import local_checkpoint
 
 logger = logging.getLogger("exactly.runner")
 
@@ -52,7 +53,7 @@ class ExactlyQuery:
         """Stop the query and apply ``externalized_cleanup`` to its checkpoint."""
         self.query.stop()
         if self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION:
-            local = _local_path(self.checkpoint_location)
+            local = local_checkpoint(self.checkpoint_location)
             if local is None:
                 raise ConfigError(f"cannot delete non-local checkpoint {self.checkpoint_location}"
                                   "; remove it with the storage's own tools")
@@ -97,7 +98,7 @@ def checkpoint_location(config: CheckpointConfig) -> str:
 
 def check_pinned_state_backend(location: str, config: CheckpointConfig) -> None:
     """Spark silently keeps the state backend a checkpoint was started with; say so instead."""
-    local = _local_path(location)
+    local = local_checkpoint(location)
     offsets = local / "offsets" if local else None
     if offsets is None or not offsets.is_dir():
         return
@@ -140,7 +141,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     for key, value in checkpoint.spark_conf().items():
         spark.conf.set(key, value)
     options = dict(options or {})
-    local = _local_path(location)
+    local = local_checkpoint(location)
     if local is not None:
         options.setdefault("exactly.logDir", str(local / "exactly-sink"))
     options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
@@ -190,7 +191,7 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     from exactly.repairs import query_repair
     from exactly.spark_checkpoint import preflight
 
-    local = _local_path(location)
+    local = local_checkpoint(location)
     if local is None or not local.is_dir():
         return
     defaults = {"exactly.logDir": str(local / "exactly-sink"), **(options or {})}
@@ -198,14 +199,6 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
     sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
     preflight(location, sink_query_id)
-
-
-def _local_path(location: str) -> Path | None:
-    if location.startswith("file://"):
-        return Path(location[len("file://"):])
-    if "://" in location:
-        return None
-    return Path(location)
 
 
 def _backend_name(provider: str) -> str:

@@ -314,7 +314,12 @@ class EpochInput:
         return {"digest": self.digest, "sources": list(self.sources)}
 
     def describe(self) -> str:
-        return json.dumps(list(self.sources), sort_keys=True, separators=(",", ":"))
+        return describe_positions(self.to_json())
+
+
+def describe_positions(record: dict[str, Any] | None) -> str:
+    """The source positions of an input record (``{"sources": [...]}``) as compact JSON."""
+    return json.dumps((record or {}).get("sources"), sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -366,22 +371,6 @@ def read_offsets(location: str, epoch: int) -> OffsetsEntry | None:
     if text is None:
         return None
     return parse_offsets(text, epoch, _where(location, relative))
-
-
-def epoch_input(location: str, epoch: int) -> EpochInput:
-    """The input positions Spark planned for ``epoch``; fails when they are not there.
-
-    Spark writes ``offsets/<epoch>`` before it runs the epoch, so a sink committing the
-    epoch always finds it.
-    """
-    entry = read_offsets(location, epoch)
-    if entry is None:
-        raise CorruptCheckpointFileError(
-            _where(location, f"offsets/{epoch}"),
-            f"is missing while the sink commits epoch {epoch} (Spark writes it before the "
-            "epoch runs)",
-            "check that option checkpointLocation names the query's checkpoint directory")
-    return entry.input
 
 
 def restore_offsets(location: str, epoch: int, text: str) -> Path:

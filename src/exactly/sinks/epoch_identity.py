@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
+from exactly.fsutil import read_json
 from exactly.sinks.commitlog import CommitLog
-from exactly.spark_checkpoint import read_offsets
+from exactly.spark_checkpoint import (
+    batch_numbers,
+    describe_positions,
+    local_checkpoint,
+    read_metadata,
+    read_offsets,
+)
 
 
 def input_record(location: str | None, epoch: int) -> dict[str, Any] | None:
@@ -51,23 +58,18 @@ def same_input(recorded: dict[str, Any] | None, current: dict[str, Any] | None) 
     return recorded["digest"] == current["digest"]
 
 
-def _positions(record: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(record.get("sources"), sort_keys=True, separators=(",", ":"))
-
-
 def replanned_error(epoch: int, recorded: dict[str, Any], current: dict[str, Any] | None,
                     record_path: Path, log_directory: Path,
                     checkpoint: str | None) -> ReplannedEpochError:
     """The error for a commit (or a start) whose epoch ``epoch`` differs from the record."""
     ck = checkpoint or "<checkpoint>"
-    now = (f"Spark now plans epoch {epoch} over different input {_positions(current)} "
+    now = (f"Spark now plans epoch {epoch} over different input {describe_positions(current)} "
            f"(offsets/{epoch} in {ck})" if current is not None else
            f"the checkpoint {ck} no longer holds offsets/{epoch}, so Spark will plan epoch "
            f"{epoch} again over whatever input is there now")
     return ReplannedEpochError(
-        f"epoch {epoch} was already committed by this sink over input {_positions(recorded)} "
+        f"epoch {epoch} was already committed by this sink over input "
+        f"{describe_positions(recorded)} "
         f"(recorded in {record_path}), but {now}. Spark re-plans an epoch when offsets/{epoch} "
         "was deleted or rewritten after the epoch committed (e.g. to get past a torn offsets "
         "file) or when an older copy of the checkpoint was restored. Dropping the new epoch "
@@ -107,25 +109,14 @@ def check_checkpoint_against_log(checkpoint: str, log_directory: Path) -> None:
 
 
 def _same_query(checkpoint: str, log_directory: Path) -> bool:
-    from exactly.fsutil import read_json
-    from exactly.spark_checkpoint import local_checkpoint
-
-    local = local_checkpoint(checkpoint)
-    if local is None:
+    if local_checkpoint(checkpoint) is None:
         return False
-    owner = read_json(log_directory / "query.json") or {}
-    metadata = read_json(local / "metadata") or {}
-    return bool(owner.get("query_id")) and owner.get("query_id") == metadata.get("id")
+    owner = (read_json(log_directory / "query.json") or {}).get("query_id")
+    return bool(owner) and owner == read_metadata(checkpoint)
 
 
 def _last_offsets_epoch(checkpoint: str) -> int | None:
     """The newest epoch in Spark's offset log (-1 when empty), ``None`` if not local."""
-    from exactly.spark_checkpoint import local_checkpoint
-
-    local = local_checkpoint(checkpoint)
-    if local is None:
+    if local_checkpoint(checkpoint) is None:
         return None
-    offsets = local / "offsets"
-    numbers = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] \
-        if offsets.is_dir() else []
-    return max(numbers, default=-1)
+    return max(batch_numbers(checkpoint, "offsets"), default=-1)
