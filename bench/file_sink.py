@@ -3,7 +3,7 @@
 What is measured
 ----------------
 One input of ``--files`` Parquet files (``--rows`` rows from
-``exactly.sources.datagen.generate``) is written once to ``WORKDIR/input``. Four streaming
+``exactly.connectors.datagen.generate``) is written once to ``WORKDIR/input``. Four streaming
 queries then read that same input with Spark's built-in file source
 (``maxFilesPerTrigger=--max-files-per-epoch``, ``trigger(availableNow=True)``), so every sink
 sees identical epochs, in one SparkSession (``local[2]``) with a fresh checkpoint and output
@@ -65,9 +65,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from exactly.config import CheckpointConfig
-from exactly.runner import start_query
-from exactly.session import spark_session
-from exactly.sources.datagen import SCHEMA, generate
+from exactly.connectors.datagen import SCHEMA, generate
+from exactly.spark.runner import start_query
+from exactly.spark.session import spark_session
 
 SINKS = ("exactly_once", "at_least_once", "spark_parquet", "noop")
 LABELS = {

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from exactly.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
+from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 
 
 def produce_input(bootstrap: str, topic: str, records: int) -> None:
@@ -102,8 +102,8 @@ def plain_producer(bootstrap: str, source_topic: str, records: int) -> dict[str,
 def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: int,
              epochs: int, workdir: Path) -> dict[str, Any]:
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
-    from exactly.sources.kafka import read_kafka
+    from exactly.connectors.kafka.source import read_kafka
+    from exactly.spark.runner import start_query
 
     out = f"bench-{kind}-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, out, 2)
@@ -147,8 +147,8 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
     from confluent_kafka import Consumer, Producer
 
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
-    from exactly.sources.kafka import read_kafka
+    from exactly.connectors.kafka.source import read_kafka
+    from exactly.spark.runner import start_query
 
     name = uuid.uuid4().hex[:6]
     source, out = f"lat-in-{name}", f"lat-out-{name}"
@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args(argv)
 
+    from exactly.connectors.kafka.source import spark_kafka_conf
     from exactly.logs import configure
-    from exactly.session import spark_session
-    from exactly.sources.kafka import spark_kafka_conf
+    from exactly.spark.session import spark_session
 
     configure()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-kafka-"))

@@ -19,7 +19,7 @@ The same ``--rows`` rows (``exactly.datagen``: id, key, amount, event_time), in 
                    memory, CSV) in one transaction -- the physical limit of the server
 
 Each Spark run uses a fresh table and checkpoint, in one SparkSession (``local[2]``) and one
-temporary PostgreSQL server (``exactly.pgcluster.TempPostgres``; ``fsync=on``). Reported:
+temporary PostgreSQL server (``exactly.testing.pgcluster.TempPostgres``; ``fsync=on``). Reported:
 wall seconds from ``start()`` to termination, rows/s, the ratio to ``raw_copy``, and the
 seconds over the ``noop`` run (the sink's own cost, Spark's per-epoch cost taken out). Every
 table is checked afterwards (row count and distinct ids = input rows), else exit status 1.
@@ -45,10 +45,10 @@ from pathlib import Path
 import pyarrow.csv as pacsv
 
 from exactly.config import CheckpointConfig
-from exactly.pgcluster import TempPostgres
-from exactly.runner import start_query
-from exactly.session import spark_session
-from exactly.sources.datagen import generate
+from exactly.connectors.datagen import generate
+from exactly.spark.runner import start_query
+from exactly.spark.session import spark_session
+from exactly.testing.pgcluster import TempPostgres
 
 SINKS = ("2pc", "wal", "upsert", "at_least_once", "spark_jdbc", "noop")
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)

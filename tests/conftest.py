@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from exactly.demo import write_events
+from exactly.demos.files import write_events
 
 
 @pytest.fixture(scope="session")
 def spark():
-    from exactly.session import spark_session
+    from exactly.spark.session import spark_session
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = spark_session(app_name="exactly-tests")

@@ -15,13 +15,13 @@ _EXPORTS = {
     "CheckpointConfig": "exactly.config",
     "Mode": "exactly.config",
     "StateBackend": "exactly.config",
-    "start_query": "exactly.runner",
-    "ExactlyQuery": "exactly.runner",
-    "spark_session": "exactly.session",
-    "register": "exactly.datasources",
+    "start_query": "exactly.spark.runner",
+    "ExactlyQuery": "exactly.spark.runner",
+    "spark_session": "exactly.spark.session",
+    "register": "exactly.spark.formats",
     "verify": "exactly.audit",
-    "TwoPhaseCommitSink": "exactly.sinks.twophase",
-    "Handle": "exactly.sinks.twophase",
+    "TwoPhaseCommitSink": "exactly.protocol.contract",
+    "Handle": "exactly.protocol.contract",
 }
 
 __all__ = [
@@ -40,10 +40,10 @@ __all__ = [
 if TYPE_CHECKING:
     from exactly.audit import verify
     from exactly.config import CheckpointConfig, Mode, StateBackend
-    from exactly.datasources import register
-    from exactly.runner import ExactlyQuery, start_query
-    from exactly.session import spark_session
-    from exactly.sinks.twophase import Handle, TwoPhaseCommitSink
+    from exactly.protocol.contract import Handle, TwoPhaseCommitSink
+    from exactly.spark.formats import register
+    from exactly.spark.runner import ExactlyQuery, start_query
+    from exactly.spark.session import spark_session
 
 
 def __getattr__(name: str) -> Any:

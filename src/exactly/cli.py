@@ -22,8 +22,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from exactly.doctor import RefusedError
-from exactly.faults import FaultPoint
+from exactly.ops.doctor import RefusedError
+from exactly.protocol.faults import FaultPoint
 
 #: exit code of a command that could not do its work (its root cause is the last line)
 FAILED = 3
@@ -99,7 +99,7 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
     """
     from importlib import import_module
 
-    from exactly.demo import print_result, run_demo
+    from exactly.demos.files import print_result, run_demo
 
     console = Console()
     if sink == "files":
@@ -135,8 +135,8 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
     Fault injection: set EXACTLY_FAULT=POINT[@EPOCH] (see `exactly faults`). Spark's own
     log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
     """
-    from exactly.pipeline import PipelineSpec, run
-    from exactly.session import spark_session
+    from exactly.demos.files_job import PipelineSpec, run
+    from exactly.spark.session import spark_session
 
     if not _verbose():  # Spark's ERROR log repeats the worker's traceback per task
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
@@ -199,7 +199,7 @@ def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
     recovery, epochs Spark would re-plan, and the lease holder, each with the safe repair.
     Exit code 0 when there is no error, 1 otherwise.
     """
-    from exactly.doctor import diagnose
+    from exactly.ops.doctor import diagnose
 
     report = diagnose(checkpoint, sink_log, sink_path)
     if as_json:
@@ -238,7 +238,7 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
     over the input it was committed with. Refuses while a driver holding the sink's lease is
     alive, when the sink has no record of the epoch, and when offsets/EPOCH already holds it.
     """
-    from exactly.doctor import restore, sink_log_for
+    from exactly.ops.doctor import restore, sink_log_for
 
     log = sink_log_for(checkpoint, sink_log, sink_path)
     if log is None:

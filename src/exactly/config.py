@@ -1,7 +1,7 @@
 """Checkpoint configuration in Flink's vocabulary, validated before anything runs.
 
 ``CheckpointConfig`` holds every option the seeds name. Options exactly implements are
-applied to the Spark query by :mod:`exactly.runner`; options it declares but does not
+applied to the Spark query by :mod:`exactly.spark.runner`; options it declares but does not
 implement yet raise :class:`~exactly.errors.NotSupportedYetError` when set to anything but
 their default, so nothing is ever silently ignored.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from exactly.audit import AuditReport
-from exactly.sinks.sql import TableName
+from exactly.connectors.sql import TableName
 
 
 def audit_ids(found: np.ndarray, expected: np.ndarray) -> AuditReport:
@@ -34,7 +34,7 @@ def pg_table_ids(conn, table: str, column: str = "id") -> np.ndarray:
 def sqlite_table_ids(path: str, table: str, column: str = "id") -> np.ndarray:
     import sqlite3
 
-    from exactly.sinks.sql import quote_sqlite
+    from exactly.connectors.sql import quote_sqlite
 
     with sqlite3.connect(path) as conn:
         rows = conn.execute(f"SELECT {quote_sqlite(column)} FROM {quote_sqlite(table)}")

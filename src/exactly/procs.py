@@ -8,7 +8,7 @@ PySpark worker daemons (``pyspark.daemon``), and the daemons fork the Python wor
 daemon puts itself into a process group of its own (``os.setpgid(0, 0)``), so killing the
 driver's process group leaves the daemons and their workers alive, and once the driver is
 dead they are re-parented to pid 1, out of reach of a walk down from the driver. A job run
-by :func:`exactly.chaos.run_with_crashes` therefore carries a unique token in its
+by :func:`exactly.testing.chaos.run_with_crashes` therefore carries a unique token in its
 environment (``EXACTLY_JOB_TOKEN``): the Python driver passes its environment to the JVM,
 the JVM to every worker daemon it starts, and a forked worker shares its daemon's. Finding
 a job's processes is a scan of every process's environment for the token

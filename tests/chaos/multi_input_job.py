@@ -14,7 +14,7 @@ epoch). The connection string comes from the environment variable ``EXACTLY_PG_D
 
 The output goes to the 2PC file sink (``exactly.files``, Parquet). The job drains what both
 inputs hold at start (``availableNow``) and prints one JSON line per finished epoch
-(:func:`exactly.chaos.report_progress`). Faults are armed as everywhere in exactly
+(:func:`exactly.testing.chaos.report_progress`). Faults are armed as everywhere in exactly
 (``EXACTLY_FAULT=POINT@EPOCH``). The transformations are plain functions of two DataFrames,
 so a test can apply them to batch DataFrames of the same input for a crash-free reference.
 """
@@ -90,10 +90,10 @@ def build(spark, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> None:
-    from exactly.chaos import report_progress
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
-    from exactly.session import spark_session
+    from exactly.spark.runner import start_query
+    from exactly.spark.session import spark_session
+    from exactly.testing.chaos import report_progress
 
     spark = spark_session(master=args.master, app_name=f"exactly-multi-input-{args.variant}")
     try:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args)
     except Exception as exc:
-        from exactly.sinks.sql import redact_dsn
+        from exactly.connectors.sql import redact_dsn
 
         print(f"multi-input job failed: {redact_dsn(exc)}", file=sys.stderr)
         sys.exit(3)

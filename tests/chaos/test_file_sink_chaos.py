@@ -20,11 +20,11 @@ import pyarrow.dataset as ds
 import pytest
 
 from exactly.audit import data_files, verify
-from exactly.chaos import python_command, run_with_crashes
-from exactly.faults import FAULT_ENV, MARKER_ENV, FaultPoint, FaultSpec
+from exactly.connectors.files.sink import FileSink
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
-from exactly.sinks.commitlog import CommitLog
-from exactly.sinks.files import FileSink
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.faults import FAULT_ENV, MARKER_ENV, FaultPoint, FaultSpec
+from exactly.testing.chaos import python_command, run_with_crashes
 
 pytestmark = pytest.mark.chaos
 FILES_PER_EPOCH = 2  # 8 input files of 500 events -> epochs 0..3
@@ -108,9 +108,9 @@ def test_at_least_once_mode_duplicates_after_the_same_crash(events_dir, tmp_path
 def _continuous_job(out: Path, ck: Path) -> list[str]:
     code = (
         "import sys, time\n"
-        "from exactly.session import spark_session\n"
+        "from exactly.spark.session import spark_session\n"
         "from exactly.config import CheckpointConfig\n"
-        "from exactly.runner import start_query\n"
+        "from exactly.spark.runner import start_query\n"
         "spark = spark_session()\n"
         "df = (spark.readStream.format('exactly.datagen').option('rowsPerSecond', 200)\n"
         "      .option('numPartitions', 2).load())\n"
@@ -165,8 +165,8 @@ def test_soak_random_crashes_over_many_epochs(tmp_path):
     """Soak: 100,000 events in 40 epochs, 12 crashes at random points and epochs."""
     import random
 
-    from exactly.chaos import random_schedule
-    from exactly.demo import write_events
+    from exactly.demos.files import write_events
+    from exactly.testing.chaos import random_schedule
 
     events = tmp_path / "input"
     write_events(events, 100_000, 80, seed=11)

@@ -39,12 +39,12 @@ import pytest
 from multi_input_job import DSN_ENV, ORDER_SCHEMA, PAYMENTS_DDL, TRANSFORMS
 
 from exactly.audit import data_files
-from exactly.chaos import Attempt, run_with_crashes
+from exactly.connectors.datagen import generate
+from exactly.connectors.files.sink import FileSink
 from exactly.db_audit import audit_ids
-from exactly.faults import FaultPoint, FaultSpec
-from exactly.sinks.commitlog import CommitLog
-from exactly.sinks.files import FileSink
-from exactly.sources.datagen import generate
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.faults import FaultPoint, FaultSpec
+from exactly.testing.chaos import Attempt, run_with_crashes
 
 pytestmark = pytest.mark.chaos
 JOB = Path(__file__).with_name("multi_input_job.py")
@@ -62,7 +62,7 @@ JOIN_POINTS = (tuple(FaultPoint) if os.environ.get("EXACTLY_SLOW") == "1" else
 def pg():
     """A throw-away PostgreSQL server (as in tests/postgres/conftest.py)."""
     from exactly.errors import ConfigError
-    from exactly.pgcluster import TempPostgres
+    from exactly.testing.pgcluster import TempPostgres
 
     try:
         server = TempPostgres(max_prepared_transactions=20)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from exactly.chaos import Attempt, python_command, run_with_crashes
-from exactly.faults import FaultPoint, FaultSpec
 from exactly.procs import ProcessInfo, is_alive, job_processes
+from exactly.protocol.faults import FaultPoint, FaultSpec
+from exactly.testing.chaos import Attempt, python_command, run_with_crashes
 
 pytestmark = pytest.mark.chaos
 

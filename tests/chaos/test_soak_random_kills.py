@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from exactly.audit import verify
-from exactly.chaos import Attempt, RandomKill, python_command, run_with_crashes
-from exactly.demo import write_events
+from exactly.demos.files import write_events
 from exactly.procs import ProcessInfo, job_processes
+from exactly.testing.chaos import Attempt, RandomKill, python_command, run_with_crashes
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -210,8 +210,8 @@ class EpochDirReader:
 
 
 def run_files_job(tmp: Path, summary: Summary, delays: list[float]) -> None:
-    from exactly.sinks.commitlog import CommitLog
-    from exactly.sinks.files import FileSink
+    from exactly.connectors.files.sink import FileSink
+    from exactly.protocol.commitlog import CommitLog
 
     job = tmp / f"files-{summary.jobs}"
     events = job / "input"
@@ -294,10 +294,10 @@ class TablePoller:
 
 
 def run_postgres_job(pg, tmp: Path, summary: Summary, delays: list[float]) -> None:
+    from exactly.connectors.postgres.two_phase import prepared_count
     from exactly.db_audit import audit_ids, pg_table_ids
     from exactly.demos.postgres_job import DSN_ENV, command
-    from exactly.sinks.commitlog import CommitLog
-    from exactly.sinks.postgres import prepared_count
+    from exactly.protocol.commitlog import CommitLog
 
     rows = EPOCHS_PER_JOB * RECORDS_PER_EPOCH
     table = f"soak_{uuid.uuid4().hex[:8]}"
@@ -320,7 +320,7 @@ def run_postgres_job(pg, tmp: Path, summary: Summary, delays: list[float]) -> No
 
 
 def test_postgres_2pc_random_time_kills_of_the_whole_tree_lose_and_duplicate_nothing(tmp_path):
-    from exactly.pgcluster import TempPostgres
+    from exactly.testing.pgcluster import TempPostgres
 
     summary = Summary("postgres 2PC (postgres_job --sink 2pc, local[2])")
     with TempPostgres(max_prepared_transactions=20) as pg:

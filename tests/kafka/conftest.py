@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exactly.errors import ConfigError
-from exactly.kafka_broker import KafkaBroker, broker_jars_dir, connector_jars
+from exactly.testing.kafka_broker import KafkaBroker, broker_jars_dir, connector_jars
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Run by test_kafka_source.py in its own process (Spark's connector jars must be on the
-classpath when the JVM starts): reads topics with exactly.sources.kafka.read_kafka and prints
-one JSON line of findings."""
+classpath when the JVM starts): reads topics with
+exactly.connectors.kafka.source.read_kafka and prints one JSON line of findings."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 
 def main(bootstrap: str, topic: str, pattern: str, workdir: str) -> None:
-    from exactly.session import spark_session
-    from exactly.sources.kafka import read_kafka, spark_kafka_conf
+    from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
+    from exactly.spark.session import spark_session
 
     spark = spark_session(app_name="exactly-kafka-source-test", conf=spark_kafka_conf())
     found: dict[str, object] = {}
@@ -50,8 +50,8 @@ def bad_timeout(spark, bootstrap: str, topic: str, workdir: Path) -> str:
     """Start an exactly.kafka query whose transaction timeout exceeds the broker's maximum:
     it must fail at start, with the seeds' advice, before any epoch commits."""
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
-    from exactly.sources.kafka import read_kafka
+    from exactly.connectors.kafka.source import read_kafka
+    from exactly.spark.runner import start_query
 
     df = read_kafka(spark, bootstrap, topics=topic).select("key", "value")
     try:

@@ -16,9 +16,9 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from exactly.connectors.kafka.sink import IN_TRANSACTION
 from exactly.demos.kafka import ChaosRun, chaos_schedule, run_chaos
-from exactly.faults import DRIVER_POINTS, FaultPoint
-from exactly.sinks.kafka import IN_TRANSACTION
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint
 
 pytestmark = pytest.mark.chaos
 

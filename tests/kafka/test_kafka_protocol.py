@@ -10,21 +10,21 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException, Producer
+from exactly.connectors.kafka import sink as ksink
 
 from exactly.config import Mode
-from exactly.errors import ConfigError, FencedError
-from exactly.kafka_broker import consume_all
-from exactly.procs import ProcessId
-from exactly.sinks import kafka as ksink
-from exactly.sinks.committer import Committer
-from exactly.sinks.kafka import (
+from exactly.connectors.kafka.sink import (
     KafkaSink,
     KafkaSinkOptions,
     broker_transaction_max_timeout_ms,
     check_transaction_timeout,
     read_marker,
 )
-from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
+from exactly.errors import ConfigError, FencedError
+from exactly.procs import ProcessId
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.testing.kafka_broker import consume_all
 
 DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
 
@@ -190,7 +190,7 @@ def test_exactly_once_needs_a_transactional_id_prefix():
 
 def test_the_chaos_schedule_covers_every_point_once_in_protocol_order():
     from exactly.demos.kafka import PLACEHOLDER_EPOCH, chaos_schedule
-    from exactly.faults import DRIVER_POINTS, FaultPoint
+    from exactly.protocol.faults import DRIVER_POINTS, FaultPoint
 
     schedule, in_txn = chaos_schedule(10, None, None)
     assert [s.point for s in schedule] == [*DRIVER_POINTS, FaultPoint.IN_WRITE,

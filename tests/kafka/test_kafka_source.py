@@ -1,4 +1,4 @@
-"""exactly.sources.kafka.read_kafka on Spark's built-in connector and a real broker."""
+"""exactly.connectors.kafka.source.read_kafka on Spark's built-in connector and a real broker."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from exactly.connectors.kafka.source import read_kafka
 from exactly.errors import ConfigError
-from exactly.sources.kafka import read_kafka
 
 
 def test_read_committed_by_default_bounded_epochs_offsets_in_the_checkpoint(broker, tmp_path):

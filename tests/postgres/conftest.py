@@ -15,7 +15,7 @@ from exactly.errors import ConfigError
 
 @pytest.fixture(scope="session")
 def pg():
-    from exactly.pgcluster import TempPostgres
+    from exactly.testing.pgcluster import TempPostgres
 
     try:
         server = TempPostgres(max_prepared_transactions=20)

@@ -20,15 +20,15 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from exactly.connectors.postgres.two_phase import PostgresTwoPhaseSink, prepared_count
+from exactly.connectors.postgres.upsert import IdempotentUpsertSink
+from exactly.connectors.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
 from exactly.errors import FencedError
-from exactly.lease import Lease
 from exactly.procs import ProcessId, _stat
-from exactly.sinks.committer import Committer
-from exactly.sinks.idempotent import IdempotentUpsertSink
-from exactly.sinks.postgres import PostgresTwoPhaseSink, prepared_count
-from exactly.sinks.startup import recover_on_new_driver
-from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
-from exactly.sinks.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.protocol.lease import Lease
+from exactly.protocol.recovery import recover_on_new_driver
 
 QUERY = str(uuid.uuid4())
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
@@ -173,7 +173,7 @@ def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone
     the first commit is the protocol-level tests' subject) and nothing becomes visible.
     After the holder exits, the same query starts and writes everything once."""
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
+    from exactly.spark.runner import start_query
 
     ck = tmp_path / "ck"
 

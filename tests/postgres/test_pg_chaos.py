@@ -1,9 +1,10 @@
 """Crash tests of the PostgreSQL sinks under real Spark: kill -9 at protocol points, restart, audit.
 
 Each test runs the pipeline as a subprocess (``python -m exactly.demos.postgres_job``) with one
-fault armed per attempt (``exactly.chaos.run_with_crashes``) and restarts it until the input is
-drained. Then: every input id exactly once in the table, no prepared transaction left, and for
-the stateful pipelines the table equals a crash-free batch computation over the same input.
+fault armed per attempt (``exactly.testing.chaos.run_with_crashes``) and restarts it until
+the input is drained. Then: every input id exactly once in the table, no prepared
+transaction left, and for the stateful pipelines the table equals a crash-free
+batch computation over the same input.
 
 The default run covers every protocol point for the 2PC sink and the points that matter most
 for the others; ``EXACTLY_SLOW=1`` runs every point for every sink.
@@ -20,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from exactly.chaos import run_with_crashes
+from exactly.connectors.datagen import generate
+from exactly.connectors.postgres.two_phase import HOLD_ENV, prepared_count
 from exactly.db_audit import audit_ids, pg_table_ids, sqlite_table_ids
 from exactly.demos.postgres_job import DSN_ENV, command
-from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec
-from exactly.sinks.commitlog import CommitLog
-from exactly.sinks.postgres import HOLD_ENV, prepared_count
-from exactly.sources.datagen import generate
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.testing.chaos import run_with_crashes
 
 pytestmark = pytest.mark.chaos
 SLOW = os.environ.get("EXACTLY_SLOW") == "1"

@@ -17,11 +17,11 @@ import numpy as np
 import pyspark
 import pytest
 
+from exactly.connectors.postgres.two_phase import prepared_count
 from exactly.db_audit import audit_ids, pg_table_ids
 from exactly.demos.postgres_job import DSN_ENV, command
-from exactly.pgcluster import free_port
 from exactly.procs import _stat
-from exactly.sinks.postgres import prepared_count
+from exactly.testing.pgcluster import free_port
 
 pytestmark = [
     pytest.mark.chaos, pytest.mark.slow,

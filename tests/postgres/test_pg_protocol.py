@@ -13,15 +13,19 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from exactly.connectors.postgres.two_phase import (
+    PostgresTwoPhaseSink,
+    check_prepared_capacity,
+    prepared_count,
+)
+from exactly.connectors.postgres.upsert import IdempotentUpsertSink
+from exactly.connectors.sql import DatabaseError, pg_connect, redact_dsn
+from exactly.connectors.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
 from exactly.errors import ConfigError, DataLossError
-from exactly.pgcluster import TempPostgres, wait_until_accepting
 from exactly.procs import ProcessId
-from exactly.sinks.committer import Committer
-from exactly.sinks.idempotent import IdempotentUpsertSink
-from exactly.sinks.postgres import PostgresTwoPhaseSink, check_prepared_capacity, prepared_count
-from exactly.sinks.sql import DatabaseError, pg_connect, redact_dsn
-from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
-from exactly.sinks.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.testing.pgcluster import TempPostgres, wait_until_accepting
 
 QUERY = str(uuid.uuid4())
 DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
@@ -123,7 +127,7 @@ def test_2pc_prepared_transactions_survive_a_server_crash(tmp_path, table_name):
 
 def test_2pc_commit_survives_a_terminated_connection(two_pc, pg, conn, table_name, monkeypatch):
     """pg_terminate_backend on the committing connection: the retry finds the work done."""
-    import exactly.sinks.postgres as mod
+    import exactly.connectors.postgres.two_phase as mod
 
     handles = run_tasks(two_pc, str(uuid.uuid4()), 0)
     real = mod.pg_connect

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from exactly.connectors.postgres.source import PostgresTableStreamReader, table_schema
 from exactly.errors import ConfigError
-from exactly.sources.postgres import PostgresTableStreamReader, table_schema
 
 
 @pytest.fixture

@@ -17,12 +17,16 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
+from exactly.connectors.postgres.two_phase import (
+    MARKER_RETAIN_EPOCHS,
+    PostgresTwoPhaseSink,
+    prepared_count,
+)
 from exactly.errors import ConfigError
-from exactly.pgcluster import TempPostgres
 from exactly.procs import ProcessId
-from exactly.sinks.committer import Committer
-from exactly.sinks.postgres import MARKER_RETAIN_EPOCHS, PostgresTwoPhaseSink, prepared_count
-from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.testing.pgcluster import TempPostgres
 
 QUERY = str(uuid.uuid4())
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
@@ -245,7 +249,7 @@ def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark
     one) while a thread polls the view as fast as it can: every state it sees is a union of
     whole epochs (a prefix of them), and at the end it shows every row exactly once."""
     from exactly.config import CheckpointConfig
-    from exactly.runner import start_query
+    from exactly.spark.runner import start_query
 
     rows, per_epoch, tasks = 1800, 300, 3
     df = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)
@@ -284,7 +288,7 @@ def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark
 def test_the_view_survives_a_server_restart_with_prepared_transactions(tmp_path, table_name):
     """Prepared and half-committed across ``pg_ctl stop -m immediate``: the view still hides
     the epoch until its completion is recorded, then shows all of it."""
-    from exactly.pgcluster import wait_until_accepting
+    from exactly.testing.pgcluster import wait_until_accepting
 
     with TempPostgres(max_prepared_transactions=4) as server:
         sink = PostgresTwoPhaseSink(server.dsn, table_name, tmp_path / "log")

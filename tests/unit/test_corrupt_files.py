@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from exactly.config import CheckpointConfig
+from exactly.connectors.files.sink import FileSink
 from exactly.errors import CorruptCheckpointFileError, CorruptFileError
-from exactly.lease import Lease
-from exactly.runner import start_query
-from exactly.sinks.commitlog import CommitLog
-from exactly.sinks.files import FileSink
-from exactly.sinks.startup import MARKER_NAME, recover_on_new_driver
-from exactly.sinks.twophase import SinkSettings
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.contract import SinkSettings
+from exactly.protocol.lease import Lease
+from exactly.protocol.recovery import MARKER_NAME, recover_on_new_driver
+from exactly.spark.runner import start_query
 
 ROWS, PER_EPOCH = 30, 10  # three epochs: 0, 1, 2
 

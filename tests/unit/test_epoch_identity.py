@@ -1,7 +1,7 @@
 """Epoch identity on the real file sink: an epoch is its number AND its input.
 
 Spark's offset log is written here in Spark's own format (``v1``, the batch metadata, one
-line per source); the integration test tests/integration/test_replanned_epoch.py runs the
+line per source); the integration test tests/spark/test_replanned_epoch.py runs the
 same cases through real Spark.
 """
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from test_protocol import DEAD_DRIVER, QUERY, run_tasks, visible_ids
 
+from exactly.connectors.files.sink import FileSink
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
-from exactly.sinks.committer import Committer
-from exactly.sinks.epoch_identity import check_checkpoint_against_log, input_record
-from exactly.sinks.files import FileSink
-from exactly.sinks.twophase import SinkSettings
-from exactly.spark_checkpoint import read_offsets, restore_offsets
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import SinkSettings
+from exactly.protocol.epoch_identity import check_checkpoint_against_log, input_record
+from exactly.spark.checkpoint import read_offsets, restore_offsets
 
 
 def write_offsets(checkpoint: Path, epoch: int, count: int, stamp: int = 0) -> str:

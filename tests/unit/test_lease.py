@@ -4,8 +4,8 @@ import socket
 import pytest
 
 from exactly.errors import FencedError
-from exactly.lease import Lease
 from exactly.procs import ProcessId, driver_identity
+from exactly.protocol.lease import Lease
 
 
 class Clock:

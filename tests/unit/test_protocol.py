@@ -12,13 +12,13 @@ import pyarrow.dataset as ds
 import pytest
 
 from exactly.audit import data_files
+from exactly.connectors.files.sink import FileSink
 from exactly.errors import DataLossError, FencedError, OwnershipError
-from exactly.faults import FaultPoint, FaultSpec
-from exactly.lease import Lease
 from exactly.procs import ProcessId, _stat
-from exactly.sinks.committer import Committer
-from exactly.sinks.files import FileSink
-from exactly.sinks.twophase import Handle, SinkSettings, TaskInfo
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.protocol.faults import FaultPoint, FaultSpec
+from exactly.protocol.lease import Lease
 
 QUERY = str(uuid.uuid4())
 #: a driver on this host that no longer runs: its lease can be taken over

@@ -16,11 +16,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from exactly.connectors.datagen import DatagenStreamReader, generate
+from exactly.connectors.files.source import FilesStreamReader
 from exactly.errors import ConfigError, ExactlyError, MalformedRecordError
-from exactly.sources.datagen import DatagenStreamReader, generate
-from exactly.sources.files import FilesStreamReader
 
-# the demo's event schema (exactly.pipeline.EVENT_SCHEMA), built without a SparkSession
+# the demo's event schema (exactly.demos.files_job.EVENT_SCHEMA), built without a SparkSession
 EVENTS = StructType([StructField("id", LongType(), False), StructField("key", StringType()),
                      StructField("amount", DoubleType()),
                      StructField("event_time", TimestampType())])

@@ -30,11 +30,11 @@ from rich.console import Console
 from rich.table import Table
 
 from exactly.audit import AuditReport
-from exactly.chaos import Attempt, run_with_crashes
-from exactly.demo import DemoResult, print_leftovers
-from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec
-from exactly.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
-from exactly.sinks.kafka import IN_TRANSACTION, KAFKA_FAULT_ENV, KAFKA_FAULT_MARKER_ENV
+from exactly.connectors.kafka.sink import IN_TRANSACTION, KAFKA_FAULT_ENV, KAFKA_FAULT_MARKER_ENV
+from exactly.demos.files import DemoResult, print_leftovers
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.testing.chaos import Attempt, run_with_crashes
+from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 
 KEYS = 20
 #: schedule placeholder: arms the harness's crash marker for the attempt in which the Kafka
@@ -184,7 +184,7 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
 
 def run_demo(events: int, crashes: int, seed: int, workdir: Path,
              console: Console | None = None) -> DemoResult:
-    """Same contract as :func:`exactly.demo.run_demo`, with Kafka input and output."""
+    """Same contract as :func:`exactly.demos.files.run_demo`, with Kafka input and output."""
     console = console or Console()
     epochs = max(2, min(20, math.ceil(events / 500)))
     schedule, in_txn = chaos_schedule(epochs, crashes, random.Random(seed))

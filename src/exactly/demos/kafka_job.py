@@ -2,7 +2,7 @@
 
 Run as ``python -m exactly.demos.kafka_job --bootstrap HOST:PORT --input IN --output OUT
 --checkpoint DIR [--sink exactly|spark]``; it is the job that the chaos tests, the Kafka demo
-and the benchmark restart under faults (:func:`exactly.chaos.run_with_crashes`).
+and the benchmark restart under faults (:func:`exactly.testing.chaos.run_with_crashes`).
 
 Input records are JSON ``{"id", "key", "amount"}`` with unique ids. Per ``key`` the job keeps
 state (a running count and sum, ``applyInPandasWithState``) and emits one record per input
@@ -32,11 +32,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from exactly.chaos import report_progress
 from exactly.config import CheckpointConfig
-from exactly.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
-from exactly.runner import start_query
-from exactly.sources.kafka import read_kafka, spark_kafka_conf
+from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
+from exactly.spark.runner import start_query
+from exactly.testing.chaos import report_progress
 
 EVENT_SCHEMA = "id long, key string, amount double"
 OUTPUT_SCHEMA = "id long, key string, seq long, total double"
@@ -79,7 +79,7 @@ def _crash_in_write(fault: FaultSpec | None, epoch: int):
 
 def spark_sink_writer(bootstrap: str, output_topic: str):
     """``foreachBatch`` function: Spark's Kafka writer, then the driver crash points."""
-    from exactly.sinks.kafka import maybe_crash_in_transaction
+    from exactly.connectors.kafka.sink import maybe_crash_in_transaction
 
     fault = fault_from({})
 
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
 
 
 def _session() -> SparkSession:
-    from exactly.session import spark_session
+    from exactly.spark.session import spark_session
 
     return spark_session(app_name="exactly-kafka-job", conf=spark_kafka_conf())
 

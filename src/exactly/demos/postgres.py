@@ -1,8 +1,8 @@
 """``exactly demo --sink postgres``: events -> Spark -> PostgreSQL 2PC sink, under random crashes.
 
-Same contract as :func:`exactly.demo.run_demo`: generate events (the deterministic generator,
+Same contract as :func:`exactly.demos.files.run_demo`: generate events (the deterministic generator,
 ids ``0 .. events-1``), run the pipeline as a subprocess under randomly placed ``kill -9``
-crashes (:func:`exactly.chaos.run_with_crashes`), restart until the input is drained, then
+crashes (:func:`exactly.testing.chaos.run_with_crashes`), restart until the input is drained, then
 audit: every id exactly once in the table, and no prepared transaction left behind.
 
 The PostgreSQL server is the one named by ``EXACTLY_PG_DSN``, or, when that is unset, a
@@ -25,11 +25,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from exactly.chaos import Attempt, random_schedule, run_with_crashes
+from exactly.connectors.sql import pg_connect, redact_dsn
 from exactly.db_audit import audit_ids, pg_table_ids
-from exactly.demo import DemoResult, print_leftovers
+from exactly.demos.files import DemoResult, print_leftovers
 from exactly.demos.postgres_job import DSN_ENV, command
-from exactly.sinks.sql import pg_connect, redact_dsn
+from exactly.testing.chaos import Attempt, random_schedule, run_with_crashes
 
 TABLE = "exactly_demo_events"
 
@@ -54,7 +54,7 @@ def postgres_server(console: Console) -> Iterator[str]:
         console.print(f"PostgreSQL: {redact_dsn(dsn)} (from {DSN_ENV})")
         yield dsn
         return
-    from exactly.pgcluster import TempPostgres
+    from exactly.testing.pgcluster import TempPostgres
 
     with TempPostgres(max_prepared_transactions=10) as server:
         console.print(f"PostgreSQL: temporary server on 127.0.0.1:{server.port} "
@@ -112,7 +112,7 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
 
 def print_result(result: PostgresDemoResult, console: Console) -> None:
     """The injected crashes and the audit, as tables."""
-    from exactly.demo import print_result as print_file_result
+    from exactly.demos.files import print_result as print_file_result
 
     print_file_result(result, console)
     summary = Table(title="PostgreSQL")

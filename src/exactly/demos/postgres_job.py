@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from exactly.chaos import report_progress
+from exactly.testing.chaos import report_progress
 
 DSN_ENV = "EXACTLY_PG_DSN"
 
@@ -106,9 +106,9 @@ def keyed_state_frame(df):
 
 def build_sink(args: argparse.Namespace, log_dir: Path, dsn: str, keys: tuple[str, ...]):
     """The sink object for the foreachBatch path."""
-    from exactly.sinks.idempotent import IdempotentUpsertSink
-    from exactly.sinks.postgres import PostgresTwoPhaseSink
-    from exactly.sinks.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
+    from exactly.connectors.postgres.two_phase import PostgresTwoPhaseSink
+    from exactly.connectors.postgres.upsert import IdempotentUpsertSink
+    from exactly.connectors.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
 
     if args.sink == "2pc":
         return PostgresTwoPhaseSink(dsn, args.table, log_dir,
@@ -125,10 +125,10 @@ def start(spark, args: argparse.Namespace):
     import os
 
     from exactly.config import CheckpointConfig, Mode
-    from exactly.faults import fault_from
-    from exactly.runner import start_query
-    from exactly.sinks.foreach_batch import TwoPhaseForeachBatch
-    from exactly.sinks.twophase import SinkSettings
+    from exactly.protocol.contract import SinkSettings
+    from exactly.protocol.faults import fault_from
+    from exactly.spark.foreach_batch import TwoPhaseForeachBatch
+    from exactly.spark.runner import start_query
 
     stateful = args.pipeline != "append"
     backend = "rocksdb" if args.pipeline == "keyed" else "hashmap"
@@ -163,7 +163,7 @@ def start(spark, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, out=sys.stdout) -> None:
-    from exactly.session import spark_session
+    from exactly.spark.session import spark_session
 
     conf = {"spark.sql.shuffle.partitions": str(args.partitions)}
     spark = spark_session(master=args.master, app_name="exactly-postgres-job", conf=conf)
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args)
     except Exception as exc:
-        from exactly.sinks.sql import redact_dsn
+        from exactly.connectors.sql import redact_dsn
 
         print(f"postgres job failed: {redact_dsn(exc)}", file=sys.stderr)
         sys.exit(3)

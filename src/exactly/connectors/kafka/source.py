@@ -1,0 +1,94 @@
+"""Kafka as a replayable source: Spark's built-in Kafka connector with exactly's defaults.
+
+Why the built-in source fits the exactly-once model: before epoch n runs, Spark writes the
+end offset of every topic partition for n into the checkpoint's offset log (the barrier's
+position). After a crash the epoch is read again from exactly those offsets, so the replay
+sees the same records - the Kafka consumer offsets Flink keeps in operator state. Consumer
+group offsets in Kafka are never used for positions, so nothing outside the checkpoint can
+move them. What this helper adds are the defaults an exactly-once pipeline wants:
+
+* ``kafka.isolation.level=read_committed`` - read only committed transactions, so an
+  upstream transactional writer (e.g. ``exactly.kafka``) is read exactly once and its
+  aborted attempts never enter the pipeline;
+* ``startingOffsets`` (``earliest`` | ``latest`` | JSON per partition), used only on the
+  first start: afterwards the checkpoint decides;
+* ``maxOffsetsPerTrigger`` - bounded epochs (Flink's goal of bounded checkpoint time);
+* ``failOnDataLoss=true`` - fail rather than skip records deleted by retention before they
+  were read;
+* ``fetchOffset.numRetries`` - ride out a broker restart while fetching end offsets.
+
+The connector jar and the jars it needs come from ``scripts/install-kafka.sh``; pass
+:func:`spark_kafka_conf` to the session builder (``exactly.spark.session.spark_session(conf=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+
+from exactly.errors import ConfigError
+from exactly.testing.kafka_broker import connector_jars
+
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+def spark_kafka_conf() -> dict[str, str]:
+    """Spark settings that load the Kafka connector (``spark.jars``) from the install cache.
+
+    Spark reads ``spark.jars`` only when the JVM starts: give this to the first session.
+    """
+    return {"spark.jars": ",".join(connector_jars())}
+
+
+def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
+               topics: str | list[str] | None = None, pattern: str | None = None,
+               starting_offsets: str | Mapping[str, Mapping[str, int]] = "earliest",
+               max_offsets_per_trigger: int | None = None,
+               isolation_level: str = "read_committed",
+               options: Mapping[str, str] | None = None) -> DataFrame:
+    """A streaming DataFrame over Kafka with columns ``key, value, topic, partition, offset,
+    timestamp, timestampType`` (Spark's Kafka source schema).
+
+    Give ``topics`` (a name or list) or ``pattern`` (a Java regex, ``subscribePattern``).
+    ``starting_offsets`` is ``"earliest"``, ``"latest"`` or ``{topic: {partition: offset}}``
+    (-2 = earliest, -1 = latest). Extra ``options`` go to the connector unchanged
+    (``kafka.*`` ones to its consumers).
+
+    Raises ConfigError for a wrong combination, naming the fix.
+    """
+    if (topics is None) == (pattern is None):
+        raise ConfigError("read_kafka: give exactly one of topics=... or pattern=...")
+    if isolation_level not in ISOLATION_LEVELS:
+        raise ConfigError(f"read_kafka: isolation_level {isolation_level!r} is not one of "
+                          f"{' | '.join(ISOLATION_LEVELS)}")
+    if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
+        raise ConfigError("read_kafka: max_offsets_per_trigger must be at least 1")
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("kafka.isolation.level", isolation_level)
+              .option("failOnDataLoss", "true")
+              .option("fetchOffset.numRetries", "60")
+              .option("fetchOffset.retryIntervalMs", "1000"))
+    if topics is not None:
+        names = [topics] if isinstance(topics, str) else list(topics)
+        if not names:
+            raise ConfigError("read_kafka: topics is empty")
+        reader = reader.option("subscribe", ",".join(names))
+    else:
+        reader = reader.option("subscribePattern", pattern)
+    if isinstance(starting_offsets, str):
+        if starting_offsets not in ("earliest", "latest"):
+            raise ConfigError("read_kafka: starting_offsets is 'earliest', 'latest' or "
+                              "{topic: {partition: offset}}")
+        reader = reader.option("startingOffsets", starting_offsets)
+    else:
+        reader = reader.option("startingOffsets", json.dumps(
+            {t: {str(p): int(o) for p, o in parts.items()}
+             for t, parts in starting_offsets.items()}))
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    return reader.load()

@@ -1,0 +1,567 @@
+"""PostgreSQL two-phase-commit sink: ``BEGIN; COPY; PREPARE TRANSACTION``, then ``COMMIT PREPARED``.
+
+Guarantee: exactly once in ``exactly_once`` mode -- each row of each epoch becomes visible in
+the table exactly once, all rows of an epoch's task together, and nothing of epoch n before
+the commit intent of epoch n is durable; at least once in ``at_least_once`` mode (each task
+commits its prepared transaction itself; a replay after a crash adds the rows again).
+
+What a reader sees. PostgreSQL commits prepared transactions one at a time, so a plain
+``SELECT`` on the table sees each task's rows as soon as its ``COMMIT PREPARED`` runs: for a
+moment, part of an epoch. For epoch-atomic reads the sink keeps
+
+* the epoch of every row in a column (option ``epochColumn``, default ``exactly_epoch``,
+  nullable ``bigint``);
+* one row per target table in the epochs table (option ``epochsTable``, default
+  ``exactly_2pc_epochs`` in the table's schema): the last epoch whose every ``COMMIT
+  PREPARED`` has run, written by ``publish_epoch`` after them (idempotently, so recovery of a
+  commit intent records it too), and the query that owns the table;
+* a view (option ``viewName``, default ``<table>_committed``) that shows the rows of epochs
+  up to that one, plus rows with a NULL epoch (written by something else). One statement
+  reads the view in one snapshot, so it sees every epoch whole or not at all.
+
+A table is bound to the first query that completes an epoch into it (epochs restart at 0 in
+a new checkpoint, so the view could not tell two queries' epochs apart): a task of another
+query fails before ``PREPARE`` with a ConfigError that names the fix.
+
+Executor side, per task attempt: a connection, ``BEGIN``, the rows with their epoch (``COPY``
+in ``append`` mode; ``INSERT ... ON CONFLICT (key) DO UPDATE`` in ``upsert`` mode), one row
+into the marker table naming the transaction, ``PREPARE TRANSACTION 'gid'``. The prepared
+transaction survives crashes of the task, of the driver and of the database server (it is in
+PostgreSQL's WAL).
+
+Driver side: ``COMMIT PREPARED 'gid'``. A committed prepared transaction leaves no trace in
+``pg_prepared_xacts``; its marker row (committed with the data) tells "already committed" from
+"lost": gid not prepared + marker present = already committed; neither = DataLossError.
+Transient failures (dropped connection, server restart) are retried, which is safe because
+every driver-side step is idempotent.
+
+Transaction ids (gids): ``exactly:<query id>:<epoch>:<partition>:<run id>:<attempt>``, so
+recovery lists a query's pre-commits with one query on ``pg_prepared_xacts``.
+
+Server requirement: ``max_prepared_transactions`` at least the number of write tasks of an
+epoch (plus room for a failed attempt); checked when the sink starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from exactly.connectors.sql import (
+    TableName,
+    clean_error,
+    copy_into,
+    ensure_pg_table,
+    pg_columns,
+    pg_connect,
+    redact_dsn,
+    retrying,
+)
+from exactly.errors import ConfigError, DataLossError
+from exactly.logs import log_event
+from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
+
+logger = logging.getLogger("exactly.connectors.postgres.two_phase")
+
+GID_TAG = "exactly"
+DEFAULT_MARKER_TABLE = "exactly_2pc_markers"
+DEFAULT_EPOCHS_TABLE = "exactly_2pc_epochs"
+DEFAULT_EPOCH_COLUMN = "exactly_epoch"
+VIEW_SUFFIX = "_committed"
+#: PostgreSQL truncates longer identifiers (NAMEDATALEN - 1 bytes)
+MAX_IDENTIFIER_BYTES = 63
+WRITE_MODES = ("append", "upsert")
+#: markers of epochs older than (committed epoch - this) are deleted
+MARKER_RETAIN_EPOCHS = 20
+#: test hook: path of a file; the driver waits before COMMIT PREPARED while it exists
+HOLD_ENV = "EXACTLY_PG_HOLD_BEFORE_COMMIT"
+
+
+def make_gid(task: TaskInfo) -> str:
+    return (f"{GID_TAG}:{task.query_id}:{task.epoch}:{task.partition}:{task.run_id}:"
+            f"{task.attempt}")
+
+
+def parse_gid(gid: str) -> TaskInfo | None:
+    parts = gid.split(":")
+    if len(parts) != 6 or parts[0] != GID_TAG:
+        return None
+    try:
+        return TaskInfo(parts[1], parts[4], int(parts[2]), int(parts[3]), int(parts[5]))
+    except ValueError:
+        return None
+
+
+def check_prepared_capacity(conn, partitions: int | None, *, sink: str = "postgres") -> int:
+    """Fail clearly when the server cannot hold an epoch's prepared transactions.
+
+    Returns ``max_prepared_transactions``. ``partitions`` (write tasks per epoch) is checked
+    when known; each task holds one prepared transaction until the epoch commits, and a failed
+    attempt may hold one more until recovery aborts it.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('max_prepared_transactions')::int")
+        limit = int(cur.fetchone()[0])
+    need = max(2 * (partitions or 1), 2)
+    if limit == 0 or (partitions is not None and limit < partitions):
+        now = "0 (prepared transactions disabled)" if limit == 0 else str(limit)
+        raise ConfigError(
+            f"{sink} sink: the PostgreSQL server has max_prepared_transactions = {now}, but "
+            f"two-phase commit needs one per write task"
+            + (f" ({partitions} per epoch)" if partitions else "")
+            + f". Set max_prepared_transactions = {need} (or more) in postgresql.conf (or "
+            "ALTER SYSTEM SET max_prepared_transactions = ...) and restart the server; it "
+            "cannot change without a restart. Or use the write-ahead sink (exactly.wal), "
+            "which needs no prepared transactions."
+        )
+    return limit
+
+
+def dedup_last(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Keep the last row of each key (upserts of one statement must not repeat a key)."""
+    if table.num_rows < 2:
+        return table
+    indexed = table.append_column("__row", pa.array(range(table.num_rows), pa.int64()))
+    last = indexed.group_by(list(keys), use_threads=False).aggregate([("__row", "max")])
+    keep = pc.sort_indices(last.column("__row_max"))
+    return table.take(pc.take(last.column("__row_max"), keep))
+
+
+def upsert_statement(table: TableName, schema: pa.Schema, keys: Sequence[str],
+                     epoch_column: str | None = None):
+    """``INSERT ... SELECT * FROM unnest(...) ON CONFLICT (keys) DO UPDATE``; with
+    ``epoch_column``, a row only replaces one written by the same or an older epoch (or one
+    whose epoch is NULL)."""
+    from psycopg import sql
+
+    from exactly.connectors.sql import pg_type
+
+    names = list(schema.names)
+    arrays = [sql.SQL("%s::{}[]").format(sql.SQL(pg_type(f))) for f in schema]
+    cols = sql.SQL(", ").join(sql.Identifier(n) for n in names)
+    updates = [n for n in names if n not in keys]
+    if not updates:
+        action = sql.SQL("DO NOTHING")
+    else:
+        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+            sql.SQL("{} = excluded.{}").format(sql.Identifier(n), sql.Identifier(n))
+            for n in updates))
+        if epoch_column:  # a NULL epoch (a row written by something else) is replaced
+            current = sql.SQL("{}.{}").format(table.sql(), sql.Identifier(epoch_column))
+            action = sql.SQL("{} WHERE {} IS NULL OR {} <= excluded.{}").format(
+                action, current, current, sql.Identifier(epoch_column))
+    return sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) ON CONFLICT ({}) {}").format(
+        table.sql(), cols, sql.SQL(", ").join(arrays),
+        sql.SQL(", ").join(sql.Identifier(k) for k in keys), action)
+
+
+def upsert_rows(cur, statement, table: pa.Table, chunk_rows: int = 20_000) -> int:
+    for offset in range(0, table.num_rows, chunk_rows):
+        part = table.slice(offset, chunk_rows)
+        cur.execute(statement, [col.to_pylist() for col in part.columns])
+    return table.num_rows
+
+
+@dataclass
+class PgTxn:
+    task: TaskInfo
+    gid: str
+    conn: Any
+    rows: int = 0
+    pending: list[pa.RecordBatch] = field(default_factory=list)
+
+
+class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
+    """Exactly-once rows in a PostgreSQL table through prepared transactions (2PC)."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, table: str, log_dir: str | Path, *,
+                 write_mode: str = "append", key_columns: Sequence[str] = (),
+                 marker_table: str = DEFAULT_MARKER_TABLE, retry_seconds: float = 60.0,
+                 lock_timeout_ms: int = 60_000, epoch_column: str = DEFAULT_EPOCH_COLUMN,
+                 epochs_table: str = DEFAULT_EPOCHS_TABLE, view_name: str | None = None) -> None:
+        if not dsn:
+            raise ConfigError("postgres sink: set option dsn (a libpq connection string or "
+                              "postgresql:// URL)")
+        if not table:
+            raise ConfigError("postgres sink: set option table (table or schema.table)")
+        if write_mode not in WRITE_MODES:
+            raise ConfigError(f"postgres sink: writeMode {write_mode!r} is not one of "
+                              f"{' | '.join(WRITE_MODES)}")
+        if write_mode == "upsert" and not key_columns:
+            raise ConfigError("postgres sink: writeMode upsert needs option keyColumns "
+                              "(comma-separated key column names)")
+        self.dsn = dsn
+        self.table = TableName.parse(table)
+        self.markers = TableName.parse(marker_table) if "." in marker_table else \
+            self.table.with_name(marker_table)
+        if not epoch_column:
+            raise ConfigError("postgres sink: option epochColumn must name a column (the "
+                              f"default is {DEFAULT_EPOCH_COLUMN!r})")
+        self.epoch_column = epoch_column
+        self.epochs = TableName.parse(epochs_table) if "." in epochs_table else \
+            self.table.with_name(epochs_table)
+        self.view = (TableName.parse(view_name) if view_name and "." in view_name else
+                     self.table.with_name(view_name or self.table.name + VIEW_SUFFIX))
+        for what, name in (("viewName", self.view), ("epochsTable", self.epochs),
+                           ("markerTable", self.markers)):
+            if len(name.name.encode()) > MAX_IDENTIFIER_BYTES:
+                raise ConfigError(
+                    f"postgres sink: the {what} {name.name!r} is longer than PostgreSQL's "
+                    f"{MAX_IDENTIFIER_BYTES}-byte identifier limit and would be truncated; set "
+                    f"option {what} to a shorter name")
+            if name == self.table:
+                raise ConfigError(f"postgres sink: option {what} names the target table "
+                                  f"{self.table} itself; choose another name")
+        self.write_mode = write_mode
+        self.key_columns = tuple(key_columns)
+        self.retry_seconds = retry_seconds
+        self.lock_timeout_ms = lock_timeout_ms
+        self._log_dir = Path(log_dir)
+
+    def __repr__(self) -> str:  # never show the DSN's password
+        return f"PostgresTwoPhaseSink(dsn={redact_dsn(self.dsn)!r}, table={self.table})"
+
+    @property
+    def log_directory(self) -> Path:
+        return self._log_dir
+
+    # -- setup (driver, at start) ------------------------------------------------------
+    def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
+        """Check ``max_prepared_transactions``; create or validate the table (with the epoch
+        column), the marker table, the epochs table and the committed view. Raises
+        ConfigError with the fix when something does not fit."""
+        if self.epoch_column in schema.names:
+            raise ConfigError(f"postgres sink: the stream already has a column named "
+                              f"{self.epoch_column!r}, where the sink records each row's "
+                              "epoch; choose another name with option epochColumn")
+        with pg_connect(self.dsn, application="exactly-setup") as conn:
+            check_prepared_capacity(conn, partitions)
+            missing = self._missing_epoch_column(conn)
+            try:
+                ensure_pg_table(conn, self.table, schema, sink="postgres",
+                                extra=[] if missing else [(self.epoch_column, "bigint")],
+                                primary_key=self.key_columns if self.write_mode == "upsert"
+                                else ())
+            except ConfigError as exc:
+                if missing:
+                    raise ConfigError(f"{exc} Also: {missing}") from None
+                raise
+            if missing:
+                raise ConfigError(f"postgres sink: {missing}")
+            ensure_marker_table(conn, self.markers)
+            ensure_epochs_table(conn, self.epochs)
+            ensure_committed_view(conn, self.view, self.table, self.epochs, self.epoch_column)
+
+    def _missing_epoch_column(self, conn) -> str | None:
+        """Why an existing table without the epoch column is refused, with the statement
+        that adds it (None when the column is there or the table is new).
+
+        The sink does not alter a table it did not create: an added column changes the shape
+        every other writer and reader of the table sees (``INSERT ... VALUES`` without a
+        column list, ``SELECT *``), needs the table's owner and an ACCESS EXCLUSIVE lock --
+        a decision for the table's owner, made with one statement."""
+        from psycopg import sql
+
+        columns = pg_columns(conn, self.table)
+        if columns is None or any(c.name == self.epoch_column for c in columns):
+            return None
+        alter = sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(
+            self.table.sql(), sql.Identifier(self.epoch_column)).as_string(conn)
+        return (
+            f"table {self.table} has no column {self.epoch_column!r}, where the sink records "
+            f"each row's epoch for the epoch-consistent view {self.view}. Add it (nullable; "
+            f"rows already there have no epoch and stay visible in the view): {alter}; or "
+            "name an existing bigint column with option epochColumn; or write to a new "
+            "table, which the sink creates with the column."
+        )
+
+    # -- executor side -----------------------------------------------------------------
+    def begin_transaction(self, task: TaskInfo) -> PgTxn:
+        conn = pg_connect(self.dsn, application="exactly-write",
+                          lock_timeout_ms=self.lock_timeout_ms)
+        return PgTxn(task, make_gid(task), conn)
+
+    def write(self, txn: PgTxn, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        batch = batch.append_column(self.epoch_column,
+                                    pa.repeat(pa.scalar(txn.task.epoch, pa.int64()),
+                                              batch.num_rows))
+        if self.write_mode == "upsert":
+            txn.pending.append(batch)  # one statement per task: a key's last row wins
+            txn.rows += batch.num_rows
+            return
+        try:
+            with txn.conn.cursor() as cur:
+                txn.rows += copy_into(cur, self.table, batch)
+        except Exception as exc:
+            raise clean_error(exc, self.dsn, f"COPY into {self.table}") from None
+
+    def pre_commit(self, txn: PgTxn) -> dict[str, Any]:
+        from psycopg import sql
+
+        try:
+            with txn.conn.cursor() as cur:
+                self._check_owner(cur, txn.task.query_id)
+                if txn.pending:
+                    table = dedup_last(pa.Table.from_batches(txn.pending), self.key_columns)
+                    upsert_rows(cur, upsert_statement(self.table, table.schema,
+                                                      self.key_columns, self.epoch_column),
+                                table)
+                    txn.pending.clear()
+                cur.execute(sql.SQL(
+                    "INSERT INTO {} (gid, query_id, epoch, partition, rows) "
+                    "VALUES (%s, %s, %s, %s, %s)").format(self.markers.sql()),
+                    (txn.gid, txn.task.query_id, txn.task.epoch, txn.task.partition, txn.rows))
+                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
+        except ConfigError:
+            raise
+        except Exception as exc:
+            text = str(exc)
+            if "prepared transactions" in text and ("maximum" in text or "disabled" in text):
+                raise ConfigError(
+                    f"postgres sink: PREPARE TRANSACTION failed: {text.splitlines()[0]}. Raise "
+                    "max_prepared_transactions on the server (to at least twice the write "
+                    "tasks per epoch) and restart it."
+                ) from None
+            raise clean_error(exc, self.dsn, f"preparing the transaction of {txn.gid}") from None
+        finally:
+            _close(txn.conn)
+        return {"gid": txn.gid, "rows": txn.rows}
+
+    def _check_owner(self, cur, query_id: str) -> None:
+        """Refuse (before PREPARE) to write rows of a query other than the table's own."""
+        from psycopg import sql
+
+        cur.execute(sql.SQL("SELECT query_id, epoch FROM {} WHERE relid = {}::regclass").format(
+            self.epochs.sql(), sql.Literal(self.table.sql().as_string(cur))))
+        row = cur.fetchone()
+        if row is None or row[0] == query_id:
+            return
+        forget = sql.SQL("UPDATE {} SET {} = NULL; DELETE FROM {} WHERE relid = {}::regclass"
+                         ).format(self.table.sql(), sql.Identifier(self.epoch_column),
+                                  self.epochs.sql(),
+                                  sql.Literal(self.table.sql().as_string(cur))).as_string(cur)
+        raise ConfigError(
+            f"postgres sink: table {self.table} belongs to query {row[0]} (last complete "
+            f"epoch {row[1]} in {self.epochs}), and this is query {query_id}, a new checkpoint "
+            f"whose epochs restart at 0: the view {self.view} could not tell the two queries' "
+            "epochs apart, so nothing was written. Write to a new table, or resume the old "
+            "checkpoint; or, if the old query is gone for good, release the table (its rows "
+            f"stay visible in the view as rows without an epoch): {forget}"
+        )
+
+    def abort_transaction(self, txn: PgTxn) -> None:
+        _close(txn.conn)  # closing an open transaction rolls it back
+
+    # -- driver side -------------------------------------------------------------------
+    def commit_handle(self, handle: Handle) -> CommitOutcome:
+        gid = handle.payload["gid"]
+        _hold_for_tests()
+
+        def step() -> CommitOutcome:
+            import psycopg
+            from psycopg import sql
+
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+                try:
+                    conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
+                    return CommitOutcome.COMMITTED
+                except psycopg.errors.UndefinedObject:
+                    pass  # not prepared (any more): committed before, or lost
+                row = conn.execute(sql.SQL("SELECT 1 FROM {} WHERE gid = %s").format(
+                    self.markers.sql()), (gid,)).fetchone()
+            if row is not None:
+                return CommitOutcome.ALREADY_COMMITTED
+            raise DataLossError(
+                f"epoch {handle.epoch} partition {handle.partition}: prepared transaction "
+                f"{gid!r} named by the commit intent is neither prepared nor committed in "
+                f"{self.table}'s database; someone rolled it back (ROLLBACK PREPARED) or the "
+                "database was restored from an older backup"
+            )
+
+        return retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
+                        what=f"COMMIT PREPARED {gid}")
+
+    def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """After every ``COMMIT PREPARED`` of the epoch: record it complete in the epochs
+        table, which makes its rows visible in the committed view all at once. Idempotent
+        (the recorded epoch only grows), so recovery of a commit intent records it too.
+        Then forget markers of old epochs: only an unfinished intent ever needs them (the
+        epochs table keeps one row per table and is never pruned)."""
+        query_id = handles[0].query_id if handles else None
+        if query_id is None:
+            return  # no task wrote anything: no row to show
+        from psycopg import sql
+
+        def record() -> int:
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+                return conn.execute(sql.SQL(
+                    "INSERT INTO {e} AS e (relid, query_id, epoch) VALUES ({t}::regclass, %s, %s) "
+                    "ON CONFLICT (relid) DO UPDATE SET epoch = greatest(e.epoch, excluded.epoch), "
+                    "committed_at = now() WHERE e.query_id = excluded.query_id").format(
+                    e=self.epochs.sql(), t=sql.Literal(self.table.sql().as_string(conn))),
+                    (query_id, epoch)).rowcount
+
+        if retrying(record, seconds=self.retry_seconds, dsn=self.dsn,
+                    what=f"recording epoch {epoch} complete in {self.epochs}") == 0:
+            log_event(logger, "epochs_table_owned_by_another_query", logging.WARNING,
+                      table=str(self.table), epochs_table=str(self.epochs), query_id=query_id,
+                      epoch=epoch)
+        if epoch < MARKER_RETAIN_EPOCHS or epoch % 10:
+            return
+
+        def prune() -> None:
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE query_id = %s AND epoch < %s").format(
+                    self.markers.sql()), (query_id, epoch - MARKER_RETAIN_EPOCHS))
+
+        retrying(prune, seconds=self.retry_seconds, dsn=self.dsn, what="pruning markers")
+
+    def abort(self, handle: Handle) -> None:
+        gid = handle.payload["gid"]
+
+        def step() -> None:
+            import psycopg
+            from psycopg import sql
+
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
+                    contextlib.suppress(psycopg.errors.UndefinedObject):  # already gone
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+        retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
+                 what=f"ROLLBACK PREPARED {gid}")
+
+    def list_pre_commits(self, query_id: str) -> list[Handle]:
+        prefix = f"{GID_TAG}:{query_id}:"
+
+        def step() -> list[str]:
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+                rows = conn.execute(
+                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                    "AND left(gid, %s) = %s ORDER BY gid", (len(prefix), prefix)).fetchall()
+            return [r[0] for r in rows]
+
+        found = []
+        for gid in retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
+                            what="listing prepared transactions"):
+            task = parse_gid(gid)
+            if task is not None:
+                found.append(Handle(task.query_id, task.run_id, task.epoch, task.partition,
+                                    task.attempt, {"gid": gid, "rows": 0}))
+        return found
+
+
+def ensure_marker_table(conn, markers: TableName) -> None:
+    from psycopg import sql
+
+    with conn.cursor() as cur:
+        if markers.schema:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(markers.schema)))
+        cur.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query_id text NOT NULL, "
+            "epoch bigint NOT NULL, partition integer NOT NULL, rows bigint NOT NULL, "
+            "prepared_at timestamptz NOT NULL DEFAULT now())").format(markers.sql()))
+    conn.commit()
+
+
+def ensure_epochs_table(conn, epochs: TableName) -> None:
+    """One row per target table: the last epoch whose every COMMIT PREPARED has run.
+
+    Keyed by the table's OID (``regclass``): a table dropped and created again under the same
+    name starts without a record, and the row shows the table's name when read.
+    """
+    from psycopg import sql
+
+    with conn.cursor() as cur:
+        if epochs.schema:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(epochs.schema)))
+        cur.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (relid regclass PRIMARY KEY, query_id text NOT NULL, "
+            "epoch bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now())").format(
+            epochs.sql()))
+    conn.commit()
+
+
+def committed_view_sql(conn, view: TableName, table: TableName, epochs: TableName,
+                       epoch_column: str):
+    from psycopg import sql
+
+    return sql.SQL(
+        "CREATE OR REPLACE VIEW {view} AS SELECT t.* FROM {table} AS t WHERE t.{col} IS NULL "
+        "OR t.{col} <= (SELECT e.epoch FROM {epochs} AS e WHERE e.relid = {name}::regclass)"
+    ).format(view=view.sql(), table=table.sql(), col=sql.Identifier(epoch_column),
+             epochs=epochs.sql(), name=sql.Literal(table.sql().as_string(conn)))
+
+
+def ensure_committed_view(conn, view: TableName, table: TableName, epochs: TableName,
+                          epoch_column: str) -> None:
+    """Create (or redefine) the view showing only rows of completely committed epochs."""
+    import psycopg
+
+    with conn.cursor() as cur:
+        cur.execute("SELECT c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)",
+                    (view.sql().as_string(conn),))
+        row = cur.fetchone()
+        if row is not None and row[0] != "v":
+            raise ConfigError(
+                f"postgres sink: {view} exists and is not a view; the sink creates its "
+                f"epoch-consistent view of {table} under that name. Set option viewName to a "
+                "free name, or rename the existing relation.")
+        if view.schema:
+            cur.execute(psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                psycopg.sql.Identifier(view.schema)))
+        try:
+            cur.execute(committed_view_sql(conn, view, table, epochs, epoch_column))
+        except psycopg.errors.InvalidTableDefinition as exc:  # its columns changed
+            conn.rollback()
+            raise ConfigError(
+                f"postgres sink: cannot redefine the view {view} over {table}: "
+                f"{str(exc).splitlines()[0]}. Drop the view (DROP VIEW "
+                f"{view.sql().as_string(conn)}); the sink creates it again at start."
+            ) from None
+    conn.commit()
+
+
+def prepared_count(conn, query_id: str | None = None) -> int:
+    """Prepared transactions left in the server (of ``query_id``'s sink when given)."""
+    if query_id is None:
+        return int(conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0])
+    prefix = f"{GID_TAG}:{query_id}:"
+    return int(conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE left(gid, %s) = %s",
+                            (len(prefix), prefix)).fetchone()[0])
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # a dead connection: the server rolls the transaction back itself
+        log_event(logger, "close_failed", logging.DEBUG)
+
+
+def _hold_for_tests() -> None:
+    """Test hook (``EXACTLY_PG_HOLD_BEFORE_COMMIT=<file>``): wait while the file exists, so a
+    test can restart the server in the middle of a commit. Bounded to 120 s."""
+    path = os.environ.get(HOLD_ENV)
+    if not path or not os.path.exists(path):
+        return
+    ready = path + ".waiting"
+    with open(ready, "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+

@@ -1,0 +1,319 @@
+"""Write-ahead sink: rows staged as Parquet beside the checkpoint, loaded at commit with a marker.
+
+Guarantee: exactly once in ``exactly_once`` mode -- every row of epoch n is loaded into the
+table exactly once, all of epoch n in one database transaction; at least once in
+``at_least_once`` mode (each task loads its rows at once, without a marker; a replay loads
+them again).
+
+This is Flink's ``GenericWriteAheadSink`` without the flaw the seeds note: there the data is
+committed to the database and *then* the checkpoint records that it was, so a crash between
+the two re-sends the epoch and duplicates it. Here the transaction that loads epoch n also
+inserts ``(query, table, epoch n)`` into a marker table; "epoch n is loaded" and "its rows are
+in the table" become true in the same commit, so a repeated load finds the marker and does
+nothing.
+
+Executor side: each task writes its rows to ``<log dir>/wal/<epoch>/<attempt>/rows.parquet``
+(fsynced; the handle names the file). Driver side: ``publish_epoch`` opens one transaction,
+inserts the marker (a conflict means the epoch is already loaded: roll back, done), loads every
+staged file of the epoch, commits, then removes the staged files. Works with any
+transactional store; PostgreSQL (COPY) and SQLite (embedded, no server) are built in. The
+log directory must be reachable from the executors and the driver (local disk for ``local``
+mode and one-host clusters, a shared mount otherwise).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from exactly.connectors.sql import (
+    TableName,
+    clean_error,
+    copy_into,
+    ensure_pg_table,
+    ensure_sqlite_table,
+    pg_connect,
+    quote_sqlite,
+    redact_dsn,
+    retrying,
+    sqlite_connect,
+    sqlite_value_columns,
+)
+from exactly.errors import ConfigError, DataLossError
+from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
+from exactly.protocol.staging import StagedTxn, StagingArea
+
+DEFAULT_MARKER_TABLE = "exactly_wal_epochs"
+
+
+class WalTarget(ABC):
+    """A transactional store the write-ahead sink loads epochs into."""
+
+    table: TableName
+
+    @abstractmethod
+    def prepare(self, schema: pa.Schema) -> None:
+        """Create or validate the table and the marker table."""
+
+    @abstractmethod
+    def has_marker(self, query_id: str, epoch: int) -> bool:
+        """True when epoch ``epoch`` of ``query_id`` has been loaded."""
+
+    @abstractmethod
+    def load(self, query_id: str, epoch: int, tables: Iterable[pa.Table]) -> bool:
+        """In ONE transaction: insert the marker, load ``tables``. False (and nothing
+        loaded) when the marker was already there."""
+
+    @abstractmethod
+    def append(self, table: pa.Table) -> None:
+        """at_least_once: load rows at once, without a marker."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the rows go, without secrets."""
+
+
+class PostgresWalTarget(WalTarget):
+    def __init__(self, dsn: str, table: str, marker_table: str = DEFAULT_MARKER_TABLE,
+                 retry_seconds: float = 60.0) -> None:
+        self.dsn = dsn
+        self.table = TableName.parse(table)
+        self.markers = TableName.parse(marker_table) if "." in marker_table else \
+            self.table.with_name(marker_table)
+        self.retry_seconds = retry_seconds
+
+    def describe(self) -> str:
+        return f"PostgreSQL {redact_dsn(self.dsn)} table {self.table}"
+
+    def prepare(self, schema: pa.Schema) -> None:
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-setup") as conn:
+            ensure_pg_table(conn, self.table, schema, sink="wal")
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (query_id text NOT NULL, target text NOT NULL, "
+                "epoch bigint NOT NULL, rows bigint NOT NULL, "
+                "loaded_at timestamptz NOT NULL DEFAULT now(), "
+                "PRIMARY KEY (query_id, target, epoch))").format(self.markers.sql()))
+            conn.commit()
+
+    def has_marker(self, query_id: str, epoch: int) -> bool:
+        from psycopg import sql
+
+        def step() -> bool:
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+                return conn.execute(sql.SQL(
+                    "SELECT 1 FROM {} WHERE query_id = %s AND target = %s AND epoch = %s").format(
+                    self.markers.sql()), (query_id, str(self.table), epoch)).fetchone() is not None
+
+        return retrying(step, seconds=self.retry_seconds, dsn=self.dsn, what="reading a marker")
+
+    def load(self, query_id: str, epoch: int, tables: Iterable[pa.Table]) -> bool:
+        from psycopg import sql
+
+        tables = list(tables)
+        rows = sum(t.num_rows for t in tables)
+
+        def step() -> bool:
+            with pg_connect(self.dsn, application="exactly-commit") as conn:
+                with conn.cursor() as cur:
+                    cur.execute(sql.SQL(
+                        "INSERT INTO {} (query_id, target, epoch, rows) VALUES (%s, %s, %s, %s) "
+                        "ON CONFLICT DO NOTHING").format(self.markers.sql()),
+                        (query_id, str(self.table), epoch, rows))
+                    if cur.rowcount == 0:
+                        conn.rollback()
+                        return False  # loaded before: the marker committed with the rows
+                    for table in tables:
+                        copy_into(cur, self.table, table)
+                conn.commit()
+                return True
+
+        return retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
+                        what=f"loading epoch {epoch} into {self.table}")
+
+    def append(self, table: pa.Table) -> None:
+        try:
+            with pg_connect(self.dsn, application="exactly-write") as conn:
+                with conn.cursor() as cur:
+                    copy_into(cur, self.table, table)
+                conn.commit()
+        except Exception as exc:
+            raise clean_error(exc, self.dsn, f"COPY into {self.table}") from None
+
+
+class SqliteWalTarget(WalTarget):
+    """SQLite: an embedded file database, no server. The driver is its only writer."""
+
+    def __init__(self, path: str, table: str, marker_table: str = DEFAULT_MARKER_TABLE) -> None:
+        self.path = str(Path(path).absolute())
+        self.table = TableName.parse(table)
+        if self.table.schema:
+            raise ConfigError(f"wal sink: SQLite has no schemas; table {table!r} must be a "
+                              "plain name")
+        self.markers = TableName(None, marker_table)
+
+    def describe(self) -> str:
+        return f"SQLite {self.path} table {self.table}"
+
+    def prepare(self, schema: pa.Schema) -> None:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with sqlite_connect(self.path) as conn:
+            ensure_sqlite_table(conn, self.table, schema, sink="wal")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {self.markers.sqlite()} (query_id TEXT "
+                         "NOT NULL, target TEXT NOT NULL, epoch INTEGER NOT NULL, rows INTEGER "
+                         "NOT NULL, loaded_at TEXT DEFAULT CURRENT_TIMESTAMP, "
+                         "PRIMARY KEY (query_id, target, epoch))")
+
+    def has_marker(self, query_id: str, epoch: int) -> bool:
+        with sqlite_connect(self.path) as conn:
+            return conn.execute(f"SELECT 1 FROM {self.markers.sqlite()} WHERE query_id = ? AND "
+                                "target = ? AND epoch = ?",
+                                (query_id, str(self.table), epoch)).fetchone() is not None
+
+    def _insert(self, conn, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        cols = ", ".join(quote_sqlite(n) for n in table.schema.names)
+        marks = ", ".join("?" for _ in table.schema.names)
+        conn.executemany(f"INSERT INTO {self.table.sqlite()} ({cols}) VALUES ({marks})",
+                         sqlite_value_columns(table))
+
+    def load(self, query_id: str, epoch: int, tables: Iterable[pa.Table]) -> bool:
+        tables = list(tables)
+        with sqlite_connect(self.path) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = conn.execute(f"INSERT OR IGNORE INTO {self.markers.sqlite()} (query_id, "
+                                   "target, epoch, rows) VALUES (?, ?, ?, ?)",
+                                   (query_id, str(self.table), epoch,
+                                    sum(t.num_rows for t in tables)))
+                if cur.rowcount == 0:
+                    conn.execute("ROLLBACK")
+                    return False
+                for table in tables:
+                    self._insert(conn, table)
+                conn.execute("COMMIT")
+                return True
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def append(self, table: pa.Table) -> None:
+        with sqlite_connect(self.path) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            self._insert(conn, table)
+            conn.execute("COMMIT")
+
+
+def target_from_options(options: dict[str, str], dsn: str | None) -> WalTarget:
+    """PostgreSQL when a DSN is given, else SQLite at option ``path`` / ``sqlite:PATH``."""
+    table = options.get("table")
+    if not table:
+        raise ConfigError("wal sink: set option table")
+    marker = options.get("markerTable", DEFAULT_MARKER_TABLE)
+    if dsn and dsn.startswith("sqlite:"):
+        return SqliteWalTarget(dsn.removeprefix("sqlite:").removeprefix("//"), table, marker)
+    if dsn:
+        return PostgresWalTarget(dsn, table, marker,
+                                 float(options.get("retrySeconds", 60)))
+    path = options.get("path")
+    if not path:
+        raise ConfigError("wal sink: set option dsn (PostgreSQL) or path (a SQLite database "
+                          "file, the embedded default)")
+    return SqliteWalTarget(path, table, marker)
+
+
+class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
+    """Exactly-once rows in any transactional table: staged files + marker-guarded load."""
+
+    name = "wal"
+
+    def __init__(self, target: WalTarget, log_dir: str | Path) -> None:
+        self.target = target
+        self._log_dir = Path(log_dir).absolute()
+        self.stage = StagingArea(self._log_dir / "wal", self._log_dir, "rows.parquet")
+
+    def __repr__(self) -> str:
+        return f"WriteAheadSink({self.target.describe()})"
+
+    @property
+    def log_directory(self) -> Path:
+        return self._log_dir
+
+    @property
+    def staging(self) -> Path:
+        return self.stage.base
+
+    def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
+        self.target.prepare(schema)
+
+    # -- executor side -----------------------------------------------------------------
+    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
+        return self.stage.begin_txn(task)
+
+    def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if txn.writer is None:
+            txn.writer = pq.ParquetWriter(txn.data_file, batch.schema)
+        txn.writer.write_batch(batch)
+        txn.rows += batch.num_rows
+
+    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+        return self.stage.pre_commit(txn)
+
+    def abort_transaction(self, txn: StagedTxn) -> None:
+        self.stage.abort_txn(txn)
+
+    def commit_visible(self, handle: Handle) -> None:
+        for table in self._tables([handle]):
+            self.target.append(table)
+        self.stage.discard(handle)
+
+    # -- driver side -------------------------------------------------------------------
+    def commit_handle(self, handle: Handle) -> CommitOutcome:
+        """A staged file only becomes visible with its whole epoch (``publish_epoch``);
+        here it is checked to be there, or recognised as loaded by the epoch's marker."""
+        staged = self._log_dir / handle.payload["dir"]
+        if staged.is_dir() and (not handle.payload["file"]
+                                or (staged / handle.payload["file"]).exists()):
+            return CommitOutcome.COMMITTED
+        if self.target.has_marker(handle.query_id, handle.epoch):
+            return CommitOutcome.ALREADY_COMMITTED
+        raise DataLossError(
+            f"epoch {handle.epoch} partition {handle.partition}: the staged rows {staged} named "
+            f"by the commit intent are gone and the epoch's marker is not in "
+            f"{self.target.describe()}; something outside exactly removed them"
+        )
+
+    def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """Load every staged file of the epoch and the marker in one transaction."""
+        if not handles:
+            return
+        query_id = handles[0].query_id
+        if not self.target.has_marker(query_id, epoch):
+            self.target.load(query_id, epoch, self._tables(handles))
+        for handle in handles:
+            self.stage.discard(handle)
+
+    def _tables(self, handles: Sequence[Handle]) -> Iterator[pa.Table]:
+        for handle in handles:
+            if handle.payload.get("file"):
+                path = self._log_dir / handle.payload["dir"] / handle.payload["file"]
+                if not path.exists():
+                    raise DataLossError(f"epoch {handle.epoch}: staged rows {path} vanished "
+                                        "before the epoch was loaded")
+                yield pq.read_table(path)
+
+    def abort(self, handle: Handle) -> None:
+        self.stage.discard(handle)
+
+    def list_pre_commits(self, query_id: str) -> list[Handle]:
+        return self.stage.list(query_id)

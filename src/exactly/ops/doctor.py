@@ -1,0 +1,384 @@
+"""``exactly doctor``: an offline check of a checkpoint and an exactly sink's commit log.
+
+It reads, never writes: every damaged, missing or stray file of Spark's checkpoint
+(``metadata``, ``offsets/N``, ``commits/N``, their ``.crc``), gaps in Spark's logs, and the
+sink's commit log against them (the query id, intents without a completion, completed epochs
+Spark would plan again or has planned over different input), and the lease holder. Each
+finding names the file, what is wrong and the safe repair.
+
+The repair texts come from :mod:`exactly.protocol.repairs`, shared with the readers of each file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exactly.errors import CorruptCheckpointFileError, CorruptFileError, ExactlyError
+from exactly.fsutil import read_json, require_fields
+from exactly.protocol.lease import Lease, LeaseState
+from exactly.protocol.repairs import (
+    completion_repair,
+    intent_repair,
+    log_file_name,
+    marker_repair,
+    query_repair,
+    task_repair,
+)
+from exactly.spark.checkpoint import (
+    Finding,
+    batch_numbers,
+    check_files,
+    describe_positions,
+    local_checkpoint,
+    read_metadata,
+    read_offsets,
+)
+
+#: where ``exactly.spark.runner.start_query`` puts the log of sinks without a directory of their own
+DEFAULT_SINK_LOG = "exactly-sink"
+_LOG_FILE = re.compile(r"^(\d+)\.json$")
+
+
+# -- discovery -----------------------------------------------------------------------------
+def sink_log_for(checkpoint: str | Path, sink_log: str | Path | None = None,
+                 sink_path: str | Path | None = None) -> Path | None:
+    """The sink's commit log: ``--sink-log``, ``<--sink-path>/_exactly`` (file sink), or
+    ``<checkpoint>/exactly-sink`` when it exists (every other exactly sink)."""
+    if sink_log:
+        return Path(sink_log)
+    if sink_path:
+        return Path(sink_path) / "_exactly"
+    local = local_checkpoint(str(checkpoint))
+    if local is not None and (local / DEFAULT_SINK_LOG).is_dir():
+        return local / DEFAULT_SINK_LOG
+    return None
+
+
+# -- the report ------------------------------------------------------------------------------
+@dataclass
+class Report:
+    checkpoint: str
+    sink_log: str | None
+    findings: list[Finding] = field(default_factory=list)
+    query_id: str | None = None
+    sink_query_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.severity == "error" for f in self.findings)
+
+    def add(self, severity: str, path: str | Path, problem: str, repair: str = "") -> None:
+        self.findings.append(Finding(severity, str(path), problem, repair))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "checkpoint": self.checkpoint, "sink_log": self.sink_log,
+                "query_id": self.query_id, "sink_query_id": self.sink_query_id,
+                "findings": [f.to_json() for f in self.findings]}
+
+
+def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
+             sink_path: str | Path | None = None) -> Report:
+    """Check ``checkpoint`` and the sink's commit log; changes nothing."""
+    location = str(checkpoint)
+    log = sink_log_for(location, sink_log, sink_path)
+    report = Report(location, str(log) if log else None)
+    local = local_checkpoint(location)
+    if local is None:
+        report.add("error", location, "is not a local checkpoint; doctor reads local "
+                   "directories only", "copy the checkpoint to a local disk and check the copy")
+        return report
+    if not local.is_dir():
+        report.add("error", local, "does not exist (no checkpoint here)",
+                   "name the directory given as checkpointLocation")
+        return report
+    if log is not None:
+        report.sink_query_id = _sink_query_id(report, log)
+    report.findings.extend(check_files(location, report.sink_query_id))
+    with contextlib.suppress(CorruptCheckpointFileError):  # reported by check_files
+        report.query_id = read_metadata(location)
+    offsets, commits = _check_spark_logs(report, local)
+    if log is None:
+        report.add("info", local / DEFAULT_SINK_LOG,
+                   "no exactly sink log found (the file sink keeps it in <output>/_exactly)",
+                   "pass --sink-path OUTPUT for the file sink or --sink-log DIR")
+    elif not log.is_dir():
+        report.add("error", log, "does not exist (no exactly sink commit log here)",
+                   "pass the sink's log directory (--sink-log) or its output (--sink-path)")
+    else:
+        _check_sink_log(report, location, log, offsets, commits)
+        if sink_path:
+            _check_staging(report, Path(sink_path) / "_staging")
+    return report
+
+
+def _sink_query_id(report: Report, log: Path) -> str | None:
+    path = log / "query.json"
+    try:
+        data = read_json(path, repair=query_repair(log))
+        if data is None:
+            return None
+        return str(require_fields(data, path, ("query_id",), query_repair(log))["query_id"])
+    except CorruptFileError as exc:
+        report.findings.append(Finding.of(exc))
+        return None
+
+
+def _check_spark_logs(report: Report, local: Path) -> tuple[list[int], list[int]]:
+    location = str(local)
+    offsets = batch_numbers(location, "offsets")
+    commits = batch_numbers(location, "commits")
+    for log, numbers in (("offsets", offsets), ("commits", commits)):
+        if numbers:
+            missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
+            for run in _runs(missing):
+                first, last = run[0], run[-1]
+                which = f"{log}/{first}" if first == last else f"{log}/{first}..{last}"
+                report.add("warning", local / log / str(first),
+                           f"{which} missing inside {log}/{numbers[0]}..{numbers[-1]} (a gap: "
+                           "files were deleted by hand; Spark reads only the newest entries)",
+                           "if the exactly sink recorded these epochs, `exactly "
+                           "restore-offsets` puts offsets entries back; otherwise none needed"
+                           if log == "offsets" else "none needed")
+    known = set(offsets)
+    newest = offsets[-1] if offsets else -1
+    for n in commits:
+        if n in known:
+            continue
+        if n > newest or (offsets and n > offsets[0]):
+            report.add("error", local / "commits" / str(n),
+                       f"commits/{n} exists without offsets/{n} (the offsets entry of a "
+                       "committed epoch was deleted)",
+                       f"if the exactly sink recorded epoch {n}, run `exactly restore-offsets "
+                       f"{local} --epoch {n}`; otherwise delete commits/{n} and its .crc so "
+                       "Spark plans the epoch again")
+    return offsets, commits
+
+
+def _runs(numbers: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and runs[-1][-1] == n - 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return runs
+
+
+def _epochs(folder: Path, report: Report) -> list[int]:
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.iterdir()):
+        match = _LOG_FILE.match(path.name)
+        if match:
+            found.append(int(match.group(1)))
+        elif path.name.startswith(".") and path.name.endswith(".tmp"):
+            report.add("warning", path, "is a temporary file left by an interrupted atomic "
+                       "write (never read)", "delete it once no query runs")
+        else:
+            report.add("warning", path, "is not a file of the commit log (never read)",
+                       "move it out of the sink's log directory")
+    return sorted(found)
+
+
+def _check_sink_log(report: Report, location: str, log: Path, offsets: list[int],
+                    commits: list[int]) -> None:
+    if report.sink_query_id is None and not any(
+            f.path == str(log / "query.json") for f in report.findings):
+        report.add("info", log / "query.json", "is absent: the sink has not committed yet")
+    if report.sink_query_id and report.query_id and report.sink_query_id != report.query_id:
+        report.add("error", log / "query.json",
+                   f"names query {report.sink_query_id}, but the checkpoint is query "
+                   f"{report.query_id}: the first commit would fail with OwnershipError",
+                   "start the query on the checkpoint this sink belongs to, or give this "
+                   "checkpoint a new, empty output")
+    _check_lease(report, log)
+    try:
+        read_json(log / "recovered-by.json", repair=marker_repair(log))
+    except CorruptFileError as exc:
+        report.findings.append(Finding.of(exc))
+    intents = _epochs(log / "intents", report)
+    completed = _epochs(log / "complete", report)
+    done = set(completed)
+    records: dict[int, dict[str, Any]] = {}
+    for epoch in intents:
+        path = log / "intents" / log_file_name(epoch)
+        try:
+            data = read_json(path, repair=intent_repair(log, epoch))
+            require_fields(data, path, ("epoch", "run_id", "handles"), intent_repair(log, epoch))
+        except CorruptFileError as exc:
+            report.findings.append(Finding.of(exc))
+            continue
+        if data.get("input"):
+            records[epoch] = data["input"]
+        if epoch not in done:
+            report.add("info", path, f"epoch {epoch} has an intent without a completion: "
+                       "recovery is pending (the next start commits its handles)")
+    newest = offsets[-1] if offsets else -1
+    unchecked = 0
+    for epoch in completed:
+        path = log / "complete" / log_file_name(epoch)
+        try:
+            data = read_json(path, repair=completion_repair(log, epoch))
+            require_fields(data, path, ("epoch",), completion_repair(log, epoch))
+        except CorruptFileError as exc:
+            report.findings.append(Finding.of(exc))
+            continue
+        recorded = data.get("input") or records.get(epoch)
+        restore = (f"with the query stopped, run `exactly restore-offsets {location} "
+                   f"--sink-log {log} --epoch {epoch}`")
+        if epoch > newest:
+            report.add("error", path,
+                       f"epoch {epoch} is committed by the sink but Spark's offset log ends at "
+                       f"{'offsets/' + str(newest) if newest >= 0 else 'nothing'}: Spark would "
+                       "plan the epoch again over whatever input is there now",
+                       restore if recorded else "restore the checkpoint's offsets/ from a "
+                       "backup, or start over with a new checkpoint and a new output")
+            continue
+        if not recorded:
+            unchecked += 1
+            continue
+        try:
+            entry = read_offsets(location, epoch)
+        except CorruptCheckpointFileError:
+            continue  # reported by check_files, with this repair
+        if entry is None:
+            continue  # below Spark's retained window: never planned again
+        if entry.input.digest != recorded.get("digest"):
+            report.add("error", path,
+                       f"epoch {epoch} was committed over input "
+                       f"{describe_positions(recorded)}, but "
+                       f"offsets/{epoch} now holds {entry.input.describe()}: Spark re-planned "
+                       "the epoch (the next commit fails with ReplannedEpochError)", restore)
+    if unchecked:
+        report.add("info", log / "complete",
+                   f"{unchecked} completed epoch(s) record no input (written before epochs "
+                   "recorded it): not compared with offsets/")
+    if completed and commits and commits[-1] > completed[-1] + 1 and report.sink_query_id:
+        report.add("info", log / "complete",
+                   f"Spark committed epochs up to {commits[-1]}, the sink up to "
+                   f"{completed[-1]} (epochs without rows commit nothing)")
+
+
+def lease_holder(log: Path) -> tuple[LeaseState | None, bool | None]:
+    """The lease and whether its holder is alive (``None``: another host, not stale yet is
+    reported as alive by the caller's rules). Raises CorruptFileError when damaged."""
+    state = Lease(log).current()
+    if state is None:
+        return None, False
+    return state, state.holder.is_alive()
+
+
+def holder_alive(log: Path) -> tuple[LeaseState | None, bool]:
+    """The lease and whether a driver may still use it (alive, or on another host and renewed
+    within the default stale time)."""
+    state, alive = lease_holder(log)
+    if state is None:
+        return None, False
+    if alive is None:
+        return state, time.time() - state.renewed_at < Lease(log).stale_after
+    return state, alive
+
+
+def _check_lease(report: Report, log: Path) -> None:
+    path = log / "lease.json"
+    try:
+        state, alive = lease_holder(log)
+    except CorruptFileError as exc:
+        report.findings.append(Finding.of(exc))
+        return
+    if state is None:
+        report.add("info", path, "nobody holds the lease")
+        return
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.acquired_at))
+    who = (f"run {state.run_id} (generation {state.generation}), driver pid "
+           f"{state.holder.pid} on {state.holder.host}, since {since}")
+    if alive is None:
+        age = time.time() - state.renewed_at
+        report.add("info", path, f"held by {who}: on another host, renewed {age:.0f} s ago")
+    elif alive:
+        report.add("warning", path, f"held by {who}: that driver is alive, so the query is "
+                   "probably running and this report may already be out of date",
+                   "stop the query before any repair")
+    else:
+        report.add("info", path, f"held by {who}: that driver is gone (the next start takes "
+                   "the lease over)")
+
+
+def _check_staging(report: Report, staging: Path) -> None:
+    if not staging.is_dir():
+        return
+    for task in sorted(staging.glob("*/*/task.json")):
+        try:
+            read_json(task, repair=task_repair(task.parent))
+        except CorruptFileError as exc:
+            report.findings.append(Finding.of(exc))
+
+
+# -- restore-offsets ---------------------------------------------------------------------------
+class RefusedError(ExactlyError):
+    """restore-offsets will not write: the message says why."""
+
+
+def recorded_offsets(log: Path, epoch: int) -> tuple[str, Path]:
+    """The raw ``offsets/<epoch>`` text the sink recorded when it committed (or intended to
+    commit) ``epoch``, and the file it came from."""
+    for folder, repair in (("complete", completion_repair), ("intents", intent_repair)):
+        path = log / folder / log_file_name(epoch)
+        data = read_json(path, repair=repair(log, epoch))
+        record = data.get("input") if isinstance(data, dict) else None
+        if record and record.get("offsets_log"):
+            return record["offsets_log"], path
+    raise RefusedError(
+        f"the sink log {log} has no record of epoch {epoch}'s offsets (neither "
+        f"complete/{log_file_name(epoch)} nor intents/{log_file_name(epoch)} holds an input with "
+        "offsets_log: the epoch is unknown, was pruned, or was committed before epochs "
+        "recorded their input). Nothing was written.")
+
+
+def restore(checkpoint: str | Path, log: Path, epoch: int) -> Path:
+    """Write the sink's record of ``epoch`` back as ``offsets/<epoch>``; returns the file.
+
+    Refuses (:class:`RefusedError`) while a driver holding the sink's lease is alive, when
+    the sink has no record of the epoch, when the sink and the checkpoint belong to different
+    queries, and when ``offsets/<epoch>`` already holds the recorded input.
+    """
+    from exactly.spark.checkpoint import restore_offsets
+
+    location = str(checkpoint)
+    if not log.is_dir():
+        raise RefusedError(f"{log} is not an exactly sink log directory. Nothing was written.")
+    state, alive = holder_alive(log)
+    if state is not None and alive:
+        raise RefusedError(
+            f"driver pid {state.holder.pid} on {state.holder.host} holds the sink's lease "
+            f"({log / 'lease.json'}) and is alive: the query seems to be running. Stop it "
+            "(and its Spark application: the lease names the driver process), then run "
+            "restore-offsets again. Nothing was written.")
+    text, source = recorded_offsets(log, epoch)
+    sink_query = (read_json(log / "query.json", repair=query_repair(log)) or {}).get("query_id")
+    try:
+        query_id = read_metadata(location, sink_query)
+    except CorruptCheckpointFileError:
+        query_id = None
+    if sink_query and query_id and sink_query != query_id:
+        raise RefusedError(
+            f"the sink log {log} belongs to query {sink_query}, the checkpoint {location} to "
+            f"query {query_id}: they are not a pair. Nothing was written.")
+    try:
+        current = read_offsets(location, epoch)
+    except CorruptCheckpointFileError:
+        current = None  # a torn entry is what the restore replaces
+    from exactly.spark.checkpoint import parse_offsets
+
+    wanted = parse_offsets(text, epoch, str(source))
+    if current is not None and current.input.digest == wanted.input.digest:
+        raise RefusedError(
+            f"offsets/{epoch} in {location} already holds the input the sink recorded for "
+            f"epoch {epoch} ({wanted.input.describe()}): nothing to restore.")
+    return restore_offsets(location, epoch, text)

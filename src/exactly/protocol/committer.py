@@ -1,0 +1,229 @@
+"""The generic driver side of the commit protocol (DESIGN section 3), written once.
+
+Spark calls the sink's ``commit(messages, epoch)`` after every task of the epoch returned
+its handle, and writes its own commit log for the epoch only after that call returns. A
+crash between the two makes Spark run the epoch again after a restart, with the same input
+positions, so the first commit of every run is where recovery happens:
+
+* the run takes the lease (fencing) -- a first commit of a new run then recovers:
+  it finishes every intent without a completion and aborts every pre-commit of the
+  query that no intent names (failed attempts, a crash before the intent);
+* epoch already complete -> the call is a replay if its input (Spark's ``offsets/N``) is
+  the one the epoch was committed with: abort its new handles; over different input it is
+  a re-planned epoch: refuse with ReplannedEpochError (see exactly.protocol.epoch_identity);
+* otherwise write the intent (from here on the epoch *will* commit), commit every
+  handle, publish the epoch, record it complete.
+
+Races, case by case:
+* crash before the intent: no intent, recovery aborts the old handles, Spark replays the
+  epoch and the replay's handles commit.
+* crash after the intent, before or between handle commits, or before "complete":
+  recovery commits the intent's handles (each commit is idempotent) and marks the epoch
+  complete; the replay then finds it complete and aborts its own handles.
+* crash after "complete", before Spark's commit log: the replay finds it complete.
+* a second live instance: it fails to take the lease and raises FencedError before it
+  writes an intent; its handles are aborted by Spark's abort call or by later recovery.
+* Spark's ``abort`` for an epoch that has an intent does nothing: the intent wins.
+* Spark re-planned a completed epoch over other input (offsets/N deleted or rewritten):
+  the new handles are aborted and ReplannedEpochError names both inputs; an intent of
+  this run for the old input is finished first (it decided that epoch).
+
+Replays, recoveries, orphan aborts and fencing are logged at WARNING: they are rare, and an
+operator should see each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from exactly.config import Mode
+from exactly.errors import ExactlyError, FencedError
+from exactly.logs import ensure_console, log_event
+from exactly.procs import driver_identity
+from exactly.protocol.commitlog import CommitLog, Intent
+from exactly.protocol.contract import CommitOutcome, Handle, SinkSettings, TwoPhaseCommitSink
+from exactly.protocol.epoch_identity import input_record, replanned_error, same_input
+from exactly.protocol.faults import FaultPoint, FaultSpec, maybe_crash
+from exactly.protocol.lease import Lease
+
+logger = logging.getLogger("exactly.committer")
+
+
+class Committer:
+    """Runs the commit protocol for one sink."""
+
+    def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
+                 fault: FaultSpec | None = None) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.fault = fault
+        self.log = CommitLog(sink.log_directory)
+        self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
+        ensure_console()  # driver-side workers have no logging set up: warnings must show
+
+    # -- steps 4 and 5 ----------------------------------------------------------------
+    def begin_run(self, query_id: str, run_id: str, keep: Sequence[Handle] = ()) -> bool:
+        """Bind the sink to ``query_id``, take the lease for ``run_id`` (FencedError if
+        another live driver holds it) and, when this run is new, recover. True if new."""
+        self.log.claim_owner(query_id)
+        try:
+            if not self.lease.acquire(run_id, driver_identity()):
+                return False
+        except FencedError as exc:
+            log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
+                      detail=str(exc))
+            raise
+        self.recover(query_id, keep=keep)
+        return True
+
+    # -- step 2 ----------------------------------------------------------------------
+    def commit_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts."""
+        started = time.perf_counter()
+        if self.settings.mode is Mode.AT_LEAST_ONCE:
+            # Data became visible inside the tasks; only the crash points remain, so the
+            # same fault schedule can run in both modes.
+            if handles:
+                self.log.claim_owner(self._identity(handles)[0])
+            for point in (FaultPoint.BEFORE_INTENT, FaultPoint.AFTER_INTENT,
+                          FaultPoint.BETWEEN_COMMITS, FaultPoint.AFTER_COMMITS,
+                          FaultPoint.AFTER_COMPLETE):
+                maybe_crash(self.fault, point, epoch)
+            return
+        if not handles:
+            return  # no task ran: nothing was pre-committed, nothing to make visible
+        query_id, run_id = self._identity(handles)
+        self.begin_run(query_id, run_id, keep=handles)
+
+        current = input_record(self.settings.checkpoint_location, epoch)
+        completion = self.log.completion(epoch)
+        if completion is not None:
+            self._check_replay(epoch, completion.get("input"), current, handles,
+                               self.log.completion_path(epoch))
+            log_event(logger, "replay_of_complete_epoch", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, aborted=len(handles), rows=completion.get("rows"),
+                      input_checked=same_input(completion.get("input"), current) is True)
+            self._abort_all(handles)
+            return
+        intent = self.log.read_intent(epoch)
+        if intent is None:
+            maybe_crash(self.fault, FaultPoint.BEFORE_INTENT, epoch)
+            self._verify_lease(run_id)  # fencing at 2b
+            intent = self.log.write_intent(epoch, run_id, list(handles), current)
+            maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
+        else:  # written by this run before a failed commit call: the intent wins
+            new = [h for h in handles if h.key not in intent.keys]
+            if same_input(intent.input, current) is False:
+                self._finish(intent, started)
+                self._check_replay(epoch, intent.input, current, new,
+                                   self.log.intent_path(epoch))
+            self._abort_all(new)
+        self._finish(intent, started)
+        self._sweep_own_leftovers(query_id, run_id, epoch)
+
+    def _check_replay(self, epoch: int, recorded: dict | None, current: dict | None,
+                      handles: Sequence[Handle], record_path) -> None:
+        """Raise ReplannedEpochError (after aborting ``handles``) when ``current`` input
+        differs from the ``recorded`` input of the committed epoch."""
+        verdict = same_input(recorded, current)
+        if verdict is None:
+            log_event(logger, "replay_input_unchecked", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, detail="the epoch's input was not recorded or is unknown "
+                      "(no checkpointLocation): treated as a replay")
+            return
+        if verdict:
+            return
+        self._abort_all(handles)
+        error = replanned_error(epoch, recorded or {}, current, record_path,
+                                self.log.directory, self.settings.checkpoint_location)
+        log_event(logger, "replanned_epoch_refused", logging.ERROR, sink=self.sink.name,
+                  epoch=epoch, aborted=len(handles), detail=str(error))
+        raise error
+
+    def _verify_lease(self, run_id: str) -> None:
+        try:
+            self.lease.verify(run_id)
+        except FencedError as exc:
+            log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
+                      detail=str(exc))
+            raise
+
+    def _finish(self, intent: Intent, started: float | None = None) -> None:
+        """Steps 2c-2d: commit every handle of the intent, publish, record complete."""
+        outcomes = []
+        for i, handle in enumerate(intent.handles):
+            outcomes.append(self.sink.commit_handle(handle))
+            if i == 0:
+                maybe_crash(self.fault, FaultPoint.BETWEEN_COMMITS, intent.epoch)
+        self.sink.publish_epoch(intent.epoch, intent.handles)
+        maybe_crash(self.fault, FaultPoint.AFTER_COMMITS, intent.epoch)
+        stats = {
+            "rows": sum(h.rows for h in intent.handles),
+            "handles": len(intent.handles),
+            "already_committed": sum(o is CommitOutcome.ALREADY_COMMITTED for o in outcomes),
+            "run_id": intent.run_id,
+            "completed_at": time.time(),
+        }
+        if started is not None:
+            stats["commit_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        stats["input"] = intent.input
+        self.log.mark_complete(intent.epoch, stats)
+        log_event(logger, "epoch_complete", epoch=intent.epoch,
+                  **{k: v for k, v in stats.items() if k != "input"})
+        maybe_crash(self.fault, FaultPoint.AFTER_COMPLETE, intent.epoch)
+        self.log.prune(self.settings.retain_epochs)
+
+    # -- step 3 ----------------------------------------------------------------------
+    def abort_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        """Abort the handles of a failed epoch, unless an intent already decided it."""
+        if self.settings.mode is Mode.AT_LEAST_ONCE:
+            return
+        intent = self.log.read_intent(epoch)
+        keep = intent.keys if intent is not None else set()
+        self._abort_all([h for h in handles if h.key not in keep])
+
+    # -- step 4 ----------------------------------------------------------------------
+    def recover(self, query_id: str, keep: Sequence[Handle] = ()) -> None:
+        """Finish incomplete intents, then abort every orphaned pre-commit of the query.
+
+        ``keep`` are the handles of the commit call in progress: they are not orphans.
+        """
+        finished = self.log.incomplete_intents()
+        for intent in finished:
+            log_event(logger, "recover_intent", logging.WARNING, sink=self.sink.name,
+                      epoch=intent.epoch, handles=len(intent.handles),
+                      rows=sum(h.rows for h in intent.handles))
+            self._finish(intent)
+        protected = {h.key for h in keep}
+        orphans = [h for h in self.sink.list_pre_commits(query_id) if h.key not in protected]
+        self._abort_all(orphans)
+        level = logging.WARNING if finished or orphans else logging.INFO
+        log_event(logger, "recovered", level, sink=self.sink.name, query_id=query_id,
+                  intents_finished=[i.epoch for i in finished], orphans_aborted=len(orphans),
+                  orphan_epochs=sorted({h.epoch for h in orphans}))
+
+    def _sweep_own_leftovers(self, query_id: str, run_id: str, epoch: int) -> None:
+        """Abort this run's pre-commits of finished epochs (failed or speculative attempts).
+
+        Other runs' leftovers are left to recovery: they may belong to a live, fenced
+        instance, which must fail on its own lease check and not on vanished files.
+        """
+        stale = [h for h in self.sink.list_pre_commits(query_id)
+                 if h.run_id == run_id and h.epoch <= epoch]
+        if stale:
+            log_event(logger, "leftover_attempts_aborted", logging.WARNING, sink=self.sink.name,
+                      epoch=epoch, aborted=len(stale))
+        self._abort_all(stale)
+
+    def _abort_all(self, handles: Sequence[Handle]) -> None:
+        for handle in handles:
+            self.sink.abort(handle)
+
+    @staticmethod
+    def _identity(handles: Sequence[Handle]) -> tuple[str, str]:
+        ids = {(h.query_id, h.run_id) for h in handles}
+        if len(ids) != 1:
+            raise ExactlyError(f"one epoch's handles name several queries or runs: {ids}")
+        return ids.pop()

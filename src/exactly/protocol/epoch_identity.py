@@ -1,0 +1,122 @@
+"""Epoch identity: an epoch is its number AND its input (DESIGN section 3).
+
+Spark can plan an epoch number again over different input: an operator deletes a torn
+``offsets/N`` (and ``commits/N``) while more input arrived, a checkpoint is restored from an
+older copy, a future re-planning of a timed-out epoch. The sink's commit log would then see
+a commit call for an epoch it already completed. Treating it as a replay silently drops the
+input the first commit did not cover; committing it again duplicates the input both share.
+So the sink records the positions every epoch consumed (``offsets/N``'s source lines) with
+its intent and completion, and compares:
+
+* same input -> a replay: abort the new handles, as always;
+* different input -> :class:`~exactly.errors.ReplannedEpochError`: nothing of the call is
+  committed, the query fails, and the message names both positions and the repair
+  (``exactly restore-offsets`` puts back the entry the epoch was committed with);
+* no record (a log written before epochs recorded their input, or a sink used without a
+  checkpoint location) -> treated as a replay, with a WARNING that says it was not checked.
+
+:func:`check_checkpoint_against_log` runs the same comparison before a query starts, so a
+re-planned epoch is refused before Spark runs anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
+from exactly.fsutil import read_json
+from exactly.protocol.commitlog import CommitLog
+from exactly.spark.checkpoint import (
+    batch_numbers,
+    describe_positions,
+    local_checkpoint,
+    read_metadata,
+    read_offsets,
+)
+
+
+def input_record(location: str | None, epoch: int) -> dict[str, Any] | None:
+    """What the commit log records about epoch ``epoch``'s input, read from Spark's
+    ``offsets/<epoch>`` under the checkpoint ``location`` (``None`` without a location)."""
+    if not location:
+        return None
+    entry = read_offsets(location, epoch)
+    if entry is None:
+        raise CorruptCheckpointFileError(
+            f"{location.rstrip('/')}/offsets/{epoch}",
+            f"is missing while the sink commits epoch {epoch} (Spark writes it before the "
+            "epoch runs)",
+            "check that option checkpointLocation names this query's checkpoint directory")
+    return {**entry.input.to_json(), "offsets_log": entry.text}
+
+
+def same_input(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> bool | None:
+    """True/False when both are known, ``None`` when either is missing."""
+    if not recorded or not current or "digest" not in recorded or "digest" not in current:
+        return None
+    return recorded["digest"] == current["digest"]
+
+
+def replanned_error(epoch: int, recorded: dict[str, Any], current: dict[str, Any] | None,
+                    record_path: Path, log_directory: Path,
+                    checkpoint: str | None) -> ReplannedEpochError:
+    """The error for a commit (or a start) whose epoch ``epoch`` differs from the record."""
+    ck = checkpoint or "<checkpoint>"
+    now = (f"Spark now plans epoch {epoch} over different input {describe_positions(current)} "
+           f"(offsets/{epoch} in {ck})" if current is not None else
+           f"the checkpoint {ck} no longer holds offsets/{epoch}, so Spark will plan epoch "
+           f"{epoch} again over whatever input is there now")
+    return ReplannedEpochError(
+        f"epoch {epoch} was already committed by this sink over input "
+        f"{describe_positions(recorded)} "
+        f"(recorded in {record_path}), but {now}. Spark re-plans an epoch when offsets/{epoch} "
+        "was deleted or rewritten after the epoch committed (e.g. to get past a torn offsets "
+        "file) or when an older copy of the checkpoint was restored. Dropping the new epoch "
+        "would lose the input the first commit did not cover, committing it would duplicate "
+        "the input both share: nothing of it was committed. Repair: with the query stopped, "
+        f"run `exactly restore-offsets {ck} --sink-log {log_directory} --epoch {epoch}` to "
+        "put back the offsets entry the epoch was committed with (repeat for each epoch "
+        "`exactly doctor` reports), then restart: Spark replays the epoch as committed and "
+        "reads the newer input in the epochs after it."
+    )
+
+
+def check_checkpoint_against_log(checkpoint: str, log_directory: Path) -> None:
+    """Before a start: every epoch the sink completed and still records must be in Spark's
+    offset log with the same input, else Spark would re-plan it. Raises
+    :class:`ReplannedEpochError` for the first one that is not. Does nothing when the log
+    belongs to another query (the ownership check at the first commit reports that)."""
+    log = CommitLog(log_directory)
+    completed = log.completed_epochs()
+    if not completed or not _same_query(checkpoint, log_directory):
+        return
+    last_planned = _last_offsets_epoch(checkpoint)
+    for epoch in completed:
+        recorded = (log.completion(epoch) or {}).get("input")
+        if not recorded:
+            continue
+        entry = read_offsets(checkpoint, epoch)
+        if entry is None:
+            if last_planned is not None and last_planned < epoch:
+                raise replanned_error(epoch, recorded, None, log.completion_path(epoch),
+                                      log_directory, checkpoint)
+            continue  # purged by Spark below its retained window: never planned again
+        current = entry.input.to_json()
+        if same_input(recorded, current) is False:
+            raise replanned_error(epoch, recorded, current, log.completion_path(epoch),
+                                  log_directory, checkpoint)
+
+
+def _same_query(checkpoint: str, log_directory: Path) -> bool:
+    if local_checkpoint(checkpoint) is None:
+        return False
+    owner = (read_json(log_directory / "query.json") or {}).get("query_id")
+    return bool(owner) and owner == read_metadata(checkpoint)
+
+
+def _last_offsets_epoch(checkpoint: str) -> int | None:
+    """The newest epoch in Spark's offset log (-1 when empty), ``None`` if not local."""
+    if local_checkpoint(checkpoint) is None:
+        return None
+    return max(batch_numbers(checkpoint, "offsets"), default=-1)

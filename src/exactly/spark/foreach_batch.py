@@ -1,0 +1,135 @@
+"""Run any :class:`TwoPhaseCommitSink` from ``foreachBatch``: every output mode, same protocol.
+
+Python data source sinks refuse Update output mode, which continuously updated aggregates
+need. ``foreachBatch(func)`` accepts every mode and calls ``func(batch_df, epoch)`` in the
+driver process, again with the same epoch after a crash. :class:`TwoPhaseForeachBatch` is
+such a ``func``; it runs the SAME sink and the SAME :class:`~exactly.protocol.committer.Committer`
+as the data-source path:
+
+1. (driver) bind the sink to the query, take the lease; a new run recovers first -- before
+   any task writes, so leftover pre-commits cannot block the replay's writes;
+2. (executors) ``batch_df.mapInArrow`` runs ``begin_transaction / write / pre_commit`` per
+   partition and returns the handle; ``collect()`` brings the handles to the driver;
+3. (driver) ``Committer.commit_epoch(epoch, handles)``; on failure ``abort_epoch``.
+
+Fault points fire as in the data-source path: ``in_write`` in the executor's Python worker,
+the driver points in this driver process (which then kills its JVM too).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from exactly.config import Mode
+from exactly.errors import ExactlyError
+from exactly.logs import log_event
+from exactly.protocol.committer import Committer
+from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
+from exactly.protocol.faults import FaultPoint, FaultSpec, maybe_crash
+
+logger = logging.getLogger("exactly.foreach_batch")
+
+
+def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | None,
+                      query_id: str, run_id: str, epoch: int):
+    """The function ``mapInArrow`` runs in each task: step 1 of the protocol."""
+
+    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        task = TaskInfo(query_id, run_id, epoch, ctx.partitionId(), ctx.taskAttemptId())
+        txn = sink.begin_transaction(task)
+        try:
+            wrote = False
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                sink.write(txn, batch)
+                if not wrote:
+                    wrote = True
+                    maybe_crash(fault, FaultPoint.IN_WRITE, epoch)
+            if not wrote:  # nothing to pre-commit: leave no prepared transaction behind
+                sink.abort_transaction(txn)
+                return
+            payload = sink.pre_commit(txn)
+        except BaseException:
+            sink.abort_transaction(txn)
+            raise
+        handle = Handle(query_id, run_id, epoch, task.partition, task.attempt, payload)
+        if mode is Mode.AT_LEAST_ONCE:
+            sink.commit_visible(handle)
+        yield pa.RecordBatch.from_pydict({"handle": [json.dumps(handle.to_json())]})
+
+    return write_partition
+
+
+def running_checkpoint(query_id: str) -> str:
+    """The resolved checkpoint directory of the active streaming query ``query_id``.
+
+    ``foreachBatch`` runs in the driver process with a clone of the user's session, whose
+    query manager does not list the query; the session the query was started from does.
+    """
+    from pyspark.sql import SparkSession
+
+    query = SparkSession.builder.getOrCreate().streams.get(query_id)
+    if query is None:
+        raise ExactlyError(
+            f"TwoPhaseForeachBatch: cannot find the running query {query_id} to read its "
+            "checkpoint location; pass it as SinkSettings(checkpoint_location=DIR)"
+        )
+    return str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+
+
+class TwoPhaseForeachBatch:
+    """``df.writeStream.foreachBatch(TwoPhaseForeachBatch(sink, settings))``.
+
+    Guarantee: the sink's own (exactly once for 2PC and write-ahead sinks), in every output
+    mode. ``prepare`` (default True) calls the sink's ``prepare_target(schema, partitions)``
+    once per process when the sink has one (table creation, server checks).
+    """
+
+    def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
+                 fault: FaultSpec | None = None, prepare: bool = True) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.fault = fault
+        self.prepare = prepare
+        self._prepared = False
+
+    def __call__(self, batch_df: Any, epoch: int) -> None:
+        sc = batch_df.sparkSession.sparkContext
+        query_id = sc.getLocalProperty("sql.streaming.queryId")
+        run_id = sc.getLocalProperty("spark.jobGroup.id")
+        if not query_id or not run_id:
+            raise ExactlyError("TwoPhaseForeachBatch runs inside writeStream.foreachBatch only "
+                               "(no streaming query id / run id in this call)")
+        if self.prepare and not self._prepared and hasattr(self.sink, "prepare_target"):
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self.sink.prepare_target(to_arrow_schema(batch_df.schema, timezone="UTC"),
+                                     batch_df.rdd.getNumPartitions())
+            self._prepared = True
+        if self.settings.mode is Mode.EXACTLY_ONCE and not self.settings.checkpoint_location:
+            self.settings = replace(self.settings,
+                                    checkpoint_location=running_checkpoint(query_id))
+        committer = Committer(self.sink, self.settings, self.fault)
+        if self.settings.mode is Mode.EXACTLY_ONCE:
+            committer.begin_run(query_id, run_id)  # a new run recovers before its tasks write
+        writer = _partition_writer(self.sink, self.settings.mode, self.fault, query_id, run_id,
+                                   epoch)
+        rows = batch_df.mapInArrow(writer, "handle string").collect()
+        handles = [Handle.from_json(json.loads(r["handle"])) for r in rows]
+        try:
+            committer.commit_epoch(epoch, handles)
+        except BaseException:
+            log_event(logger, "commit_failed", logging.WARNING, epoch=epoch,
+                      handles=len(handles))
+            committer.abort_epoch(epoch, handles)
+            raise

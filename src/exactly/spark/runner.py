@@ -1,0 +1,205 @@
+"""Start a streaming query under a :class:`~exactly.config.CheckpointConfig`.
+
+``start_query`` is the one place where the checkpoint configuration meets Spark: it refuses
+non-replayable sources in exactly-once mode, places the checkpoint, sets the state backend,
+refuses a state backend that differs from the one a checkpoint was written with, picks the
+trigger and tells the sink its delivery mode.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming import StreamingQuery
+
+from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
+from exactly.errors import ConfigError, SourceNotReplayableError
+from exactly.logs import log_event
+from exactly.procs import driver_identity
+from exactly.protocol.epoch_identity import check_checkpoint_against_log
+from exactly.protocol.lease import Lease
+from exactly.spark.checkpoint import local_checkpoint
+
+logger = logging.getLogger("exactly.spark.runner")
+
+#: sources whose input cannot be read again from positions in the offset log
+NON_REPLAYABLE_SOURCES = ("socket",)
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+
+
+@dataclass
+class ExactlyQuery:
+    """A running query and where its checkpoint lives."""
+
+    query: StreamingQuery
+    checkpoint_location: str
+    config: CheckpointConfig
+
+    def await_termination(self, timeout: float | None = None) -> bool | None:
+        return self.query.awaitTermination(timeout)
+
+    def stop(self) -> None:
+        """Stop the query; the checkpoint stays, so a restart resumes where it stopped."""
+        self.query.stop()
+
+    def cancel(self) -> None:
+        """Stop the query and apply ``externalized_cleanup`` to its checkpoint."""
+        self.query.stop()
+        if self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION:
+            local = local_checkpoint(self.checkpoint_location)
+            if local is None:
+                raise ConfigError(f"cannot delete non-local checkpoint {self.checkpoint_location}"
+                                  "; remove it with the storage's own tools")
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def source_names(df: DataFrame) -> list[str]:
+    """Names of the streaming sources a DataFrame reads (``socket``, ``kafka``, ...)."""
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    names = []
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if "StreamingRelation" in leaf.getClass().getSimpleName():
+            names.append(str(leaf.toString()).split("[")[0].strip())
+    return names
+
+
+def check_replayable(df: DataFrame, mode: Mode, accept_at_most_once: bool) -> None:
+    """Refuse non-replayable sources in exactly_once mode unless at-most-once is accepted."""
+    bad = [n for n in source_names(df) if n.lower() in NON_REPLAYABLE_SOURCES]
+    if not bad or mode is not Mode.EXACTLY_ONCE:
+        return
+    if not accept_at_most_once:
+        raise SourceNotReplayableError(
+            f"source(s) {', '.join(bad)} cannot replay an epoch after a crash, so this query "
+            "cannot be exactly-once. Read from a replayable source (files, Kafka, a table, "
+            "exactly.datagen), or pass accept_at_most_once=True to run with records lost "
+            "on failure."
+        )
+    log_event(logger, "at_most_once_accepted", logging.WARNING, sources=bad,
+              detail="records read since the last checkpoint are lost on a crash")
+
+
+def checkpoint_location(config: CheckpointConfig) -> str:
+    """The checkpoint directory: a temp dir for ``memory`` (removed at exit), else storage."""
+    if config.is_memory_storage:
+        directory = tempfile.mkdtemp(prefix="exactly-checkpoint-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        return directory
+    return config.storage
+
+
+def check_pinned_state_backend(location: str, config: CheckpointConfig) -> None:
+    """Spark silently keeps the state backend a checkpoint was started with; say so instead."""
+    local = local_checkpoint(location)
+    offsets = local / "offsets" if local else None
+    if offsets is None or not offsets.is_dir():
+        return
+    batches = sorted((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if not batches:
+        return
+    lines = batches[-1].read_text().splitlines()
+    try:
+        pinned = json.loads(lines[1]).get("conf", {}).get(PROVIDER_KEY)
+    except (IndexError, json.JSONDecodeError):
+        return
+    if pinned and pinned != config.state_store_provider:
+        raise ConfigError(
+            f"the checkpoint at {location} was written with state backend {pinned}; Spark "
+            f"cannot restore it into {config.state_store_provider}. Keep "
+            f"state_backend='{_backend_name(pinned)}' or start from a new checkpoint."
+        )
+
+
+def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig,
+                path: str | None = None, options: dict[str, str] | None = None,
+                query_name: str | None = None, available_now: bool = False,
+                output_mode: str = "append",
+                accept_at_most_once: bool = False) -> ExactlyQuery:
+    """Start ``df`` into an exactly sink under ``checkpoint``.
+
+    ``available_now=True`` processes what the sources hold at start, in epochs sized by the
+    sources' limits, then stops (a bounded run whose last epoch is checkpointed).
+
+    The state backend is a session setting in Spark: it applies to queries started later in
+    the same session too, and a checkpoint keeps the backend it was first started with.
+    """
+    if not df.isStreaming:
+        raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")
+    check_replayable(df, checkpoint.mode, accept_at_most_once)  # type: ignore[arg-type]
+    location = checkpoint_location(checkpoint)
+    preflight_checkpoint(location, sink_format, path, options)
+    check_pinned_state_backend(location, checkpoint)
+    spark = df.sparkSession
+    for key, value in checkpoint.spark_conf().items():
+        spark.conf.set(key, value)
+    options = dict(options or {})
+    local = local_checkpoint(location)
+    if local is not None:
+        options.setdefault("exactly.logDir", str(local / "exactly-sink"))
+    options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
+    if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
+        log_dir = sink_log_directory(sink_format, path, options)
+        if log_dir is not None and log_dir.is_dir():
+            # a second live instance fails on fencing, before anything about its checkpoint
+            Lease(log_dir).refuse_if_held(driver_identity())
+            check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
+    writer = (df.writeStream.format(sink_format).outputMode(output_mode)
+              .option("checkpointLocation", location)
+              .option("mode", checkpoint.mode.value)  # type: ignore[union-attr]
+              .options(**options))
+    if query_name:
+        writer = writer.queryName(query_name)
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{int(checkpoint.interval_seconds * 1000)} "
+                                               "milliseconds")
+    query = writer.start(path) if path else writer.start()
+    log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
+              checkpoint=location, mode=checkpoint.mode.value)  # type: ignore[union-attr]
+    return ExactlyQuery(query, location, checkpoint)
+
+
+def sink_log_directory(sink_format: str, path: str | None,
+                       options: dict[str, str]) -> Path | None:
+    """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
+    option ``exactly.logDir`` for the others; ``None`` for sinks that are not exactly's."""
+    if sink_format == "exactly.files":
+        output = path or options.get("path")
+        return Path(output.removeprefix("file://")).absolute() / "_exactly" if output else None
+    if sink_format.startswith("exactly.") and options.get("exactly.logDir"):
+        return Path(options["exactly.logDir"].removeprefix("file://"))
+    return None
+
+
+def preflight_checkpoint(location: str, sink_format: str, path: str | None,
+                         options: dict[str, str] | None) -> None:
+    """Before Spark reads an existing local checkpoint, fail on every file Spark would fail
+    on -- a torn ``metadata``, ``offsets/N`` or ``commits/N``, a checksum mismatch, a stray
+    ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
+    and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
+    of the sink's commit log fails here too, with its repair."""
+    from exactly.fsutil import read_json
+    from exactly.protocol.repairs import query_repair
+    from exactly.spark.checkpoint import preflight
+
+    local = local_checkpoint(location)
+    if local is None or not local.is_dir():
+        return
+    defaults = {"exactly.logDir": str(local / "exactly-sink"), **(options or {})}
+    log_dir = sink_log_directory(sink_format, path, defaults)
+    owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
+    sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
+    preflight(location, sink_query_id)
+
+
+def _backend_name(provider: str) -> str:
+    return "rocksdb" if "RocksDB" in provider else "hashmap"

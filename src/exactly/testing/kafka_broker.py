@@ -1,0 +1,328 @@
+"""A throw-away single-node Apache Kafka broker (KRaft) on 127.0.0.1, for tests, demo, bench.
+
+The broker runs from the jars that ``scripts/install-kafka.sh`` fetches from Maven Central
+into ``.cache/kafka/broker`` (``EXACTLY_KAFKA_JARS`` points elsewhere). Its storage is
+formatted with Kafka's ``StorageTool``; the transaction state log and the offsets topic have
+replication factor 1 and min ISR 1, so transactions work on one node. Nothing listens on
+anything but 127.0.0.1. :meth:`KafkaBroker.stop` and :meth:`KafkaBroker.kill` stop it;
+:meth:`KafkaBroker.start` after either restarts it on the same port and data.
+
+Also here: where Spark's Kafka connector jars are (:func:`connector_jars`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from exactly.errors import ConfigError, ExactlyError
+
+JARS_ENV = "EXACTLY_KAFKA_JARS"
+CONNECTOR_ENV = "EXACTLY_KAFKA_CONNECTOR_JARS"
+BOOTSTRAP_ENV = "EXACTLY_KAFKA_BOOTSTRAP"
+SETUP_HINT = "run scripts/setup.sh (or scripts/install-kafka.sh) to fetch them from Maven Central"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def _cache(kind: str, env: str) -> Path:
+    configured = os.environ.get(env)
+    return Path(configured) if configured else _repo_root() / ".cache" / "kafka" / kind
+
+
+def broker_jars_dir() -> Path:
+    """Directory of the Kafka broker jars; raises ConfigError naming the fix if missing."""
+    directory = _cache("broker", JARS_ENV)
+    if not any(directory.glob("kafka_2.13-*.jar")):
+        raise ConfigError(f"Kafka broker jars are missing in {directory}: {SETUP_HINT}")
+    return directory
+
+
+def connector_jars() -> list[str]:
+    """Paths of Spark's Kafka connector and the jars it needs (for ``spark.jars``)."""
+    directory = _cache("connector", CONNECTOR_ENV)
+    jars = sorted(str(p) for p in directory.glob("*.jar"))
+    if not any("spark-sql-kafka" in j for j in jars):
+        raise ConfigError(f"Spark's Kafka connector jars are missing in {directory}: "
+                          f"{SETUP_HINT}")
+    return jars
+
+
+def quiet_conf(bootstrap: str) -> dict[str, object]:
+    """Client settings for helper clients that must not log connection retries."""
+    return {"bootstrap.servers": bootstrap, "log_level": 2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class KafkaBroker:
+    """One KRaft broker+controller process with its own data directory.
+
+    Parameters
+    ----------
+    workdir:
+        Holds ``server.properties``, the log directory and ``broker.log``; a temp dir if None
+        (removed by :meth:`close`).
+    transaction_max_timeout_ms:
+        The broker's ``transaction.max.timeout.ms`` (Kafka's default is 15 minutes).
+    heap:
+        JVM heap, e.g. ``"512m"``.
+    """
+
+    def __init__(self, workdir: str | Path | None = None, *, port: int | None = None,
+                 transaction_max_timeout_ms: int = 900_000, heap: str = "512m",
+                 extra: dict[str, str] | None = None) -> None:
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="exactly-kafka-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.transaction_max_timeout_ms = transaction_max_timeout_ms
+        self.heap = heap
+        self.extra = dict(extra or {})
+        self.proc: subprocess.Popen | None = None
+        self._formatted = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "broker.log"
+
+    def _properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
+                          f"CONTROLLER://127.0.0.1:{self.controller_port}"),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.workdir / "data"),
+            "num.partitions": "2",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "log.flush.interval.messages": "1",  # survive SIGKILL of the broker: fsync each
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            **self.extra,
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        jars = broker_jars_dir()
+        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self._log4j()}",
+                "-cp", f"{jars}/*", main, *args]
+
+    def _log4j(self) -> Path:
+        path = self.workdir / "log4j2.properties"
+        if not path.exists():
+            path.write_text(
+                "rootLogger.level=WARN\nrootLogger.appenderRef.f.ref=F\n"
+                "appender.f.type=File\nappender.f.name=F\n"
+                f"appender.f.fileName={self.log_file}\n"
+                "appender.f.layout.type=PatternLayout\n"
+                "appender.f.layout.pattern=%d %p %c{1} %m%n\n"
+                "logger.kafka.name=kafka\nlogger.kafka.level=INFO\n"
+                "logger.server.name=org.apache.kafka.server\n"
+                "logger.server.level=INFO\n")
+        return path
+
+    def start(self, timeout: float = 90.0) -> KafkaBroker:
+        """Format (first time only) and start the broker; returns once it serves requests."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self
+        config = self.workdir / "server.properties"
+        config.write_text(self._properties())
+        if not self._formatted and not (self.workdir / "data" / "meta.properties").exists():
+            fmt = subprocess.run(
+                self._java("kafka.tools.StorageTool", "format",
+                           f"--cluster-id={_cluster_id()}", "-c", str(config)),
+                capture_output=True, text=True, timeout=120)
+            if fmt.returncode != 0:
+                raise ExactlyError(f"formatting Kafka storage failed:\n{fmt.stdout}{fmt.stderr}")
+        self._formatted = True
+        out = open(self.workdir / "broker.out", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)), stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        out.close()
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Wait until the broker answers metadata requests and can run transactions."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        admin = AdminClient(quiet_conf(self.bootstrap))
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ExactlyError(f"the Kafka broker exited with {self.proc.returncode}; see "
+                                   f"{self.workdir / 'broker.out'} and {self.log_file}")
+            try:
+                md = admin.list_topics(timeout=2)
+                if md.brokers:
+                    return
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.3)
+        raise ExactlyError(f"the Kafka broker on {self.bootstrap} did not start within "
+                           f"{timeout:.0f}s ({last}); see {self.log_file}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash); :meth:`start` brings it back on the same data."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.proc = None
+
+    def close(self) -> None:
+        """Stop the broker and remove its directory if this object created it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def create_topic(self, name: str, partitions: int = 2, **config: str) -> None:
+        """Create ``name`` (no-op if it exists)."""
+        create_topic(self.bootstrap, name, partitions, **config)
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 2, **config: str) -> None:
+    """Create topic ``name`` with replication factor 1 unless it exists; waits for it."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(quiet_conf(bootstrap))
+    futures = admin.create_topics([NewTopic(name, partitions, 1, config=dict(config))],
+                                  operation_timeout=30)
+    try:
+        futures[name].result(60)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=5).topics.get(name)
+        if md is not None and md.error is None and len(md.partitions) == partitions and all(
+                p.leader >= 0 for p in md.partitions.values()):
+            return
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def broker_or_configured(workdir: Path | None = None) -> Iterator[str]:
+    """Yield a bootstrap address: ``EXACTLY_KAFKA_BOOTSTRAP`` if set, else a broker started
+    here (and stopped on exit)."""
+    configured = os.environ.get(BOOTSTRAP_ENV)
+    if configured:
+        yield configured
+        return
+    broker = KafkaBroker(workdir)
+    try:
+        broker.start()
+        yield broker.bootstrap
+    finally:
+        broker.close()
+
+
+def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_committed",
+                timeout: float = 120.0) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """Every record of ``topic`` a consumer with ``isolation_level`` sees, from the start to
+    the log end offsets at the time of the call, as (partition, offset, key, value).
+
+    ``read_committed`` returns records of committed transactions and non-transactional
+    records; it cannot pass a transaction that is still open, so this waits for open
+    transactions to end (up to ``timeout``). ``read_uncommitted`` also returns records of
+    aborted and open transactions.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**quiet_conf(bootstrap), "group.id": f"exactly-audit-{uuid.uuid4()}",
+                         "isolation.level": isolation_level, "enable.auto.commit": False,
+                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        if meta.error is not None:
+            raise ExactlyError(f"topic {topic}: {meta.error}")
+        partitions = sorted(meta.partitions)
+        # the log end offsets (what read_uncommitted sees): Kafka writes the commit markers
+        # of a transaction shortly after commit_transaction returns, so a read_committed
+        # reader that stopped at the last stable offset of this moment could miss them
+        probe = Consumer({**quiet_conf(bootstrap), "group.id": "exactly-audit-probe",
+                          "isolation.level": "read_uncommitted"})
+        try:
+            ends = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                    for p in partitions}
+        finally:
+            probe.close()
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        pending = {p for p in partitions if ends[p] > 0}
+        records: list[tuple[int, int, bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                records.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+        if pending:
+            raise ExactlyError(f"reading {topic} with {isolation_level} did not reach the end "
+                               f"offsets {ends} within {timeout:.0f}s (an open transaction "
+                               "blocks read_committed readers until it ends)")
+        return records
+    finally:
+        consumer.close()
