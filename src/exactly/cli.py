@@ -23,7 +23,6 @@ from rich.console import Console
 from rich.table import Table
 
 from exactly.ops.doctor import RefusedError
-from exactly.protocol.faults import FaultPoint
 
 #: exit code of a command that could not do its work (its root cause is the last line)
 FAILED = 3
@@ -176,10 +175,13 @@ def verify(input_path: str, output_path: str, id_column: str, as_json: bool) -> 
 
 @main.command()
 def faults() -> None:
-    """List the protocol points where a crash can be injected."""
-    for point in FaultPoint:
-        where = "driver" if point.on_driver else "executor"
-        click.echo(f"{point.value:16} {where}")
+    """List the points where a crash can be injected: the protocol's and the sinks' own."""
+    from exactly.protocol.faults import registered_points
+    from exactly.spark import formats  # noqa: F401  (loading the sinks registers their points)
+
+    for info in registered_points().values():
+        where = "driver" if info.on_driver else "executor"
+        click.echo(f"{info.name:24} {where:9} {info.description}")
 
 
 @main.command()

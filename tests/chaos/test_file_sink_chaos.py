@@ -88,7 +88,7 @@ def test_several_crashes_in_one_run_still_audit_clean(events_dir, tmp_path):
     schedule = [FaultSpec(FaultPoint.BETWEEN_COMMITS, 0), FaultSpec(FaultPoint.IN_WRITE, 1),
                 FaultSpec(FaultPoint.AFTER_INTENT, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
     attempts = run_with_crashes(pipeline(tmp_path, events_dir), schedule)
-    assert [a.fired["point"] for a in attempts if a.crashed] == [s.point.value for s in schedule]
+    assert [a.fired["point"] for a in attempts if a.crashed] == [s.point for s in schedule]
     assert verify(events_dir, tmp_path / "out").ok
     assert_no_dangling_pre_commits(tmp_path / "out")
 

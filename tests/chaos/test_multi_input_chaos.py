@@ -149,7 +149,7 @@ def run_until_drained(variant: str, inputs: Inputs, tmp: Path,
                                 env={DSN_ENV: inputs.pg.dsn}, on_end=grow_inputs_while_down,
                                 timeout=300)
     fired = [(a.fired["point"], a.fired["epoch"]) for a in attempts if a.crashed]
-    assert fired == [(s.point.value, s.min_epoch) for s in schedule]
+    assert fired == [(s.point, s.min_epoch) for s in schedule]
     assert attempts[-1].returncode == 0
     return attempts
 

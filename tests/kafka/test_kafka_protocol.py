@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException, Producer
-from exactly.connectors.kafka import sink as ksink
 
 from exactly.config import Mode
+from exactly.connectors.kafka import sink as ksink
 from exactly.connectors.kafka.sink import (
     KafkaSink,
     KafkaSinkOptions,
@@ -51,7 +51,7 @@ def run_tasks(sink: KafkaSink, query: str, run_id: str, epoch: int, parts: int =
             "key": [str(i % 3) for i in ids],
             "value": [json.dumps({"id": i}) for i in ids]}))
         payload = sink.pre_commit(txn)
-        handle = Handle(query, run_id, epoch, p, task.attempt, payload)
+        handle = Handle(TaskInfo(query, run_id, epoch, p, task.attempt), payload)
         if sink.mode is Mode.AT_LEAST_ONCE:
             sink.commit_visible(handle)
         handles.append(handle)

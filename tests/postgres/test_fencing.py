@@ -44,7 +44,7 @@ def run_tasks(sink, run_id: str, epoch: int, attempt_base: int = 0) -> list[Hand
         ids = list(range(epoch * 1000 + p * 5, epoch * 1000 + p * 5 + 5))
         sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i}" for i in ids]},
                                         schema=SCHEMA))
-        handles.append(Handle(QUERY, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+        handles.append(Handle(task, sink.pre_commit(txn)))
     return handles
 
 
@@ -148,7 +148,7 @@ def test_upsert_a_second_live_instance_is_fenced_at_commit_and_cannot_move_a_val
         txn = sink.begin_transaction(TaskInfo(QUERY, run, epoch, 0, attempt))
         sink.write(txn, pa.record_batch({"id": list(rows.values()), "key": list(rows)},
                                         schema=SCHEMA))
-        return Handle(QUERY, run, epoch, 0, attempt, sink.pre_commit(txn))
+        return Handle(TaskInfo(QUERY, run, epoch, 0, attempt), sink.pre_commit(txn))
 
     with live_holder(sink) as first:
         upsert(first, 0, {"a": 1, "b": 1}, 0)  # the live instance wrote epochs 0 and 1

@@ -43,7 +43,7 @@ def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
         ids = list(range(start, start + rows))
         sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
                                         schema=SCHEMA))
-        handles.append(Handle(QUERY, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+        handles.append(Handle(task, sink.pre_commit(txn)))
     return handles
 
 
@@ -174,7 +174,7 @@ def test_hostile_table_and_column_names_are_quoted(pg, conn, tmp_path):
     sink.write(txn, pa.record_batch([pa.array([1, 2]), pa.array(["a", ""]),
                                      pa.array([None, "x"]), pa.array(["'", '"'])],
                                     schema=schema))
-    handle = Handle(QUERY, task.run_id, 0, 0, 0, sink.pre_commit(txn))
+    handle = Handle(TaskInfo(QUERY, task.run_id, 0, 0, 0), sink.pre_commit(txn))
     Committer(sink, SinkSettings()).commit_epoch(0, [handle])
     from psycopg import sql
 
@@ -202,7 +202,7 @@ def test_types_round_trip_through_copy(pg, conn, tmp_path, table_name):
     txn = sink.begin_transaction(task)
     sink.write(txn, pa.RecordBatch.from_pylist([row, {"id": 2}], schema=schema))
     Committer(sink, SinkSettings()).commit_epoch(
-        0, [Handle(QUERY, task.run_id, 0, 0, 0, sink.pre_commit(txn))])
+        0, [Handle(TaskInfo(QUERY, task.run_id, 0, 0, 0), sink.pre_commit(txn))])
     from psycopg import sql
 
     got = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(

@@ -45,7 +45,7 @@ def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
         ids = list(range(start, start + rows))
         sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
                                         schema=SCHEMA))
-        handles.append(Handle(query, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+        handles.append(Handle(task, sink.pre_commit(txn)))
     return handles
 
 
@@ -114,10 +114,11 @@ def test_upsert_mode_view_never_shows_a_value_of_an_incomplete_epoch(pg, conn, t
     def tasks(epoch: int, parts: list[dict[str, int]]) -> list[Handle]:
         handles = []
         for p, rows in enumerate(parts):
-            txn = sink.begin_transaction(TaskInfo(QUERY, run, epoch, p, epoch * 10 + p))
+            task = TaskInfo(QUERY, run, epoch, p, epoch * 10 + p)
+            txn = sink.begin_transaction(task)
             sink.write(txn, pa.record_batch({"key": list(rows), "total": list(rows.values())},
                                             schema=schema))
-            handles.append(Handle(QUERY, run, epoch, p, epoch * 10 + p, sink.pre_commit(txn)))
+            handles.append(Handle(task, sink.pre_commit(txn)))
         return handles
 
     def view() -> dict[str, tuple[int, int]]:

@@ -19,6 +19,7 @@ from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.protocol.lease import Lease
+from exactly.protocol.staging import StagedPayload
 
 QUERY = str(uuid.uuid4())
 #: a driver on this host that no longer runs: its lease can be taken over
@@ -34,7 +35,7 @@ def run_tasks(sink: FileSink, run_id: str, epoch: int, parts: int = 2, rows: int
         txn = sink.begin_transaction(task)
         start = epoch * 1000 + p * rows
         sink.write(txn, pa.record_batch({"id": list(range(start, start + rows))}))
-        handles.append(Handle(QUERY, run_id, epoch, p, task.attempt, sink.pre_commit(txn)))
+        handles.append(Handle(task, sink.pre_commit(txn)))
     return handles
 
 
@@ -160,14 +161,14 @@ def test_a_second_live_instance_is_fenced_and_commits_nothing(sink):
 
 def test_a_different_query_cannot_write_into_an_owned_output(sink):
     committer(sink).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
-    other = Handle(str(uuid.uuid4()), str(uuid.uuid4()), 1, 0, 0,
-                   {"rows": 0, "file": None, "dir": "_staging/x"})
+    other = Handle(TaskInfo(str(uuid.uuid4()), str(uuid.uuid4()), 1, 0, 0),
+                   StagedPayload(0, "_staging/x"))
     with pytest.raises(OwnershipError, match="new, empty output path"):
         committer(sink).commit_epoch(1, [other])
 
 
 def test_fault_spec_parsing_rejects_unknown_points():
     assert FaultSpec.parse("after_intent@3").min_epoch == 3
-    assert FaultSpec.parse("IN_WRITE").point is FaultPoint.IN_WRITE
+    assert FaultSpec.parse("IN_WRITE").point == FaultPoint.IN_WRITE
     with pytest.raises(ValueError, match="unknown"):
         FaultSpec.parse("after_lunch")

@@ -26,7 +26,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,7 +45,7 @@ from exactly.connectors.sql import (
 )
 from exactly.errors import ConfigError, DataLossError
 from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.staging import StagedTxn, StagingArea
+from exactly.protocol.staging import StagedPayload, StagedTxn, StagingArea
 
 DEFAULT_MARKER_TABLE = "exactly_wal_epochs"
 
@@ -234,6 +233,8 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
     """Exactly-once rows in any transactional table: staged files + marker-guarded load."""
 
     name = "wal"
+    payload_type = StagedPayload
+    recover_before_first_epoch = True
 
     def __init__(self, target: WalTarget, log_dir: str | Path) -> None:
         self.target = target
@@ -266,7 +267,7 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
         txn.writer.write_batch(batch)
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
         return self.stage.pre_commit(txn)
 
     def abort_transaction(self, txn: StagedTxn) -> None:
@@ -281,9 +282,9 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """A staged file only becomes visible with its whole epoch (``publish_epoch``);
         here it is checked to be there, or recognised as loaded by the epoch's marker."""
-        staged = self._log_dir / handle.payload["dir"]
-        if staged.is_dir() and (not handle.payload["file"]
-                                or (staged / handle.payload["file"]).exists()):
+        staged = self._log_dir / handle.payload.dir
+        if staged.is_dir() and (not handle.payload.file
+                                or (staged / handle.payload.file).exists()):
             return CommitOutcome.COMMITTED
         if self.target.has_marker(handle.query_id, handle.epoch):
             return CommitOutcome.ALREADY_COMMITTED
@@ -305,8 +306,8 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
 
     def _tables(self, handles: Sequence[Handle]) -> Iterator[pa.Table]:
         for handle in handles:
-            if handle.payload.get("file"):
-                path = self._log_dir / handle.payload["dir"] / handle.payload["file"]
+            if handle.payload.file:
+                path = self._log_dir / handle.payload.dir / handle.payload.file
                 if not path.exists():
                     raise DataLossError(f"epoch {handle.epoch}: staged rows {path} vanished "
                                         "before the epoch was loaded")

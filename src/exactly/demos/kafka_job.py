@@ -84,7 +84,7 @@ def spark_sink_writer(bootstrap: str, output_topic: str):
     fault = fault_from({})
 
     def write(batch: DataFrame, epoch: int) -> None:
-        if fault is not None and fault.point is FaultPoint.IN_WRITE:
+        if fault is not None and fault.point == FaultPoint.IN_WRITE:
             batch = batch.mapInArrow(_crash_in_write(fault, epoch), batch.schema)
         (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
          .option("topic", output_topic).save())

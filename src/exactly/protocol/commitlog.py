@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exactly.errors import OwnershipError
+from exactly.errors import CorruptFileError, OwnershipError
 from exactly.fsutil import atomic_write_json, read_json, require_fields
-from exactly.protocol.contract import Handle
+from exactly.protocol.contract import Handle, Payload
 from exactly.protocol.repairs import completion_repair, intent_repair, query_repair
 
 
@@ -48,8 +48,9 @@ class Intent:
 class CommitLog:
     """Durable record of commit intents and completed epochs of one query's sink."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, payload_type: type[Payload] = Payload) -> None:
         self.directory = Path(directory)
+        self.payload_type = payload_type
         self.intents = self.directory / "intents"
         self.complete = self.directory / "complete"
 
@@ -76,8 +77,12 @@ class CommitLog:
         if data is None:
             return None
         require_fields(data, path, ("epoch", "run_id", "handles"), repair)
-        return Intent(int(data["epoch"]), data["run_id"],
-                      tuple(Handle.from_json(h) for h in data["handles"]), data.get("input"))
+        try:
+            handles = tuple(Handle.from_json(h, self.payload_type) for h in data["handles"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptFileError(str(path), f"has a malformed handle ({exc!r})",
+                                   repair) from None
+        return Intent(int(data["epoch"]), data["run_id"], handles, data.get("input"))
 
     def write_intent(self, epoch: int, run_id: str, handles: list[Handle],
                      input: dict[str, Any] | None = None) -> Intent:

@@ -59,7 +59,7 @@ class Committer:
         self.sink = sink
         self.settings = settings
         self.fault = fault
-        self.log = CommitLog(sink.log_directory)
+        self.log = CommitLog(sink.log_directory, sink.payload_type)
         self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
         ensure_console()  # driver-side workers have no logging set up: warnings must show
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -48,23 +48,62 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
-class Handle:
-    """Names one pre-commit: what a task staged, so the driver can commit or abort it.
+class Payload:
+    """What a pre-commit left in the target, as the sink needs it to commit or abort.
 
-    ``payload`` is sink-specific and JSON-serialisable (a staged file, a prepared
-    transaction id, ...). Handles are small and travel as Spark commit messages.
+    Sinks subclass it with their own typed fields (a staged file, a prepared transaction
+    id) and name the subclass in :attr:`TwoPhaseCommitSink.payload_type`. Fields must be
+    JSON values: payloads are written to the commit log's intents.
     """
 
-    query_id: str
-    run_id: str
-    epoch: int
-    partition: int
-    attempt: int
-    payload: dict[str, Any] = field(default_factory=dict)
+    rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls: type[PayloadT], data: Mapping[str, Any]) -> PayloadT:
+        """The payload recorded by :meth:`to_json`; unknown keys are ignored.
+
+        Raises ``TypeError``/``ValueError`` on a malformed record (callers name the file).
+        """
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+PayloadT = TypeVar("PayloadT", bound=Payload)
+
+
+@dataclass(frozen=True)
+class Handle(Generic[PayloadT]):
+    """Names one pre-commit: the task that staged it and the sink's typed payload.
+
+    Handles are small and travel as Spark commit messages and in commit intents
+    (``to_json`` keeps the task's fields flat beside ``payload``).
+    """
+
+    task: TaskInfo
+    payload: PayloadT
 
     @property
-    def task(self) -> TaskInfo:
-        return TaskInfo(self.query_id, self.run_id, self.epoch, self.partition, self.attempt)
+    def query_id(self) -> str:
+        return self.task.query_id
+
+    @property
+    def run_id(self) -> str:
+        return self.task.run_id
+
+    @property
+    def epoch(self) -> int:
+        return self.task.epoch
+
+    @property
+    def partition(self) -> int:
+        return self.task.partition
+
+    @property
+    def attempt(self) -> int:
+        return self.task.attempt
 
     @property
     def key(self) -> str:
@@ -72,14 +111,18 @@ class Handle:
 
     @property
     def rows(self) -> int:
-        return int(self.payload.get("rows", 0))
+        return self.payload.rows
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self.task), "payload": self.payload.to_json()}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Handle:
-        return cls(**data)
+    def from_json(cls, data: Mapping[str, Any],
+                  payload_type: type[Payload] = Payload) -> Handle:
+        """A handle recorded by :meth:`to_json`, its payload read as ``payload_type``."""
+        task = TaskInfo(str(data["query_id"]), str(data["run_id"]), int(data["epoch"]),
+                        int(data["partition"]), int(data["attempt"]))
+        return cls(task, payload_type.from_json(data.get("payload") or {}))
 
 
 class CommitOutcome(str, Enum):
@@ -93,11 +136,27 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
 
     #: short name used in logs and errors
     name: str = "sink"
+    #: the type of this sink's handle payloads (read back from commit intents)
+    payload_type: type[Payload] = Payload
+    #: recover (finish intents, abort orphans) when Spark plans a new driver's first epoch,
+    #: before any task writes: for targets where a leftover pre-commit holds locks that
+    #: would block the replay's writes (see :mod:`exactly.protocol.recovery`)
+    recover_before_first_epoch: bool = False
 
     @property
     @abstractmethod
     def log_directory(self) -> Path:
         """Local directory holding this sink's commit log and lease."""
+
+    # -- set-up (driver, before the first epoch) ---------------------------------------
+    def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
+        """Create or check the target for rows of ``schema`` (tables, marker tables, server
+        settings such as the prepared-transaction capacity for ``partitions`` tasks).
+
+        Called once per driver process before the first epoch; must be idempotent.
+        Raises ConfigError naming the fix when the target cannot hold this query's output.
+        Default: nothing to prepare.
+        """
 
     # -- executor side -------------------------------------------------------------
     @abstractmethod
@@ -109,8 +168,9 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         """Add rows to the open transaction; nothing may become visible."""
 
     @abstractmethod
-    def pre_commit(self, txn: TxnT) -> dict[str, Any]:
-        """Make the transaction durable but invisible; return the handle's payload.
+    def pre_commit(self, txn: TxnT) -> Payload:
+        """Make the transaction durable but invisible; return the handle's payload
+        (an instance of :attr:`payload_type`).
 
         After this returns, ``commit_handle`` must be able to succeed, even after a crash
         of every process involved.

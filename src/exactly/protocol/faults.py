@@ -1,17 +1,23 @@
-"""Fault injection at the named points of the commit protocol (DESIGN section 3).
+"""Fault injection at named points of the commit protocol (DESIGN section 3).
 
-A fault is armed with the sink option ``exactly.fault`` or the environment variable
-``EXACTLY_FAULT`` (the option wins), written ``POINT`` or ``POINT@EPOCH``: the process kills
-itself with SIGKILL the first time it reaches ``POINT`` in an epoch ``>= EPOCH``. With the
-option ``exactly.faultMarker`` / variable ``EXACTLY_FAULT_MARKER`` set to a file path, the
-fault fires at most once across restarts: the marker is created atomically just before the
-kill and records where it fired.
+Points form an open registry: the protocol's own points (:class:`FaultPoint`) are registered
+here, and a sink registers its own under its name (``register_point("kafka.in_transaction",
+on_driver=True, ...)``). A fault is armed with the sink option ``exactly.fault`` or the
+environment variable ``EXACTLY_FAULT`` (the option wins), written ``POINT`` or
+``POINT@EPOCH``: it fires the first time the process reaches ``POINT`` in an epoch
+``>= EPOCH``. With the option ``exactly.faultMarker`` / variable ``EXACTLY_FAULT_MARKER`` set
+to a file path, it fires at most once across restarts: the marker is created atomically just
+before the action and records where it fired.
 
-Driver points kill the driver's whole local process tree, as a crash of its host would: the
-Spark driver JVM, the Python driver process that launched it, the PySpark worker daemons and
-Python workers under the JVM, and every process carrying the job's ``EXACTLY_JOB_TOKEN``
-(:func:`exactly.procs.local_job_pids`). ``in_write`` kills the executor's Python worker inside
-``write()``, after its first batch of rows.
+What firing does is the *action*. The default, :func:`kill_process`, is a real crash:
+SIGKILL. Driver points kill the driver's whole local process tree, as a crash of its host
+would: the Spark driver JVM, the Python driver process that launched it, the PySpark worker
+daemons and Python workers under the JVM, and every process carrying the job's
+``EXACTLY_JOB_TOKEN`` (:func:`exactly.procs.local_job_pids`); ``in_write`` kills the
+executor's Python worker inside ``write()``. In-process protocol tests install
+:func:`raise_simulated_crash` instead (:func:`fault_action`), which raises
+:class:`SimulatedCrash`: protocol code never catches it, so everything after the point is
+skipped as a kill would skip it, and the test then "restarts" with a fresh committer.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -31,7 +37,7 @@ from exactly.procs import local_job_pids
 
 
 class FaultPoint(str, Enum):
-    """Protocol points where a crash can be injected."""
+    """The protocol's own crash points (every sink passes through them)."""
 
     IN_WRITE = "in_write"  # executor, inside step 1
     BEFORE_INTENT = "before_intent"  # driver, before 2b
@@ -45,6 +51,46 @@ class FaultPoint(str, Enum):
         return self is not FaultPoint.IN_WRITE
 
 
+@dataclass(frozen=True)
+class PointInfo:
+    """A registered fault point: its name, the side it runs on, what it interrupts."""
+
+    name: str
+    on_driver: bool
+    description: str
+
+
+_POINTS: dict[str, PointInfo] = {}
+
+
+def register_point(name: str, *, on_driver: bool, description: str) -> str:
+    """Register a crash point (sinks use ``<sink>.<point>`` names); returns ``name``.
+
+    Registering the same name twice with the same side is a no-op; a clash raises
+    ConfigError.
+    """
+    known = _POINTS.get(name)
+    if known is not None and known.on_driver != on_driver:
+        raise ConfigError(f"fault point {name!r} is already registered on the other side")
+    _POINTS[name] = PointInfo(name, on_driver, description)
+    return name
+
+
+def registered_points() -> dict[str, PointInfo]:
+    """Every fault point known in this process, by name."""
+    return dict(_POINTS)
+
+
+for _point, _text in (
+        (FaultPoint.IN_WRITE, "executor: inside write(), after the task's first batch"),
+        (FaultPoint.BEFORE_INTENT, "driver: every task pre-committed, no intent yet"),
+        (FaultPoint.AFTER_INTENT, "driver: intent durable, no handle committed"),
+        (FaultPoint.BETWEEN_COMMITS, "driver: the first handle committed"),
+        (FaultPoint.AFTER_COMMITS, "driver: every handle committed and published, "
+                                   "not recorded complete"),
+        (FaultPoint.AFTER_COMPLETE, "driver: recorded complete, before Spark's commit log")):
+    register_point(_point.value, on_driver=_point.on_driver, description=_text)
+
 DRIVER_POINTS = tuple(p for p in FaultPoint if p.on_driver)
 FAULT_OPTION = "exactly.fault"
 MARKER_OPTION = "exactly.faultMarker"
@@ -52,25 +98,40 @@ FAULT_ENV = "EXACTLY_FAULT"
 MARKER_ENV = "EXACTLY_FAULT_MARKER"
 
 
+def point_name(point: str | Enum) -> str:
+    return point.value if isinstance(point, Enum) else str(point)
+
+
+def is_driver_point(point: str | Enum) -> bool:
+    """True for points on the driver; unknown (unregistered) names count as driver points."""
+    info = _POINTS.get(point_name(point))
+    return info.on_driver if info is not None else True
+
+
 @dataclass(frozen=True)
 class FaultSpec:
-    """One armed fault: a point, the first epoch it may fire in, an optional once-marker."""
+    """One armed fault: a point name, the first epoch it may fire in, an optional marker."""
 
-    point: FaultPoint
+    point: str
     min_epoch: int = 0
     marker: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "point", point_name(self.point))
+
     @classmethod
     def parse(cls, text: str, marker: str | None = None) -> FaultSpec:
+        """``POINT`` or ``POINT@EPOCH``. A name without a dot must be a protocol point; a
+        dotted name (``kafka.in_transaction``) belongs to a sink that registers it when it
+        loads, so it is accepted here."""
         point_text, _, epoch_text = text.strip().partition("@")
-        try:
-            point = FaultPoint(point_text.strip().lower())
-        except ValueError:
-            names = ", ".join(p.value for p in FaultPoint)
+        point = point_text.strip().lower()
+        if point not in _POINTS and "." not in point:
+            names = ", ".join(sorted(_POINTS))
             raise ConfigError(
-                f"fault point {point_text!r} is unknown; use one of {names}, optionally "
-                "followed by @EPOCH"
-            ) from None
+                f"fault point {point_text!r} is unknown; use one of {names} (or a sink's "
+                "own <sink>.<point>), optionally followed by @EPOCH"
+            )
         try:
             min_epoch = int(epoch_text) if epoch_text else 0
         except ValueError:
@@ -78,7 +139,11 @@ class FaultSpec:
         return cls(point, min_epoch, marker or None)
 
     def render(self) -> str:
-        return f"{self.point.value}@{self.min_epoch}"
+        return f"{self.point}@{self.min_epoch}"
+
+    @property
+    def on_driver(self) -> bool:
+        return is_driver_point(self.point)
 
 
 def fault_from(options: Mapping[str, str] | None = None) -> FaultSpec | None:
@@ -91,26 +156,75 @@ def fault_from(options: Mapping[str, str] | None = None) -> FaultSpec | None:
     return FaultSpec.parse(text, marker)
 
 
-def maybe_crash(spec: FaultSpec | None, point: FaultPoint, epoch: int) -> None:
-    """Kill this process (and for driver points the driver's whole local process tree)
-    if ``spec`` says so."""
-    if spec is None or spec.point is not point or epoch < spec.min_epoch:
-        return
-    if spec.marker and not _claim_marker(spec.marker, point, epoch):
-        return
-    if point.on_driver:
+# -- actions ---------------------------------------------------------------------------
+class SimulatedCrash(BaseException):
+    """Raised at an armed fault point by :func:`raise_simulated_crash` (tests).
+
+    A ``BaseException``: ``except Exception`` blocks never catch it, and the protocol's own
+    clean-up on failure skips it, so the process state is what a kill at that point leaves.
+    """
+
+    def __init__(self, point: str, epoch: int) -> None:
+        super().__init__(f"simulated crash at {point} in epoch {epoch}")
+        self.point = point
+        self.epoch = epoch
+
+
+#: an action: called with the point's name, the epoch and whether it runs on the driver
+FaultAction = Callable[[str, int, bool], None]
+
+
+def kill_process(point: str, epoch: int, on_driver: bool) -> None:
+    """SIGKILL this process -- and for driver points the driver's whole local tree."""
+    if on_driver:
         for pid in local_job_pids():
             _kill(pid)
     _kill(os.getpid())
     time.sleep(60)  # SIGKILL is asynchronous; never run on past the point
 
 
-def _claim_marker(path: str, point: FaultPoint, epoch: int) -> bool:
+def raise_simulated_crash(point: str, epoch: int, on_driver: bool) -> None:
+    """Raise :class:`SimulatedCrash` (for protocol tests that run in one process)."""
+    raise SimulatedCrash(point, epoch)
+
+
+_action: FaultAction = kill_process
+
+
+@contextlib.contextmanager
+def fault_action(action: FaultAction) -> Iterator[None]:
+    """Use ``action`` instead of SIGKILL for faults firing in this process, in the block."""
+    global _action
+    previous, _action = _action, action
+    try:
+        yield
+    finally:
+        _action = previous
+
+
+def maybe_crash(spec: FaultSpec | None, point: str | Enum, epoch: int,
+                before: Callable[[], object] | None = None) -> None:
+    """Fire the fault action if ``spec`` is armed for ``point`` at ``epoch``.
+
+    ``before`` runs just before the action (e.g. flushing records into an open Kafka
+    transaction, so the crash leaves them in the broker's log, uncommitted).
+    """
+    name = point_name(point)
+    if spec is None or spec.point != name or epoch < spec.min_epoch:
+        return
+    if spec.marker and not _claim_marker(spec.marker, name, epoch):
+        return
+    if before is not None:
+        before()
+    _action(name, epoch, is_driver_point(name))
+
+
+def _claim_marker(path: str, point: str, epoch: int) -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
-    record = {"point": point.value, "epoch": epoch, "pid": os.getpid(),
+    record = {"point": point, "epoch": epoch, "pid": os.getpid(),
               "host": socket.gethostname(), "at": time.time()}
     with os.fdopen(fd, "w") as f:
         json.dump(record, f)

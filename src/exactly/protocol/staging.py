@@ -16,7 +16,16 @@ from typing import Any
 
 from exactly.errors import CorruptFileError
 from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json, require_fields
-from exactly.protocol.contract import Handle, TaskInfo
+from exactly.protocol.contract import Handle, Payload, TaskInfo
+
+
+@dataclass(frozen=True)
+class StagedPayload(Payload):
+    """A staged pre-commit: the attempt directory (relative to the sink's root) and the
+    data file in it (``None`` when the attempt wrote no rows)."""
+
+    dir: str = ""
+    file: str | None = None
 
 
 @dataclass
@@ -51,7 +60,7 @@ class StagingArea:
         directory = self.begin(task)
         return StagedTxn(task, directory, directory / self.data_name)
 
-    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
         """Close and fsync the data file; return the handle's payload."""
         has_file = txn.writer is not None
         if has_file:
@@ -78,17 +87,17 @@ class StagingArea:
             "partition": task.partition, "attempt": task.attempt})
         return directory
 
-    def payload(self, directory: Path, rows: int, has_file: bool) -> dict[str, Any]:
+    def payload(self, directory: Path, rows: int, has_file: bool) -> StagedPayload:
         """The handle payload of a pre-committed attempt (directory entries made durable)."""
         fsync_dir(directory)
-        return {"rows": rows, "file": self.data_name if has_file else None,
-                "dir": str(directory.relative_to(self.root))}
+        return StagedPayload(rows, str(directory.relative_to(self.root)),
+                             self.data_name if has_file else None)
 
-    def directory(self, handle: Handle) -> Path:
-        return self.root / handle.payload["dir"]
+    def directory(self, handle: Handle[StagedPayload]) -> Path:
+        return self.root / handle.payload.dir
 
-    def data_file(self, handle: Handle) -> Path | None:
-        name = handle.payload.get("file")
+    def data_file(self, handle: Handle[StagedPayload]) -> Path | None:
+        name = handle.payload.file
         return self.directory(handle) / name if name else None
 
     def discard(self, handle: Handle) -> None:
@@ -113,10 +122,11 @@ class StagingArea:
                 if task["query_id"] != query_id:
                     continue
                 has_file = (attempt / self.data_name).exists()
-                found.append(Handle(task["query_id"], task["run_id"], int(task["epoch"]),
-                                    int(task["partition"]), int(task["attempt"]),
-                                    {"rows": 0, "file": self.data_name if has_file else None,
-                                     "dir": str(attempt.relative_to(self.root))}))
+                info = TaskInfo(task["query_id"], task["run_id"], int(task["epoch"]),
+                                int(task["partition"]), int(task["attempt"]))
+                found.append(Handle(info, StagedPayload(
+                    0, str(attempt.relative_to(self.root)),
+                    self.data_name if has_file else None)))
         return found
 
 

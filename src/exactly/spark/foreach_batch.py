@@ -31,7 +31,8 @@ from exactly.errors import ExactlyError
 from exactly.logs import log_event
 from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.faults import FaultPoint, FaultSpec, maybe_crash
+from exactly.protocol.faults import FaultSpec, SimulatedCrash
+from exactly.protocol.task import run_task
 
 logger = logging.getLogger("exactly.foreach_batch")
 
@@ -45,27 +46,9 @@ def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | N
 
         ctx = TaskContext.get()
         task = TaskInfo(query_id, run_id, epoch, ctx.partitionId(), ctx.taskAttemptId())
-        txn = sink.begin_transaction(task)
-        try:
-            wrote = False
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                sink.write(txn, batch)
-                if not wrote:
-                    wrote = True
-                    maybe_crash(fault, FaultPoint.IN_WRITE, epoch)
-            if not wrote:  # nothing to pre-commit: leave no prepared transaction behind
-                sink.abort_transaction(txn)
-                return
-            payload = sink.pre_commit(txn)
-        except BaseException:
-            sink.abort_transaction(txn)
-            raise
-        handle = Handle(query_id, run_id, epoch, task.partition, task.attempt, payload)
-        if mode is Mode.AT_LEAST_ONCE:
-            sink.commit_visible(handle)
-        yield pa.RecordBatch.from_pydict({"handle": [json.dumps(handle.to_json())]})
+        handle = run_task(sink, task, batches, mode=mode, fault=fault)
+        if handle is not None:
+            yield pa.RecordBatch.from_pydict({"handle": [json.dumps(handle.to_json())]})
 
     return write_partition
 
@@ -92,7 +75,7 @@ class TwoPhaseForeachBatch:
 
     Guarantee: the sink's own (exactly once for 2PC and write-ahead sinks), in every output
     mode. ``prepare`` (default True) calls the sink's ``prepare_target(schema, partitions)``
-    once per process when the sink has one (table creation, server checks).
+    before the first epoch this object sees (table creation, server checks).
     """
 
     def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
@@ -110,7 +93,7 @@ class TwoPhaseForeachBatch:
         if not query_id or not run_id:
             raise ExactlyError("TwoPhaseForeachBatch runs inside writeStream.foreachBatch only "
                                "(no streaming query id / run id in this call)")
-        if self.prepare and not self._prepared and hasattr(self.sink, "prepare_target"):
+        if self.prepare and not self._prepared:
             from pyspark.sql.pandas.types import to_arrow_schema
 
             self.sink.prepare_target(to_arrow_schema(batch_df.schema, timezone="UTC"),
@@ -125,9 +108,12 @@ class TwoPhaseForeachBatch:
         writer = _partition_writer(self.sink, self.settings.mode, self.fault, query_id, run_id,
                                    epoch)
         rows = batch_df.mapInArrow(writer, "handle string").collect()
-        handles = [Handle.from_json(json.loads(r["handle"])) for r in rows]
+        handles = [Handle.from_json(json.loads(r["handle"]), self.sink.payload_type)
+                   for r in rows]
         try:
             committer.commit_epoch(epoch, handles)
+        except SimulatedCrash:
+            raise
         except BaseException:
             log_event(logger, "commit_failed", logging.WARNING, epoch=epoch,
                       handles=len(handles))

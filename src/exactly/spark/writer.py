@@ -11,13 +11,17 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
 from exactly.config import Mode
 from exactly.errors import ConfigError, ExactlyError
 from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.faults import FaultPoint, FaultSpec, maybe_crash
+from exactly.protocol.faults import FaultSpec
+from exactly.protocol.recovery import recover_on_new_driver
+from exactly.protocol.task import run_task
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -26,7 +30,7 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 class HandleMessage(WriterCommitMessage):
     """The commit message of one task: its handle."""
 
-    handle: Handle
+    handle: Handle | None  # None: the task had no rows and pre-committed nothing
 
 
 def current_task() -> TaskInfo:
@@ -49,10 +53,16 @@ def current_task() -> TaskInfo:
 
 
 class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
-    """Runs any :class:`TwoPhaseCommitSink` under the generic commit protocol."""
+    """Runs any :class:`TwoPhaseCommitSink` under the generic commit protocol.
+
+    When Spark plans the query (``streamWriter``), the writer prepares the target once per
+    process (:meth:`TwoPhaseCommitSink.prepare_target`) and, for sinks whose pre-commits
+    hold locks (``recover_before_first_epoch``), recovers before any task writes.
+    """
 
     def __init__(self, sink: TwoPhaseCommitSink, settings: SinkSettings,
-                 fault: FaultSpec | None) -> None:
+                 fault: FaultSpec | None, schema: StructType | None = None,
+                 partitions: int | None = None) -> None:
         if settings.mode is Mode.EXACTLY_ONCE and not settings.checkpoint_location:
             raise ConfigError(
                 f"exactly.{sink.name} sink: give the query's checkpoint directory with "
@@ -63,28 +73,16 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         self.sink = sink
         self.settings = settings
         self.fault = fault
+        if schema is not None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            prepare_once(sink, to_arrow_schema(schema, timezone="UTC"), partitions)
+        if settings.mode is Mode.EXACTLY_ONCE and sink.recover_before_first_epoch:
+            recover_on_new_driver(sink, settings, fault)
 
     def write(self, iterator: Iterator) -> HandleMessage:  # type: ignore[override]
-        task = current_task()
-        txn = self.sink.begin_transaction(task)
-        try:
-            wrote_batch = False
-            for batch in iterator:
-                self.sink.write(txn, batch)
-                if not wrote_batch:
-                    wrote_batch = True
-                    maybe_crash(self.fault, FaultPoint.IN_WRITE, task.epoch)
-            if not wrote_batch:
-                maybe_crash(self.fault, FaultPoint.IN_WRITE, task.epoch)
-            payload = self.sink.pre_commit(txn)
-        except BaseException:
-            self.sink.abort_transaction(txn)
-            raise
-        handle = Handle(task.query_id, task.run_id, task.epoch, task.partition, task.attempt,
-                        payload)
-        if self.settings.mode is Mode.AT_LEAST_ONCE:
-            self.sink.commit_visible(handle)
-        return HandleMessage(handle)
+        return HandleMessage(run_task(self.sink, current_task(), iterator,
+                                      mode=self.settings.mode, fault=self.fault))
 
     def commit(self, messages: list, batchId: int) -> None:  # type: ignore[override]
         Committer(self.sink, self.settings, self.fault).commit_epoch(batchId, _handles(messages))
@@ -93,5 +91,19 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         Committer(self.sink, self.settings, self.fault).abort_epoch(batchId, _handles(messages))
 
 
+#: (sink repr, schema) already prepared in this process (Spark plans the writer twice)
+_PREPARED: set[tuple[str, str]] = set()
+
+
+def prepare_once(sink: TwoPhaseCommitSink, schema: pa.Schema,
+                 partitions: int | None = None) -> None:
+    """``sink.prepare_target(schema, partitions)`` once per process for the same sink."""
+    key = (repr(sink), str(schema))
+    if key not in _PREPARED:
+        sink.prepare_target(schema, partitions)
+        _PREPARED.add(key)
+
+
 def _handles(messages: list) -> list[Handle]:
-    return [m.handle for m in messages if isinstance(m, HandleMessage)]
+    return [m.handle for m in messages
+            if isinstance(m, HandleMessage) and m.handle is not None]

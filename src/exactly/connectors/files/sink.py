@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from exactly.errors import ConfigError, DataLossError
 from exactly.fsutil import fsync_dir
 from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.staging import StagedTxn, StagingArea, remove_if_empty
+from exactly.protocol.staging import StagedPayload, StagedTxn, StagingArea, remove_if_empty
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
 
@@ -48,6 +48,7 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
     """Exactly-once Parquet / JSON-lines files, published one whole epoch at a time."""
 
     name = "files"
+    payload_type = StagedPayload
 
     def __init__(self, path: str, file_format: str = "parquet",
                  compression: str = "snappy") -> None:
@@ -106,7 +107,7 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
             txn.writer.write("\n".join(lines) + "\n")
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: StagedTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
         return self.stage.pre_commit(txn)
 
     def abort_transaction(self, txn: StagedTxn) -> None:
@@ -148,7 +149,7 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
         return outcome
 
     def publish_epoch(self, epoch: int, handles: Iterable[Handle]) -> None:
-        expects_files = any(h.payload["file"] for h in handles)
+        expects_files = any(h.payload.file for h in handles)
         publish = self.stage.epoch_dir(epoch) / "_publish"
         final = self._final_dir(epoch)
         if expects_files and not final.exists():

@@ -75,8 +75,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import StructType
 
 from exactly.config import Mode
 from exactly.errors import ConfigError, DataLossError, ExactlyError, FencedError
@@ -89,7 +87,7 @@ from exactly.protocol.contract import (
     TaskInfo,
     TwoPhaseCommitSink,
 )
-from exactly.protocol.staging import StagingArea
+from exactly.protocol.staging import StagedPayload, StagingArea
 
 logger = logging.getLogger("exactly.connectors.kafka.sink")
 
@@ -245,6 +243,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     """Exactly-once Kafka output for ``read_committed`` consumers: one transaction per epoch."""
 
     name = "kafka"
+    payload_type = StagedPayload
 
     def __init__(self, options: KafkaSinkOptions, settings: SinkSettings) -> None:
         self.options = options
@@ -298,13 +297,13 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             txn.writer.write_batch(batch)
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: KafkaTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: KafkaTxn) -> StagedPayload:
         if txn.producer is not None:  # at_least_once: delivered (acknowledged) = done
             _flush(txn.producer, self.options.publish_timeout_ms / 1000)
             if txn.errors:
                 raise KafkaSinkError(f"Kafka refused records of epoch {txn.task.epoch}: "
                                      f"{txn.errors[0]} ({len(txn.errors)} errors)")
-            return {"rows": txn.rows, "dir": None, "file": None}
+            return StagedPayload(txn.rows)
         assert txn.directory is not None
         has_file = txn.writer is not None
         if has_file:
@@ -331,7 +330,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Check that the pre-commit can still be published (the publish does the work)."""
-        if not handle.payload.get("file") or self._staged(handle).exists():
+        if not handle.payload.file or self._staged(handle).exists():
             return CommitOutcome.COMMITTED
         if self._publisher(handle.query_id).published_through() > handle.epoch:
             return CommitOutcome.ALREADY_COMMITTED
@@ -346,7 +345,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         Idempotent: an epoch whose marker is already committed is not produced again.
         Raises FencedError when a newer producer of the same query took over.
         """
-        files = [self._staged(h) for h in handles if h.payload.get("file")]
+        files = [self._staged(h) for h in handles if h.payload.file]
         if files:
             session = self._publisher(handles[0].query_id)
             try:
@@ -355,11 +354,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
                 self._session = None
                 session.close()
         for handle in handles:
-            if handle.payload.get("dir"):
+            if handle.payload.dir:
                 self._remove(handle)
 
     def abort(self, handle: Handle) -> None:
-        if handle.payload.get("dir"):
+        if handle.payload.dir:
             self._remove(handle)
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
@@ -676,37 +675,6 @@ def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -
         consumer.close()
 
 
-class KafkaDataSource(DataSource):
-    """``format("exactly.kafka")``: the transactional Kafka sink (options: module docstring).
-
-    At start (exactly_once) it checks ``kafka.transaction.timeout.ms`` against the broker's
-    ``transaction.max.timeout.ms`` and the checkpoint interval, and fails the query with the
-    fix when it is wrong. Read Kafka with :func:`exactly.connectors.kafka.source.read_kafka`.
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return "exactly.kafka"
-
-    def schema(self) -> str:
-        raise ConfigError("exactly.kafka is a sink; read Kafka with Spark's built-in source, "
-                          "e.g. exactly.connectors.kafka.source.read_kafka(spark, ...)")
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-        from exactly.protocol.faults import fault_from
-        from exactly.spark.writer import TwoPhaseStreamWriter
-
-        settings = SinkSettings.from_options(self.options)
-        options = KafkaSinkOptions.from_options(self.options, settings.mode)
-        check_schema(schema, options.topic)
-        if settings.mode is Mode.EXACTLY_ONCE:
-            check_transaction_timeout(options.transaction_timeout_ms,
-                                      broker_transaction_max_timeout_ms(options.client_conf()),
-                                      options.checkpoint_interval_ms)
-        return TwoPhaseStreamWriter(KafkaSink(options, settings), settings,
-                                    fault_from(self.options))
-
-
 __all__: Iterable[str] = (
-    "KafkaDataSource", "KafkaSink", "KafkaSinkError", "KafkaSinkOptions",
+    "KafkaSink", "KafkaSinkError", "KafkaSinkOptions",
     "broker_transaction_max_timeout_ms", "check_schema", "check_transaction_timeout", "read_marker")

@@ -2,7 +2,7 @@
 
 Options (``spark.readStream.format("exactly.postgres")``):
 
-``dsn`` / ``dsnEnv`` / ``password``  the connection (see :mod:`exactly.spark.db_formats`)
+``dsn`` / ``dsnEnv`` / ``password``  the connection (see :mod:`exactly.spark.formats`)
 ``table``              the table to read (``name`` or ``schema.name``)
 ``keyColumn``          an integer column that only grows: a ``bigserial``/identity, an
                        ingestion sequence (default ``id``)

@@ -68,7 +68,13 @@ from exactly.connectors.sql import (
 )
 from exactly.errors import ConfigError, DataLossError
 from exactly.logs import log_event
-from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
+from exactly.protocol.contract import (
+    CommitOutcome,
+    Handle,
+    Payload,
+    TaskInfo,
+    TwoPhaseCommitSink,
+)
 
 logger = logging.getLogger("exactly.connectors.postgres.two_phase")
 
@@ -171,6 +177,13 @@ def upsert_rows(cur, statement, table: pa.Table, chunk_rows: int = 20_000) -> in
     return table.num_rows
 
 
+@dataclass(frozen=True)
+class PreparedPayload(Payload):
+    """A pre-commit of the 2PC sink: the global id of its prepared transaction."""
+
+    gid: str = ""
+
+
 @dataclass
 class PgTxn:
     task: TaskInfo
@@ -184,6 +197,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
     """Exactly-once rows in a PostgreSQL table through prepared transactions (2PC)."""
 
     name = "postgres"
+    payload_type = PreparedPayload
+    recover_before_first_epoch = True  # a leftover prepared transaction holds row locks
 
     def __init__(self, dsn: str, table: str, log_dir: str | Path, *,
                  write_mode: str = "append", key_columns: Sequence[str] = (),
@@ -308,7 +323,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         except Exception as exc:
             raise clean_error(exc, self.dsn, f"COPY into {self.table}") from None
 
-    def pre_commit(self, txn: PgTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: PgTxn) -> PreparedPayload:
         from psycopg import sql
 
         try:
@@ -338,7 +353,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             raise clean_error(exc, self.dsn, f"preparing the transaction of {txn.gid}") from None
         finally:
             _close(txn.conn)
-        return {"gid": txn.gid, "rows": txn.rows}
+        return PreparedPayload(txn.rows, txn.gid)
 
     def _check_owner(self, cur, query_id: str) -> None:
         """Refuse (before PREPARE) to write rows of a query other than the table's own."""
@@ -367,7 +382,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
 
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
-        gid = handle.payload["gid"]
+        gid = handle.payload.gid
         _hold_for_tests()
 
         def step() -> CommitOutcome:
@@ -430,7 +445,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         retrying(prune, seconds=self.retry_seconds, dsn=self.dsn, what="pruning markers")
 
     def abort(self, handle: Handle) -> None:
-        gid = handle.payload["gid"]
+        gid = handle.payload.gid
 
         def step() -> None:
             import psycopg
@@ -458,8 +473,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
                             what="listing prepared transactions"):
             task = parse_gid(gid)
             if task is not None:
-                found.append(Handle(task.query_id, task.run_id, task.epoch, task.partition,
-                                    task.attempt, {"gid": gid, "rows": 0}))
+                found.append(Handle(task, PreparedPayload(0, gid)))
         return found
 
 

@@ -39,7 +39,13 @@ import pyarrow as pa
 from exactly.connectors.postgres.two_phase import dedup_last, upsert_rows, upsert_statement
 from exactly.connectors.sql import TableName, clean_error, ensure_pg_table, pg_connect, redact_dsn
 from exactly.errors import ConfigError
-from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
+from exactly.protocol.contract import (
+    CommitOutcome,
+    Handle,
+    Payload,
+    TaskInfo,
+    TwoPhaseCommitSink,
+)
 
 DEFAULT_EPOCH_COLUMN = "exactly_epoch"
 
@@ -55,6 +61,7 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
     """Upserts keyed rows into PostgreSQL; a replay never moves a value backwards."""
 
     name = "upsert"
+    recover_before_first_epoch = True
 
     def __init__(self, dsn: str, table: str, key_columns: Sequence[str], log_dir: str | Path,
                  *, epoch_column: str = DEFAULT_EPOCH_COLUMN,
@@ -114,7 +121,7 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
             raise clean_error(exc, self.dsn, f"upserting into {self.table}") from None
         txn.rows += batch.num_rows
 
-    def pre_commit(self, txn: UpsertTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: UpsertTxn) -> Payload:
         """Commit the task's upserts: idempotent writes need no second phase."""
         try:
             txn.conn.commit()
@@ -122,7 +129,7 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
             raise clean_error(exc, self.dsn, f"committing upserts into {self.table}") from None
         finally:
             txn.conn.close()
-        return {"rows": txn.rows}
+        return Payload(txn.rows)
 
     def abort_transaction(self, txn: UpsertTxn) -> None:
         with contextlib.suppress(Exception):  # the server rolls back a dead session itself
