@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exactly import options as opt
 from exactly.connectors.sql import (
     TableName,
     clean_error,
@@ -47,7 +48,7 @@ from exactly.errors import ConfigError, DataLossError
 from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
 from exactly.protocol.staging import StagedPayload, StagedTxn, StagingArea
 
-DEFAULT_MARKER_TABLE = "exactly_wal_epochs"
+DEFAULT_MARKER_TABLE = opt.DEFAULT_WAL_MARKER_TABLE
 
 
 class WalTarget(ABC):
@@ -213,16 +214,16 @@ class SqliteWalTarget(WalTarget):
 
 def target_from_options(options: dict[str, str], dsn: str | None) -> WalTarget:
     """PostgreSQL when a DSN is given, else SQLite at option ``path`` / ``sqlite:PATH``."""
-    table = options.get("table")
+    table = options.get(opt.TABLE)
     if not table:
         raise ConfigError("wal sink: set option table")
-    marker = options.get("markerTable", DEFAULT_MARKER_TABLE)
+    marker = options.get(opt.MARKER_TABLE, opt.DEFAULT_WAL_MARKER_TABLE)
     if dsn and dsn.startswith("sqlite:"):
         return SqliteWalTarget(dsn.removeprefix("sqlite:").removeprefix("//"), table, marker)
     if dsn:
         return PostgresWalTarget(dsn, table, marker,
-                                 float(options.get("retrySeconds", 60)))
-    path = options.get("path")
+                                 float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)))
+    path = options.get(opt.PATH)
     if not path:
         raise ConfigError("wal sink: set option dsn (PostgreSQL) or path (a SQLite database "
                           "file, the embedded default)")

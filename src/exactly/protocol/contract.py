@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
+from exactly import options as opt
 from exactly.config import Mode, parse_enum
 from exactly.errors import ConfigError
 
@@ -207,8 +208,8 @@ class SinkSettings:
     """Sink options common to every exactly sink, read from ``writeStream`` options."""
 
     mode: Mode = Mode.EXACTLY_ONCE
-    retain_epochs: int = 100
-    lease_stale_after: float = 600.0
+    retain_epochs: int = opt.DEFAULT_RETAIN_EPOCHS
+    lease_stale_after: float = opt.DEFAULT_LEASE_STALE_AFTER_S
     #: where sinks without a directory of their own keep the commit log and lease
     #: (option ``exactly.logDir``; ``start_query`` sets it under the checkpoint)
     log_dir: str | None = None
@@ -218,22 +219,23 @@ class SinkSettings:
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> SinkSettings:
-        mode = parse_enum(Mode, options.get("mode", Mode.EXACTLY_ONCE.value), "mode")
-        retain = int(options.get("exactly.retainEpochs", 100))
+        mode = parse_enum(Mode, options.get(opt.MODE, Mode.EXACTLY_ONCE.value), opt.MODE)
+        retain = int(options.get(opt.RETAIN_EPOCHS, opt.DEFAULT_RETAIN_EPOCHS))
         if retain < 1:
-            raise ConfigError(f"exactly.retainEpochs must be >= 1 (the last completed epoch "
+            raise ConfigError(f"{opt.RETAIN_EPOCHS} must be >= 1 (the last completed epoch "
                               f"must stay known to recognise its replay), got {retain}")
         return cls(mode=mode,  # type: ignore[arg-type]
                    retain_epochs=retain,
-                   lease_stale_after=float(options.get("exactly.leaseStaleAfterSeconds", 600)),
-                   log_dir=options.get("exactly.logDir"),
-                   checkpoint_location=options.get("checkpointLocation"))
+                   lease_stale_after=float(options.get(opt.LEASE_STALE_AFTER,
+                                                       opt.DEFAULT_LEASE_STALE_AFTER_S)),
+                   log_dir=options.get(opt.LOG_DIR),
+                   checkpoint_location=options.get(opt.CHECKPOINT_LOCATION))
 
     def require_log_dir(self, sink: str) -> Path:
         """The commit-log directory for sinks that keep it beside the checkpoint."""
         if not self.log_dir:
             raise ConfigError(
-                f"{sink} sink: set option exactly.logDir to a local directory for the sink's "
+                f"{sink} sink: set option {opt.LOG_DIR} to a local directory for the sink's "
                 "commit log (exactly.spark.runner.start_query sets it under the checkpoint)"
             )
         return Path(self.log_dir.removeprefix("file://"))

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from exactly import options as opt
 from exactly.errors import ConfigError
 from exactly.procs import local_job_pids
 
@@ -92,8 +93,8 @@ for _point, _text in (
     register_point(_point.value, on_driver=_point.on_driver, description=_text)
 
 DRIVER_POINTS = tuple(p for p in FaultPoint if p.on_driver)
-FAULT_OPTION = "exactly.fault"
-MARKER_OPTION = "exactly.faultMarker"
+FAULT_OPTION = opt.FAULT
+MARKER_OPTION = opt.FAULT_MARKER
 FAULT_ENV = "EXACTLY_FAULT"
 MARKER_ENV = "EXACTLY_FAULT_MARKER"
 

@@ -38,6 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from exactly import options as opt
 from exactly.config import Mode
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import ConfigError
@@ -59,10 +60,11 @@ class FilesDataSource(DataSource):
         return "exactly.files"
 
     def schema(self) -> StructType | str:
-        if self.options.get("format", "parquet").lower() == "parquet" and self.options.get("path"):
+        if (self.options.get(opt.FORMAT, opt.DEFAULT_FORMAT).lower() == "parquet"
+                and self.options.get(opt.PATH)):
             from exactly.connectors.files.source import infer_parquet_schema
 
-            return infer_parquet_schema(self.options["path"])
+            return infer_parquet_schema(self.options[opt.PATH])
         raise ConfigError("exactly.files source: give the schema of the rows with "
                           "spark.readStream.format('exactly.files').schema('id long, ...')")
 
@@ -73,8 +75,8 @@ class FilesDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         options = self.options
-        sink = FileSink(options.get("path", ""), options.get("format", "parquet"),
-                        options.get("compression", "snappy"))
+        sink = FileSink(options.get(opt.PATH, ""), options.get(opt.FORMAT, opt.DEFAULT_FORMAT),
+                        options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
         return TwoPhaseStreamWriter(sink, SinkSettings.from_options(options),
                                     fault_from(options))
 
@@ -100,8 +102,8 @@ class DatagenDataSource(DataSource):
 
 def resolve_dsn(options: dict[str, str], *, required: bool = True, what: str = "sink") -> str:
     """The connection string from ``dsn`` / ``dsnEnv`` (+ ``password``)."""
-    dsn = options.get("dsn")
-    env = options.get("dsnEnv")
+    dsn = options.get(opt.DSN)
+    env = options.get(opt.DSN_ENV)
     if not dsn and env:
         dsn = os.environ.get(env)
         if not dsn:
@@ -112,7 +114,7 @@ def resolve_dsn(options: dict[str, str], *, required: bool = True, what: str = "
             raise ConfigError(f"{what}: set option dsn (or dsnEnv, the name of an environment "
                               "variable holding the connection string)")
         return ""
-    password = options.get("password")
+    password = options.get(opt.PASSWORD)
     if password and not dsn.startswith("sqlite:"):
         from psycopg.conninfo import make_conninfo
 
@@ -121,7 +123,7 @@ def resolve_dsn(options: dict[str, str], *, required: bool = True, what: str = "
 
 
 def _key_columns(options: dict[str, str]) -> tuple[str, ...]:
-    return tuple(k.strip() for k in options.get("keyColumns", "").split(",") if k.strip())
+    return tuple(k.strip() for k in options.get(opt.KEY_COLUMNS, "").split(",") if k.strip())
 
 
 class PostgresDataSource(DataSource):
@@ -145,24 +147,23 @@ class PostgresDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
         from exactly.connectors.postgres.two_phase import (
-            DEFAULT_EPOCH_COLUMN,
-            DEFAULT_EPOCHS_TABLE,
             PostgresTwoPhaseSink,
         )
 
         options = self.options
         settings = SinkSettings.from_options(options)
         sink = PostgresTwoPhaseSink(
-            resolve_dsn(options, what="exactly.postgres sink"), options.get("table", ""),
+            resolve_dsn(options, what="exactly.postgres sink"), options.get(opt.TABLE, ""),
             settings.require_log_dir("exactly.postgres"),
-            write_mode=options.get("writeMode", "append"), key_columns=_key_columns(options),
-            marker_table=options.get("markerTable", "exactly_2pc_markers"),
-            retry_seconds=float(options.get("retrySeconds", 60)),
-            lock_timeout_ms=int(options.get("lockTimeoutMs", 60_000)),
-            epoch_column=options.get("epochColumn", DEFAULT_EPOCH_COLUMN),
-            epochs_table=options.get("epochsTable", DEFAULT_EPOCHS_TABLE),
-            view_name=options.get("viewName") or None)
-        partitions = int(options["partitions"]) if options.get("partitions") else None
+            write_mode=options.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE),
+            key_columns=_key_columns(options),
+            marker_table=options.get(opt.MARKER_TABLE, opt.DEFAULT_2PC_MARKER_TABLE),
+            retry_seconds=float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)),
+            lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)),
+            epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
+            epochs_table=options.get(opt.EPOCHS_TABLE, opt.DEFAULT_EPOCHS_TABLE),
+            view_name=options.get(opt.VIEW_NAME) or None)
+        partitions = int(options[opt.PARTITIONS]) if options.get(opt.PARTITIONS) else None
         return TwoPhaseStreamWriter(sink, settings, fault_from(options), schema, partitions)
 
 
@@ -191,15 +192,15 @@ class UpsertDataSource(DataSource):
         return "exactly.upsert"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.connectors.postgres.upsert import DEFAULT_EPOCH_COLUMN, IdempotentUpsertSink
+        from exactly.connectors.postgres.upsert import IdempotentUpsertSink
 
         options = self.options
         settings = SinkSettings.from_options(options)
         sink = IdempotentUpsertSink(
-            resolve_dsn(options, what="exactly.upsert sink"), options.get("table", ""),
+            resolve_dsn(options, what="exactly.upsert sink"), options.get(opt.TABLE, ""),
             _key_columns(options), settings.require_log_dir("exactly.upsert"),
-            epoch_column=options.get("epochColumn", DEFAULT_EPOCH_COLUMN),
-            lock_timeout_ms=int(options.get("lockTimeoutMs", 60_000)))
+            epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
+            lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)))
         return TwoPhaseStreamWriter(sink, settings, fault_from(options), schema)
 
 

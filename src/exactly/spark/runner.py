@@ -19,6 +19,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
+from exactly import options as opt
 from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
 from exactly.errors import ConfigError, SourceNotReplayableError
 from exactly.logs import log_event
@@ -143,8 +144,8 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     options = dict(options or {})
     local = local_checkpoint(location)
     if local is not None:
-        options.setdefault("exactly.logDir", str(local / "exactly-sink"))
-    options.setdefault("exactly.checkpointIntervalMs", str(int(checkpoint.interval_seconds * 1000)))
+        options.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
+    options.setdefault(opt.CHECKPOINT_INTERVAL_MS, str(int(checkpoint.interval_seconds * 1000)))
     if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
         log_dir = sink_log_directory(sink_format, path, options)
         if log_dir is not None and log_dir.is_dir():
@@ -152,8 +153,8 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
             Lease(log_dir).refuse_if_held(driver_identity())
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
-              .option("checkpointLocation", location)
-              .option("mode", checkpoint.mode.value)  # type: ignore[union-attr]
+              .option(opt.CHECKPOINT_LOCATION, location)
+              .option(opt.MODE, checkpoint.mode.value)  # type: ignore[union-attr]
               .options(**options))
     if query_name:
         writer = writer.queryName(query_name)
@@ -173,10 +174,10 @@ def sink_log_directory(sink_format: str, path: str | None,
     """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
     option ``exactly.logDir`` for the others; ``None`` for sinks that are not exactly's."""
     if sink_format == "exactly.files":
-        output = path or options.get("path")
+        output = path or options.get(opt.PATH)
         return Path(output.removeprefix("file://")).absolute() / "_exactly" if output else None
-    if sink_format.startswith("exactly.") and options.get("exactly.logDir"):
-        return Path(options["exactly.logDir"].removeprefix("file://"))
+    if sink_format.startswith("exactly.") and options.get(opt.LOG_DIR):
+        return Path(options[opt.LOG_DIR].removeprefix("file://"))
     return None
 
 
@@ -194,7 +195,7 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     local = local_checkpoint(location)
     if local is None or not local.is_dir():
         return
-    defaults = {"exactly.logDir": str(local / "exactly-sink"), **(options or {})}
+    defaults = {opt.LOG_DIR: str(local / opt.LOG_DIR_NAME), **(options or {})}
     log_dir = sink_log_directory(sink_format, path, defaults)
     owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
     sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None

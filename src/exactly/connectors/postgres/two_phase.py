@@ -56,6 +56,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from exactly import options as opt
 from exactly.connectors.sql import (
     TableName,
     clean_error,
@@ -79,9 +80,9 @@ from exactly.protocol.contract import (
 logger = logging.getLogger("exactly.connectors.postgres.two_phase")
 
 GID_TAG = "exactly"
-DEFAULT_MARKER_TABLE = "exactly_2pc_markers"
-DEFAULT_EPOCHS_TABLE = "exactly_2pc_epochs"
-DEFAULT_EPOCH_COLUMN = "exactly_epoch"
+DEFAULT_MARKER_TABLE = opt.DEFAULT_2PC_MARKER_TABLE
+DEFAULT_EPOCHS_TABLE = opt.DEFAULT_EPOCHS_TABLE
+DEFAULT_EPOCH_COLUMN = opt.DEFAULT_EPOCH_COLUMN
 VIEW_SUFFIX = "_committed"
 #: PostgreSQL truncates longer identifiers (NAMEDATALEN - 1 bytes)
 MAX_IDENTIFIER_BYTES = 63
@@ -202,8 +203,10 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
 
     def __init__(self, dsn: str, table: str, log_dir: str | Path, *,
                  write_mode: str = "append", key_columns: Sequence[str] = (),
-                 marker_table: str = DEFAULT_MARKER_TABLE, retry_seconds: float = 60.0,
-                 lock_timeout_ms: int = 60_000, epoch_column: str = DEFAULT_EPOCH_COLUMN,
+                 marker_table: str = DEFAULT_MARKER_TABLE,
+                 retry_seconds: float = opt.DEFAULT_RETRY_SECONDS,
+                 lock_timeout_ms: int = opt.DEFAULT_LOCK_TIMEOUT_MS,
+                 epoch_column: str = DEFAULT_EPOCH_COLUMN,
                  epochs_table: str = DEFAULT_EPOCHS_TABLE, view_name: str | None = None) -> None:
         if not dsn:
             raise ConfigError("postgres sink: set option dsn (a libpq connection string or "
@@ -228,8 +231,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             self.table.with_name(epochs_table)
         self.view = (TableName.parse(view_name) if view_name and "." in view_name else
                      self.table.with_name(view_name or self.table.name + VIEW_SUFFIX))
-        for what, name in (("viewName", self.view), ("epochsTable", self.epochs),
-                           ("markerTable", self.markers)):
+        for what, name in ((opt.VIEW_NAME, self.view), (opt.EPOCHS_TABLE, self.epochs),
+                           (opt.MARKER_TABLE, self.markers)):
             if len(name.name.encode()) > MAX_IDENTIFIER_BYTES:
                 raise ConfigError(
                     f"postgres sink: the {what} {name.name!r} is longer than PostgreSQL's "
