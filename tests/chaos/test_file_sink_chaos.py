@@ -1,8 +1,9 @@
 """Kill -9 at every protocol point, restart, audit: the 2PC file sink is exactly-once.
 
 Each test runs the demo pipeline (`exactly pipeline`) as its own driver process, armed
-with one fault; the process kills itself (driver points: the Python driver and its JVM;
-``in_write``: the executor's Python worker) and is started again without a fault.
+with one fault per attempt; the process kills itself (driver points: the driver's whole
+process tree; ``in_write``: the executor's Python worker) and is started again with the
+next fault, one crash per protocol point.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from exactly.audit import data_files, verify
 from exactly.connectors.files.sink import FileSink
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
-from exactly.protocol.faults import FAULT_ENV, MARKER_ENV, FaultPoint, FaultSpec
+from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import python_command, run_with_crashes
 
 pytestmark = pytest.mark.chaos
@@ -34,14 +35,6 @@ def pipeline(tmp: Path, events: Path, mode: str = "exactly_once") -> list[str]:
     return python_command("pipeline", "--input", str(events), "--output", str(tmp / "out"),
                           "--checkpoint", str(tmp / "ck"), "--mode", mode,
                           "--max-files-per-epoch", str(FILES_PER_EPOCH))
-
-
-def run_once(command: list[str], fault: FaultSpec | None, marker: Path) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, MARKER_ENV)}
-    if fault is not None:
-        env[FAULT_ENV] = fault.render()
-        env[MARKER_ENV] = str(marker)
-    return subprocess.run(command, env=env, capture_output=True, timeout=300).returncode
 
 
 def visible_ids_by_epoch(out: Path) -> dict[str, list[int]]:
@@ -61,36 +54,38 @@ def assert_no_dangling_pre_commits(out: Path) -> None:
     assert not any((sink.staging).glob("*/_publish")), "an epoch was left half-assembled"
 
 
-@pytest.mark.parametrize("point", list(FaultPoint), ids=lambda p: p.value)
-def test_killed_at_a_protocol_point_every_event_is_committed_exactly_once(point, events_dir,
-                                                                         tmp_path):
-    command = pipeline(tmp_path, events_dir)
-    marker = tmp_path / "fired.json"
-    code = run_once(command, FaultSpec(point, min_epoch=1), marker)
+#: every protocol point once, in protocol order, spread over the 4 epochs
+EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_INTENT, 0),
+               FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 1),
+               FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
 
-    fired = json.loads(marker.read_text())
-    assert (fired["point"], fired["epoch"]) == (point.value, 1)
-    assert code != 0
-    # after the crash, readers see whole epochs only, and epoch 1 only once it was published
-    visible = visible_ids_by_epoch(tmp_path / "out")
-    assert all(len(ids) == 1000 for ids in visible.values())
-    expect_epoch_1 = point in (FaultPoint.AFTER_COMMITS, FaultPoint.AFTER_COMPLETE)
-    assert ("epoch-000000000001" in visible) == expect_epoch_1
 
-    assert run_once(command, None, marker) == 0
-    report = verify(events_dir, tmp_path / "out")
+def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
+        events_dir, tmp_path):
+    """One run, restarted after each kill -9: one crash per protocol point. After every
+    crash readers see whole epochs only, and the crashed epoch is visible only when the
+    kill came after its publication; at the end every event is there exactly once."""
+    out = tmp_path / "out"
+    after_crash: list[tuple[str, int, dict[str, int]]] = []
+
+    def on_end(attempt) -> None:
+        if attempt.crashed:
+            visible = {epoch: len(ids) for epoch, ids in visible_ids_by_epoch(out).items()}
+            after_crash.append((attempt.fired["point"], attempt.fired["epoch"], visible))
+
+    attempts = run_with_crashes(pipeline(tmp_path, events_dir), EVERY_POINT, on_end=on_end)
+
+    assert [a.returncode != 0 for a in attempts] == [True] * len(EVERY_POINT) + [False]
+    assert [(point, epoch) for point, epoch, _ in after_crash] == \
+        [(s.point, s.min_epoch) for s in EVERY_POINT]
+    for point, epoch, visible in after_crash:
+        assert all(rows == 1000 for rows in visible.values()), (point, visible)
+        published = point in (FaultPoint.AFTER_COMMITS, FaultPoint.AFTER_COMPLETE)
+        assert (f"epoch-{epoch:012d}" in visible) == published, (point, visible)
+    report = verify(events_dir, out)
     assert report.ok, report.rows()
     assert report.found_rows == 4000
-    assert_no_dangling_pre_commits(tmp_path / "out")
-
-
-def test_several_crashes_in_one_run_still_audit_clean(events_dir, tmp_path):
-    schedule = [FaultSpec(FaultPoint.BETWEEN_COMMITS, 0), FaultSpec(FaultPoint.IN_WRITE, 1),
-                FaultSpec(FaultPoint.AFTER_INTENT, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
-    attempts = run_with_crashes(pipeline(tmp_path, events_dir), schedule)
-    assert [a.fired["point"] for a in attempts if a.crashed] == [s.point for s in schedule]
-    assert verify(events_dir, tmp_path / "out").ok
-    assert_no_dangling_pre_commits(tmp_path / "out")
+    assert_no_dangling_pre_commits(out)
 
 
 def test_at_least_once_mode_duplicates_after_the_same_crash(events_dir, tmp_path):

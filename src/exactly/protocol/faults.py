@@ -189,7 +189,36 @@ def raise_simulated_crash(point: str, epoch: int, on_driver: bool) -> None:
     raise SimulatedCrash(point, epoch)
 
 
-_action: FaultAction = kill_process
+def pause_while(path: str, limit_s: float = 300.0) -> FaultAction:
+    """An action that stalls at the point while the file ``path`` exists (at most
+    ``limit_s``), then goes on: a hung driver, e.g. while a test restarts a server in the
+    middle of a commit. It writes ``<path>.waiting`` (holding its pid) when it starts."""
+
+    def pause(point: str, epoch: int, on_driver: bool) -> None:
+        with open(path + ".waiting", "w") as f:
+            f.write(str(os.getpid()))
+        deadline = time.monotonic() + limit_s
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    return pause
+
+
+#: chooses the action in a process started by a harness: ``kill`` (default) or
+#: ``pause:<file>`` (see :func:`pause_while`)
+ACTION_ENV = "EXACTLY_FAULT_ACTION"
+_action: FaultAction | None = None
+
+
+def _configured_action() -> FaultAction:
+    if _action is not None:
+        return _action
+    text = os.environ.get(ACTION_ENV, "kill")
+    if text.startswith("pause:"):
+        return pause_while(text[len("pause:"):])
+    if text != "kill":
+        raise ConfigError(f"{ACTION_ENV}={text!r}: use 'kill' or 'pause:<file>'")
+    return kill_process
 
 
 @contextlib.contextmanager
@@ -217,7 +246,7 @@ def maybe_crash(spec: FaultSpec | None, point: str | Enum, epoch: int,
         return
     if before is not None:
         before()
-    _action(name, epoch, is_driver_point(name))
+    _configured_action()(name, epoch, is_driver_point(name))
 
 
 def _claim_marker(path: str, point: str, epoch: int) -> bool:
