@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from exactly import options as opt
 from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 
 
@@ -114,9 +115,9 @@ def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: 
     if kind in ("exactly_once", "at_least_once"):
         query = start_query(df, sink_format="exactly.kafka", available_now=True,
                             checkpoint=CheckpointConfig(mode=kind, storage=str(checkpoint)),
-                            options={"kafka.bootstrap.servers": bootstrap, "topic": out,
-                                     "transactionalIdPrefix": f"bench-{out}",
-                                     "exactly.checkpointIntervalMs": "1000"}).query
+                            options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
+                                     opt.TRANSACTIONAL_ID_PREFIX: f"bench-{out}",
+                                     opt.CHECKPOINT_INTERVAL_MS: "1000"}).query
     else:
         writer = df.writeStream.option("checkpointLocation", str(checkpoint))
         if kind == "spark_kafka":
@@ -162,9 +163,9 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
         query = start_query(df, sink_format="exactly.kafka",
                             checkpoint=CheckpointConfig(interval=f"{interval_ms}ms",
                                                         storage=str(workdir / f"ck-{out}")),
-                            options={"kafka.bootstrap.servers": bootstrap, "topic": out,
-                                     "transactionalIdPrefix": f"lat-{name}",
-                                     "exactly.checkpointIntervalMs": str(interval_ms)}).query
+                            options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
+                                     opt.TRANSACTIONAL_ID_PREFIX: f"lat-{name}",
+                                     opt.CHECKPOINT_INTERVAL_MS: str(interval_ms)}).query
     else:
         query = (df.writeStream.format("kafka")
                  .option("kafka.bootstrap.servers", bootstrap).option("topic", out)

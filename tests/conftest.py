@@ -10,6 +10,10 @@ import pytest
 
 from exactly.demos.files import write_events
 
+#: the throw-away PostgreSQL server and Kafka broker (``pg``, ``conn``, ``table_name``,
+#: ``broker``, ``topic``...): shared by tests/postgres, tests/kafka and tests/contract
+pytest_plugins = ["exactly.testing.pytest_plugin"]
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -29,11 +33,34 @@ def events_dir(tmp_path: Path) -> Path:
     return directory
 
 
+#: lane markers by folder (tests/<folder>/...): ``fast`` needs neither Spark nor a server
+FOLDER_LANES = {
+    "unit": ("fast",),
+    "contract": ("fast",),  # its PostgreSQL and Kafka cases also carry ``server``
+    "spark": ("spark",),
+    "postgres": ("server",),
+    "kafka": ("server",),
+    "chaos": ("chaos",),
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    """Mark every test with its lane by folder; a contract case that needs a server leaves
+    the fast lane. Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            folder = Path(str(item.fspath)).relative_to(root).parts[0]
+        except ValueError:
+            continue
+        for lane in FOLDER_LANES.get(folder, ()):
+            if lane == "fast" and "server" in item.keywords:
+                continue
+            item.add_marker(getattr(pytest.mark, lane))
     if os.environ.get("EXACTLY_SLOW") == "1":
         return
-    skip = pytest.mark.skip(reason="soak run: set EXACTLY_SLOW=1 to include it")
+    skip = pytest.mark.skip(reason="soak run: set EXACTLY_SLOW=1 (./scripts/test --slow) to "
+                                   "include it")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)

@@ -1,13 +1,19 @@
 """Exactly-once verification: compare the ids of a source with the ids a sink made visible.
 
 A run is exactly-once when every input id appears exactly once in the output: no id
-missing, no id duplicated, no id the input never had. Files and directories whose names
-start with ``_`` or ``.`` (staging, commit logs) are not output, as for any reader.
+missing, no id duplicated, no id the input never had. :func:`audit_ids` is that comparison,
+for ids from anywhere; the readers below give it the ids of a sink:
+
+* files (:func:`verify`, :func:`file_ids`): files and directories whose names start with
+  ``_`` or ``.`` (staging, commit logs) are not output, as for any reader;
+* database tables (:func:`pg_table_ids`, :func:`sqlite_table_ids`);
+* consumed records with JSON values, e.g. a Kafka topic (:func:`json_ids`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +29,7 @@ DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 @dataclass
 class AuditReport:
-    """What ``verify`` found. ``ok`` is True only for a perfect one-to-one match."""
+    """What :func:`audit_ids` found. ``ok`` is True only for a perfect one-to-one match."""
 
     expected: int
     found_rows: int
@@ -104,7 +110,31 @@ def read_ids(path: Path, column: str) -> tuple[np.ndarray, int]:
         return np.array(ids, dtype=np.int64), bad
 
 
-def _collect(root: Path, column: str) -> tuple[np.ndarray, int]:
+def audit_ids(found: np.ndarray, expected: np.ndarray, *,
+              malformed_input_rows: int = 0) -> AuditReport:
+    """Compare the ids ``found`` in a sink (duplicates kept) with the ``expected`` input ids.
+
+    ``malformed_input_rows``: input rows without a readable id, reported as they are.
+    """
+    found = np.asarray(found, dtype=np.int64)
+    expected = np.asarray(expected, dtype=np.int64)
+    expected_ids = np.unique(expected)
+    found_ids, counts = np.unique(found, return_counts=True)
+    return AuditReport(
+        expected=len(expected_ids),
+        found_rows=len(found),
+        missing=np.setdiff1d(expected_ids, found_ids, assume_unique=True),
+        duplicated=found_ids[counts > 1],
+        unexpected=np.setdiff1d(found_ids, expected_ids, assume_unique=True),
+        duplicate_extra_rows=int((counts[counts > 1] - 1).sum()),
+        malformed_input_rows=malformed_input_rows,
+        input_duplicates=len(expected) - len(expected_ids),
+    )
+
+
+def file_ids(root: Path, column: str = "id") -> tuple[np.ndarray, int]:
+    """The ``column`` values of every data file below ``root`` (duplicates kept), and how
+    many rows had no readable id."""
     parts, bad = [], 0
     for path in data_files(root):
         ids, unreadable = read_ids(path, column)
@@ -115,18 +145,37 @@ def _collect(root: Path, column: str) -> tuple[np.ndarray, int]:
 
 def verify(input_path: str | Path, output_path: str | Path, id_column: str = "id") -> AuditReport:
     """Compare ids in ``input_path`` (files or a directory) with ids in ``output_path``."""
-    source, malformed = _collect(Path(input_path), id_column)
-    sink, _ = _collect(Path(output_path), id_column)
-    expected_ids = np.unique(source)
-    found_ids, counts = np.unique(sink, return_counts=True)
-    duplicated = found_ids[counts > 1]
-    return AuditReport(
-        expected=len(expected_ids),
-        found_rows=len(sink),
-        missing=np.setdiff1d(expected_ids, found_ids, assume_unique=True),
-        duplicated=duplicated,
-        unexpected=np.setdiff1d(found_ids, expected_ids, assume_unique=True),
-        duplicate_extra_rows=int((counts[counts > 1] - 1).sum()),
-        malformed_input_rows=malformed,
-        input_duplicates=len(source) - len(expected_ids),
-    )
+    source, malformed = file_ids(Path(input_path), id_column)
+    sink, _ = file_ids(Path(output_path), id_column)
+    return audit_ids(sink, source, malformed_input_rows=malformed)
+
+
+def pg_table_ids(conn, table: str, column: str = "id") -> np.ndarray:
+    """Every value of ``column`` in a PostgreSQL table (duplicates kept); ``conn`` is a
+    psycopg connection, ``table`` a name as :class:`exactly.connectors.sql.TableName` parses."""
+    from psycopg import sql
+
+    from exactly.connectors.sql import TableName
+
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT {} FROM {}").format(sql.Identifier(column),
+                                                         TableName.parse(table).sql()))
+        return np.array([r[0] for r in cur.fetchall()], dtype=np.int64)
+
+
+def sqlite_table_ids(path: str | Path, table: str, column: str = "id") -> np.ndarray:
+    """Every value of ``column`` in a table of the SQLite database file ``path``."""
+    import sqlite3
+    from contextlib import closing
+
+    from exactly.connectors.sql import quote_sqlite
+
+    with closing(sqlite3.connect(str(path))) as conn:
+        rows = conn.execute(f"SELECT {quote_sqlite(column)} FROM {quote_sqlite(table)}")
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+
+def json_ids(values: Iterable[str | bytes | None], column: str = "id") -> np.ndarray:
+    """The ``column`` of JSON-object values, such as the record values a Kafka consumer
+    read (duplicates kept); ``None`` values (tombstones) are skipped."""
+    return np.array([json.loads(v)[column] for v in values if v is not None], dtype=np.int64)

@@ -98,7 +98,8 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
     """
     from importlib import import_module
 
-    from exactly.demos.files import print_result, run_demo
+    from exactly.demos.console import print_result
+    from exactly.demos.files import run_demo
 
     console = Console()
     if sink == "files":

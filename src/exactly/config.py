@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 from exactly.errors import ConfigError, NotSupportedYetError
 
@@ -70,16 +71,19 @@ def parse_duration(value: str | float | int, *, name: str) -> float:
     return seconds
 
 
-def parse_enum(enum_type: type[Enum], value: object, name: str) -> Enum:
+E = TypeVar("E", bound=Enum)
+
+
+def parse_enum(enum_type: type[E], value: object, name: str) -> E:
     """``value`` as a member of ``enum_type``; a ConfigError lists the allowed values."""
     try:
         return enum_type(value.value if isinstance(value, Enum) else str(value).lower())
     except ValueError:
-        allowed = " | ".join(m.value for m in enum_type)  # type: ignore[attr-defined]
+        allowed = " | ".join(str(m.value) for m in enum_type)
         raise ConfigError(f"{name}: {value!r} is not one of {allowed}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CheckpointConfig:
     """How often and how a query checkpoints, in the seeds' (Flink's) names.
 
@@ -122,28 +126,52 @@ class CheckpointConfig:
         When an option that is not implemented yet is set to a non-default value.
     """
 
-    interval: str | float = "1s"
-    mode: Mode | str = Mode.EXACTLY_ONCE
-    storage: str = "memory"
-    timeout: str | float | None = None
-    min_pause_between_checkpoints: str | float = 0
-    max_concurrent_checkpoints: int = 1
-    externalized_cleanup: ExternalizedCleanup | str = ExternalizedCleanup.RETAIN_ON_CANCELLATION
-    tolerable_failed_checkpoints: int = 0
-    unaligned: bool = False
-    aligned_checkpoint_timeout: str | float | None = None
-    state_backend: StateBackend | str = StateBackend.HASHMAP
-    incremental: bool = False
-    checkpoints_after_tasks_finish: bool = True
+    interval: str | float
+    mode: Mode
+    storage: str
+    timeout: str | float | None
+    min_pause_between_checkpoints: str | float
+    max_concurrent_checkpoints: int
+    externalized_cleanup: ExternalizedCleanup
+    tolerable_failed_checkpoints: int
+    unaligned: bool
+    aligned_checkpoint_timeout: str | float | None
+    state_backend: StateBackend
+    incremental: bool
+    checkpoints_after_tasks_finish: bool
     interval_seconds: float = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(self, interval: str | float = "1s",
+                 mode: Mode | str = Mode.EXACTLY_ONCE,
+                 storage: str = "memory",
+                 timeout: str | float | None = None,
+                 min_pause_between_checkpoints: str | float = 0,
+                 max_concurrent_checkpoints: int = 1,
+                 externalized_cleanup: ExternalizedCleanup | str = (
+                     ExternalizedCleanup.RETAIN_ON_CANCELLATION),
+                 tolerable_failed_checkpoints: int = 0,
+                 unaligned: bool = False,
+                 aligned_checkpoint_timeout: str | float | None = None,
+                 state_backend: StateBackend | str = StateBackend.HASHMAP,
+                 incremental: bool = False,
+                 checkpoints_after_tasks_finish: bool = True) -> None:
+        # strings are accepted on the way in; the attributes are always the enum members
         set_ = object.__setattr__
-        set_(self, "mode", parse_enum(Mode, self.mode, "mode"))
-        set_(self, "state_backend", parse_enum(StateBackend, self.state_backend, "state_backend"))
+        set_(self, "interval", interval)
+        set_(self, "mode", parse_enum(Mode, mode, "mode"))
+        set_(self, "storage", storage)
+        set_(self, "timeout", timeout)
+        set_(self, "min_pause_between_checkpoints", min_pause_between_checkpoints)
+        set_(self, "max_concurrent_checkpoints", max_concurrent_checkpoints)
         set_(self, "externalized_cleanup",
-             parse_enum(ExternalizedCleanup, self.externalized_cleanup, "externalized_cleanup"))
-        set_(self, "interval_seconds", parse_duration(self.interval, name="interval"))
+             parse_enum(ExternalizedCleanup, externalized_cleanup, "externalized_cleanup"))
+        set_(self, "tolerable_failed_checkpoints", tolerable_failed_checkpoints)
+        set_(self, "unaligned", unaligned)
+        set_(self, "aligned_checkpoint_timeout", aligned_checkpoint_timeout)
+        set_(self, "state_backend", parse_enum(StateBackend, state_backend, "state_backend"))
+        set_(self, "incremental", incremental)
+        set_(self, "checkpoints_after_tasks_finish", checkpoints_after_tasks_finish)
+        set_(self, "interval_seconds", parse_duration(interval, name="interval"))
         if self.interval_seconds <= 0:
             raise ConfigError("interval: must be greater than 0, e.g. '1s'")
         if not isinstance(self.storage, str) or not self.storage.strip():
@@ -207,7 +235,7 @@ class CheckpointConfig:
 
     @property
     def state_store_provider(self) -> str:
-        return STATE_STORE_PROVIDERS[self.state_backend]  # type: ignore[index]
+        return STATE_STORE_PROVIDERS[self.state_backend]
 
     def spark_conf(self) -> dict[str, str]:
         """SQL settings that the query needs (state backend, changelog checkpointing)."""

@@ -24,8 +24,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import psutil
 
@@ -47,8 +48,8 @@ class ProcessId:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> ProcessId:
-        return cls(str(data["host"]), int(data["pid"]), int(data["start_ticks"]))  # type: ignore[arg-type]
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessId:
+        return cls(str(data["host"]), int(data["pid"]), int(data["start_ticks"]))
 
     def is_alive(self) -> bool | None:
         """True/False on this host; ``None`` when the process lives on another host."""

@@ -38,10 +38,9 @@ import pyarrow.parquet as pq
 import pytest
 from multi_input_job import DSN_ENV, ORDER_SCHEMA, PAYMENTS_DDL, TRANSFORMS
 
-from exactly.audit import data_files
+from exactly.audit import audit_ids, data_files
 from exactly.connectors.datagen import generate
 from exactly.connectors.files.sink import FileSink
-from exactly.db_audit import audit_ids
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, run_with_crashes

@@ -294,8 +294,8 @@ class TablePoller:
 
 
 def run_postgres_job(pg, tmp: Path, summary: Summary, delays: list[float]) -> None:
+    from exactly.audit import audit_ids, pg_table_ids
     from exactly.connectors.postgres.two_phase import prepared_count
-    from exactly.db_audit import audit_ids, pg_table_ids
     from exactly.demos.postgres_job import DSN_ENV, command
     from exactly.protocol.commitlog import CommitLog
 

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from exactly.connectors.kafka.sink import IN_TRANSACTION
+from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.demos.kafka import ChaosRun, chaos_schedule, run_chaos
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint
 
@@ -27,9 +27,8 @@ EVENTS = 6000 if SLOW else 1200
 EPOCHS = 20 if SLOW else 10
 #: the broker is killed and restarted once the last (fault-free) attempt reports this epoch
 BROKER_RESTART_EPOCH = 8
-SCHEDULE, IN_TXN_EPOCH = chaos_schedule(EPOCHS, None, None)
-EXPECTED_POINTS = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value,
-                                                      f"kafka_{IN_TRANSACTION}"}
+SCHEDULE = chaos_schedule(EPOCHS, None, None)
+EXPECTED_POINTS = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
 
 
 def _run(broker, workdir, sink: str) -> ChaosRun:
@@ -38,8 +37,8 @@ def _run(broker, workdir, sink: str) -> ChaosRun:
         broker.start()
 
     return run_chaos(broker.bootstrap, workdir, events=EVENTS, epochs=EPOCHS, sink=sink,
-                     schedule=SCHEDULE, in_transaction_epoch=IN_TXN_EPOCH,
-                     restart_broker=restart, restart_broker_after_epoch=BROKER_RESTART_EPOCH)
+                     schedule=SCHEDULE, restart_broker=restart,
+                     restart_broker_after_epoch=BROKER_RESTART_EPOCH)
 
 
 @pytest.fixture(scope="module")

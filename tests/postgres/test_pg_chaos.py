@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exactly.audit import audit_ids, pg_table_ids, sqlite_table_ids
 from exactly.connectors.datagen import generate
-from exactly.connectors.postgres.two_phase import HOLD_ENV, prepared_count
-from exactly.db_audit import audit_ids, pg_table_ids, sqlite_table_ids
+from exactly.connectors.postgres.two_phase import prepared_count
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.protocol.commitlog import CommitLog
-from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.protocol.faults import ACTION_ENV, DRIVER_POINTS, FAULT_ENV, FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
 
 pytestmark = pytest.mark.chaos
@@ -179,12 +179,14 @@ def test_running_aggregates_in_update_mode_equal_a_crash_free_batch_run(pg, conn
 
 
 def test_2pc_commit_survives_postgres_crash_restart_in_the_middle(pg, conn, tmp_path):
-    """The driver holds before COMMIT PREPARED of epoch 0 (intent written); the server is
-    stopped with ``pg_ctl stop -m immediate`` and started again; the commit goes on."""
+    """The driver stalls after the intent of epoch 0, before its first COMMIT PREPARED (fault
+    point after_intent with the pause action); the server is stopped with ``pg_ctl stop -m
+    immediate`` and started again; the commit goes on."""
     table = f"ev_{uuid.uuid4().hex[:8]}"
     hold = tmp_path / "hold"
     hold.write_text("hold")
-    env = {**os.environ, DSN_ENV: pg.dsn, HOLD_ENV: str(hold)}
+    env = {**os.environ, DSN_ENV: pg.dsn, FAULT_ENV: "after_intent@0",
+           ACTION_ENV: f"pause:{hold}"}
     import subprocess
 
     proc = subprocess.Popen(command("--sink", "2pc", "--table", table, "--checkpoint",

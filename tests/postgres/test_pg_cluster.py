@@ -17,8 +17,8 @@ import numpy as np
 import pyspark
 import pytest
 
+from exactly.audit import audit_ids, pg_table_ids
 from exactly.connectors.postgres.two_phase import prepared_count
-from exactly.db_audit import audit_ids, pg_table_ids
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.procs import _stat
 from exactly.testing.pgcluster import free_port

@@ -1,13 +1,16 @@
-"""The commit protocol on the real PostgreSQL sinks, driven step by step without Spark."""
+"""The PostgreSQL sinks' own promises, beyond the commit protocol.
+
+The protocol's scenarios (visibility, replays, a crash at every point, orphans, Spark's
+abort, data loss, fencing, at-least-once) run over the 2PC, write-ahead and upsert sinks in
+tests/contract. Here: server crashes and dropped connections, the prepared-transaction
+capacity check, quoting, types, table checks, secrets, and the upsert sink's epoch guard.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
-import socket
-import sqlite3
 import threading
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,31 +23,22 @@ from exactly.connectors.postgres.two_phase import (
 )
 from exactly.connectors.postgres.upsert import IdempotentUpsertSink
 from exactly.connectors.sql import DatabaseError, pg_connect, redact_dsn
-from exactly.connectors.wal import PostgresWalTarget, SqliteWalTarget, WriteAheadSink
-from exactly.errors import ConfigError, DataLossError
-from exactly.procs import ProcessId
-from exactly.protocol.committer import Committer
-from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.errors import ConfigError
+from exactly.testing.harness import ProtocolHarness
 from exactly.testing.pgcluster import TempPostgres, wait_until_accepting
 
-QUERY = str(uuid.uuid4())
-DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
 
 
-def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
-              attempt_base: int = 0) -> list[Handle]:
-    """Step 1 as Spark's executors do it: one pre-committed handle per partition."""
-    handles = []
-    for p in range(parts):
-        task = TaskInfo(QUERY, run_id, epoch, p, attempt_base + p)
-        txn = sink.begin_transaction(task)
+def parts(epoch: int, count: int = 2, rows: int = 5) -> list[pa.RecordBatch]:
+    """The input of ``epoch``: ``count`` partitions of ``rows`` ids from ``epoch * 1000``."""
+    batches = []
+    for p in range(count):
         start = epoch * 1000 + p * rows
         ids = list(range(start, start + rows))
-        sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
-                                        schema=SCHEMA))
-        handles.append(Handle(task, sink.pre_commit(txn)))
-    return handles
+        batches.append(pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
+                                       schema=SCHEMA))
+    return batches
 
 
 def ids_in(conn, table: str) -> list[int]:
@@ -61,65 +55,16 @@ def two_pc(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
     return sink
 
 
-def test_2pc_nothing_visible_before_commit_everything_after(two_pc, conn, table_name):
-    handles = run_tasks(two_pc, str(uuid.uuid4()), 0)
-    assert ids_in(conn, table_name) == []
-    assert prepared_count(conn, QUERY) == 2
-    Committer(two_pc, SinkSettings()).commit_epoch(0, handles)
-    assert ids_in(conn, table_name) == list(range(10))
-    assert prepared_count(conn, QUERY) == 0
-
-
-def test_2pc_a_committed_gid_is_recognised_by_its_marker(two_pc, conn):
-    handles = run_tasks(two_pc, str(uuid.uuid4()), 0, parts=1)
-    assert two_pc.commit_handle(handles[0]).value == "committed"
-    assert two_pc.commit_handle(handles[0]).value == "already_committed"
-
-
-def test_2pc_killed_after_the_intent_the_epoch_still_commits_exactly_once(two_pc, conn,
-                                                                          table_name):
-    run = str(uuid.uuid4())
-    handles = run_tasks(two_pc, run, 0)
-    c = Committer(two_pc, SinkSettings())
-    c.lease.acquire(run, DEAD_DRIVER)
-    c.log.write_intent(0, run, handles)
-    two_pc.commit_handle(handles[0])  # crash after the first COMMIT PREPARED
-    replay = run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=10)
-    Committer(two_pc, SinkSettings()).commit_epoch(0, replay)
-    assert ids_in(conn, table_name) == list(range(10))
-    assert c.log.completion(0)["already_committed"] == 1
-    assert prepared_count(conn, QUERY) == 0
-
-
-def test_2pc_orphans_of_a_crash_before_the_intent_are_rolled_back(two_pc, conn, table_name):
-    run_tasks(two_pc, str(uuid.uuid4()), 0)  # prepared, then the driver died
-    Committer(two_pc, SinkSettings()).commit_epoch(
-        0, run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=10))
-    assert ids_in(conn, table_name) == list(range(10))
-    assert prepared_count(conn, QUERY) == 0
-
-
-def test_2pc_a_vanished_prepared_transaction_is_data_loss(two_pc, conn):
-    run = str(uuid.uuid4())
-    handles = run_tasks(two_pc, run, 0)
-    c = Committer(two_pc, SinkSettings())
-    c.lease.acquire(run, DEAD_DRIVER)
-    c.log.write_intent(0, run, handles)
-    two_pc.abort(handles[1])  # someone ran ROLLBACK PREPARED behind our back
-    with pytest.raises(DataLossError, match="partition 1"):
-        Committer(two_pc, SinkSettings()).commit_epoch(
-            0, run_tasks(two_pc, str(uuid.uuid4()), 0, attempt_base=7))
-
-
 def test_2pc_prepared_transactions_survive_a_server_crash(tmp_path, table_name):
     """pg_ctl stop -m immediate between PREPARE and COMMIT PREPARED: nothing is lost."""
     with TempPostgres(max_prepared_transactions=4) as server:
         sink = PostgresTwoPhaseSink(server.dsn, table_name, tmp_path / "log")
         sink.prepare_target(SCHEMA, partitions=2)
-        handles = run_tasks(sink, str(uuid.uuid4()), 0)
+        h = ProtocolHarness(sink)
+        handles = h.tasks(0, parts(0))
         server.restart_after_crash()
         wait_until_accepting(server)
-        Committer(sink, SinkSettings()).commit_epoch(0, handles)
+        h.commit(0, handles)
         with server.connect() as c:
             assert ids_in(c, table_name) == list(range(10))
             assert prepared_count(c) == 0
@@ -129,7 +74,8 @@ def test_2pc_commit_survives_a_terminated_connection(two_pc, pg, conn, table_nam
     """pg_terminate_backend on the committing connection: the retry finds the work done."""
     import exactly.connectors.postgres.two_phase as mod
 
-    handles = run_tasks(two_pc, str(uuid.uuid4()), 0)
+    h = ProtocolHarness(two_pc)
+    handles = h.tasks(0, parts(0))
     real = mod.pg_connect
     calls = {"n": 0}
 
@@ -142,9 +88,9 @@ def test_2pc_commit_survives_a_terminated_connection(two_pc, pg, conn, table_nam
         return c
 
     monkeypatch.setattr(mod, "pg_connect", connect_then_terminate)
-    Committer(two_pc, SinkSettings()).commit_epoch(0, handles)
+    h.commit(0, handles)
     assert ids_in(conn, table_name) == list(range(10))
-    assert prepared_count(conn, QUERY) == 0
+    assert prepared_count(conn, h.query_id) == 0
 
 
 def test_2pc_max_prepared_transactions_is_checked_with_the_setting_named():
@@ -169,13 +115,9 @@ def test_hostile_table_and_column_names_are_quoted(pg, conn, tmp_path):
     quoted = HOSTILE_TABLE.replace('"', '""')
     sink = PostgresTwoPhaseSink(pg.dsn, f'"odd.schema"."{quoted}"', tmp_path / "log")
     sink.prepare_target(schema, partitions=1)
-    task = TaskInfo(QUERY, str(uuid.uuid4()), 0, 0, 0)
-    txn = sink.begin_transaction(task)
-    sink.write(txn, pa.record_batch([pa.array([1, 2]), pa.array(["a", ""]),
-                                     pa.array([None, "x"]), pa.array(["'", '"'])],
-                                    schema=schema))
-    handle = Handle(TaskInfo(QUERY, task.run_id, 0, 0, 0), sink.pre_commit(txn))
-    Committer(sink, SinkSettings()).commit_epoch(0, [handle])
+    ProtocolHarness(sink).run_epoch(0, [pa.record_batch(
+        [pa.array([1, 2]), pa.array(["a", ""]), pa.array([None, "x"]), pa.array(["'", '"'])],
+        schema=schema)])
     from psycopg import sql
 
     rows = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1").format(
@@ -198,11 +140,8 @@ def test_types_round_trip_through_copy(pg, conn, tmp_path, table_name):
            "day": dt.date(2026, 1, 2), "bin": b"\x00\xff", "txt": 'a,"b"\nc'}
     sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
     sink.prepare_target(schema, partitions=1)
-    task = TaskInfo(QUERY, str(uuid.uuid4()), 0, 0, 0)
-    txn = sink.begin_transaction(task)
-    sink.write(txn, pa.RecordBatch.from_pylist([row, {"id": 2}], schema=schema))
-    Committer(sink, SinkSettings()).commit_epoch(
-        0, [Handle(TaskInfo(QUERY, task.run_id, 0, 0, 0), sink.pre_commit(txn))])
+    ProtocolHarness(sink).run_epoch(
+        0, [pa.RecordBatch.from_pylist([row, {"id": 2}], schema=schema)])
     from psycopg import sql
 
     got = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(
@@ -234,77 +173,17 @@ def test_passwords_never_appear_in_errors(pg, tmp_path):
     assert "hunter2" not in redact_dsn("postgresql://u:hunter2@h/d")
 
 
-# -- write-ahead sink ------------------------------------------------------------------
-@pytest.fixture(params=["postgres", "sqlite"])
-def wal(request, pg, tmp_path, table_name) -> WriteAheadSink:
-    if request.param == "postgres":
-        target = PostgresWalTarget(pg.dsn, table_name)
-    else:
-        target = SqliteWalTarget(str(tmp_path / "db.sqlite"), table_name)
-    sink = WriteAheadSink(target, tmp_path / "log")
-    sink.prepare_target(SCHEMA)
-    return sink
-
-
-def wal_ids(sink: WriteAheadSink) -> list[int]:
-    if isinstance(sink.target, SqliteWalTarget):
-        with sqlite3.connect(sink.target.path) as c:
-            return [r[0] for r in c.execute(
-                f"SELECT id FROM {sink.target.table.sqlite()} ORDER BY id")]
-    with pg_connect(sink.target.dsn, application="t", autocommit=True) as c:
-        return ids_in(c, sink.target.table.name)
-
-
-def test_wal_epoch_is_loaded_once_with_its_marker(wal):
-    run = str(uuid.uuid4())
-    handles = run_tasks(wal, run, 0)
-    assert wal_ids(wal) == []
-    Committer(wal, SinkSettings()).commit_epoch(0, handles)
-    assert wal_ids(wal) == list(range(10))
-    assert wal.list_pre_commits(QUERY) == []
-
-
-def test_wal_crash_between_load_and_acknowledgement_does_not_duplicate(wal):
-    """The seeds' write-ahead flaw: loaded, then killed before the checkpoint knew it."""
-    run = str(uuid.uuid4())
-    handles = run_tasks(wal, run, 0)
-    c = Committer(wal, SinkSettings())
-    c.lease.acquire(run, DEAD_DRIVER)
-    c.log.write_intent(0, run, handles)
-    wal.target.load(QUERY, 0, wal._tables(handles))  # loaded, staged files still there
-    # ... killed here: no "complete", Spark replays epoch 0
-    Committer(wal, SinkSettings()).commit_epoch(
-        0, run_tasks(wal, str(uuid.uuid4()), 0, attempt_base=10))
-    assert wal_ids(wal) == list(range(10))
-    assert wal.list_pre_commits(QUERY) == []
-    assert not list((wal.log_directory / "wal").glob("*/*"))
-
-
-def test_wal_loaded_and_cleaned_then_killed_is_recognised_by_the_marker(wal):
-    run = str(uuid.uuid4())
-    handles = run_tasks(wal, run, 0)
-    c = Committer(wal, SinkSettings())
-    c.lease.acquire(run, DEAD_DRIVER)
-    c.log.write_intent(0, run, handles)
-    wal.publish_epoch(0, handles)  # loaded and staged files removed, not marked complete
-    Committer(wal, SinkSettings()).commit_epoch(
-        0, run_tasks(wal, str(uuid.uuid4()), 0, attempt_base=10))
-    assert wal_ids(wal) == list(range(10))
-    assert c.log.completion(0)["already_committed"] == 2
-
-
 # -- idempotent sink -------------------------------------------------------------------
 def test_upsert_a_replay_of_an_older_epoch_never_moves_a_value_back(pg, conn, tmp_path,
                                                                     table_name):
     schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
     sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")
     sink.prepare_target(schema)
+    h = ProtocolHarness(sink)
 
-    def write(epoch: int, rows: dict[str, int]) -> None:
-        txn = sink.begin_transaction(TaskInfo(QUERY, "r", epoch, 0, 0))
-        sink.write(txn, pa.record_batch({"key": list(rows), "total": list(rows.values())},
-                                        schema=schema))
-        sink.pre_commit(txn)
+    def write(epoch: int, rows: dict[str, int]) -> None:  # a task: its upserts are visible
+        h.tasks(epoch, [pa.record_batch({"key": list(rows), "total": list(rows.values())},
+                                        schema=schema)])
 
     write(1, {"a": 10, "b": 5})
     write(2, {"a": 12})
@@ -320,6 +199,7 @@ def test_upsert_concurrent_poller_never_sees_a_value_decrease(pg, conn, tmp_path
     schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
     sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")
     sink.prepare_target(schema)
+    h = ProtocolHarness(sink)
     seen: dict[str, int] = {}
     backwards: list[tuple] = []
     stop = threading.Event()
@@ -337,10 +217,8 @@ def test_upsert_concurrent_poller_never_sees_a_value_decrease(pg, conn, tmp_path
     try:
         for epoch in range(30):  # every epoch is written, then replayed from 3 epochs back
             for e in (epoch, max(0, epoch - 3), epoch):
-                txn = sink.begin_transaction(TaskInfo(QUERY, "r", e, 0, 0))
-                sink.write(txn, pa.record_batch({"key": ["a", "b"],
-                                                 "total": [e * 10, e * 20]}, schema=schema))
-                sink.pre_commit(txn)
+                h.tasks(e, [pa.record_batch({"key": ["a", "b"], "total": [e * 10, e * 20]},
+                                            schema=schema)])
     finally:
         stop.set()
         poller.join()

@@ -7,9 +7,7 @@ whose completion record (written after the last ``COMMIT PREPARED``) is committe
 
 from __future__ import annotations
 
-import socket
 import threading
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -23,30 +21,22 @@ from exactly.connectors.postgres.two_phase import (
     prepared_count,
 )
 from exactly.errors import ConfigError
-from exactly.procs import ProcessId
-from exactly.protocol.committer import Committer
-from exactly.protocol.contract import Handle, SinkSettings, TaskInfo
+from exactly.protocol.faults import FaultPoint
+from exactly.testing.harness import ProtocolHarness
 from exactly.testing.pgcluster import TempPostgres
 
-QUERY = str(uuid.uuid4())
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
-#: a driver on this host that no longer runs: its lease can be taken over
-DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
 
 
-def run_tasks(sink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
-              attempt_base: int = 0, query: str = QUERY) -> list[Handle]:
-    """Step 1 as Spark's executors do it: one pre-committed handle per partition."""
-    handles = []
-    for p in range(parts):
-        task = TaskInfo(query, run_id, epoch, p, attempt_base + p)
-        txn = sink.begin_transaction(task)
+def parts(epoch: int, count: int = 2, rows: int = 5) -> list[pa.RecordBatch]:
+    """The input of ``epoch``: ``count`` partitions of ``rows`` ids (:func:`epoch_ids`)."""
+    batches = []
+    for p in range(count):
         start = epoch * 1000 + p * rows
         ids = list(range(start, start + rows))
-        sink.write(txn, pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
-                                        schema=SCHEMA))
-        handles.append(Handle(task, sink.pre_commit(txn)))
-    return handles
+        batches.append(pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
+                                       schema=SCHEMA))
+    return batches
 
 
 def epoch_ids(n: int, parts: int = 2, rows: int = 5) -> list[int]:
@@ -67,39 +57,37 @@ def sink(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
 
 def test_between_two_commit_prepared_the_table_shows_part_of_the_epoch_the_view_none(
         sink, conn, table_name):
-    run = str(uuid.uuid4())
-    committer = Committer(sink, SinkSettings())
-    committer.commit_epoch(0, run_tasks(sink, run, 0))
+    h = ProtocolHarness(sink)
+    h.run_epoch(0, parts(0))
     view = f"{table_name}_committed"
     assert ids(conn, view) == epoch_ids(0)
 
-    handles = run_tasks(sink, run, 1)
-    committer.log.write_intent(1, run, handles)
-    sink.commit_handle(handles[0])  # the driver stops here, between two COMMIT PREPAREDs
-    assert ids(conn, table_name) == epoch_ids(0) + epoch_ids(1)[:5]  # half of epoch 1
-    assert ids(conn, view) == epoch_ids(0)  # none of epoch 1
+    seen = {}
 
-    committer.commit_epoch(1, handles)  # the commit call goes on
+    def look() -> None:
+        seen["table"], seen["view"] = ids(conn, table_name), ids(conn, view)
+
+    with h.pause_at(FaultPoint.BETWEEN_COMMITS, 1, look):  # between two COMMIT PREPAREDs
+        h.run_epoch(1, parts(1))  # ... then the commit call goes on
+    assert seen["table"] == epoch_ids(0) + epoch_ids(1)[:5]  # half of epoch 1
+    assert seen["view"] == epoch_ids(0)  # none of epoch 1
     assert ids(conn, view) == epoch_ids(0) + epoch_ids(1)
     assert ids(conn, table_name) == ids(conn, view)
 
 
 def test_recovery_of_a_half_committed_epoch_makes_the_whole_epoch_visible_in_the_view(
         sink, conn, table_name):
-    run = str(uuid.uuid4())
-    handles = run_tasks(sink, run, 0)
-    crashed = Committer(sink, SinkSettings())
-    crashed.lease.acquire(run, DEAD_DRIVER)
-    crashed.log.write_intent(0, run, handles)
-    sink.commit_handle(handles[0])  # killed after the first COMMIT PREPARED
+    h = ProtocolHarness(sink)
+    with h.crash_at(FaultPoint.BETWEEN_COMMITS, epoch=0):  # killed after one COMMIT PREPARED
+        h.run_epoch(0, parts(0))
     view = f"{table_name}_committed"
     assert ids(conn, view) == []
 
-    replay = run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10)
-    Committer(sink, SinkSettings()).commit_epoch(0, replay)  # recovery finishes the intent
+    h.restart()
+    h.commit(0, h.tasks(0, parts(0)))  # recovery finishes the intent
     assert ids(conn, view) == epoch_ids(0)
     assert ids(conn, table_name) == epoch_ids(0)
-    assert prepared_count(conn, QUERY) == 0
+    assert prepared_count(conn, h.query_id) == 0
 
 
 def test_upsert_mode_view_never_shows_a_value_of_an_incomplete_epoch(pg, conn, tmp_path,
@@ -108,31 +96,24 @@ def test_upsert_mode_view_never_shows_a_value_of_an_incomplete_epoch(pg, conn, t
     sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", write_mode="upsert",
                                 key_columns=["key"])
     sink.prepare_target(schema, partitions=2)
-    run = str(uuid.uuid4())
-    committer = Committer(sink, SinkSettings())
+    h = ProtocolHarness(sink)
 
-    def tasks(epoch: int, parts: list[dict[str, int]]) -> list[Handle]:
-        handles = []
-        for p, rows in enumerate(parts):
-            task = TaskInfo(QUERY, run, epoch, p, epoch * 10 + p)
-            txn = sink.begin_transaction(task)
-            sink.write(txn, pa.record_batch({"key": list(rows), "total": list(rows.values())},
-                                            schema=schema))
-            handles.append(Handle(task, sink.pre_commit(txn)))
-        return handles
+    def rows(*partitions: dict[str, int]) -> list[pa.RecordBatch]:
+        return [pa.record_batch({"key": list(p), "total": list(p.values())}, schema=schema)
+                for p in partitions]
 
     def view() -> dict[str, tuple[int, int]]:
         return {k: (t, e) for k, t, e in conn.execute(sql.SQL(
             "SELECT key, total, exactly_epoch FROM {}").format(
             sql.Identifier(f"{table_name}_committed"))).fetchall()}
 
-    committer.commit_epoch(0, tasks(0, [{"a": 1, "b": 1}, {"c": 1}]))
+    h.run_epoch(0, rows({"a": 1, "b": 1}, {"c": 1}))
     assert view() == {"a": (1, 0), "b": (1, 0), "c": (1, 0)}
-    handles = tasks(1, [{"a": 2}, {"c": 2, "d": 2}])
-    committer.log.write_intent(1, run, handles)
-    sink.commit_handle(handles[0])  # key a now holds epoch 1's value in the table
-    assert all(epoch == 0 for _, epoch in view().values())  # no value of epoch 1
-    committer.commit_epoch(1, handles)
+    seen = []
+    # after the first COMMIT PREPARED, key a holds epoch 1's value in the table
+    with h.pause_at(FaultPoint.BETWEEN_COMMITS, 1, lambda: seen.append(view())):
+        h.run_epoch(1, rows({"a": 2}, {"c": 2, "d": 2}))
+    assert seen and all(epoch == 0 for _, epoch in seen[0].values())  # no value of epoch 1
     assert view() == {"a": (2, 1), "b": (1, 0), "c": (2, 1), "d": (2, 1)}
 
 
@@ -150,28 +131,28 @@ def test_an_existing_table_without_the_epoch_column_is_refused_with_the_alter_st
     conn.execute(fix)  # the fix the error names
     conn.commit()
     sink.prepare_target(SCHEMA, partitions=2)
-    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    ProtocolHarness(sink).run_epoch(0, parts(0))
     assert ids(conn, f"{table_name}_committed") == [-1, *epoch_ids(0)]  # NULL epoch: shown
 
 
 def test_a_second_query_into_a_bound_table_is_refused_before_prepare(sink, conn, table_name):
-    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
-    other = str(uuid.uuid4())
-    with pytest.raises(ConfigError, match=f"belongs to query {QUERY}") as err:
-        run_tasks(sink, str(uuid.uuid4()), 0, query=other)
+    first = ProtocolHarness(sink)
+    first.run_epoch(0, parts(0))
+    other = ProtocolHarness(sink)  # another query (a new checkpoint), the same table
+    with pytest.raises(ConfigError, match=f"belongs to query {first.query_id}") as err:
+        other.tasks(0, parts(0))
     assert "DELETE FROM" in str(err.value) and "new table" in str(err.value)
-    assert prepared_count(conn, other) == 0
+    assert prepared_count(conn, other.query_id) == 0
     assert ids(conn, table_name) == epoch_ids(0)
 
 
 def test_pruning_old_markers_keeps_every_old_epoch_visible_in_the_view(sink, conn, table_name):
-    run = str(uuid.uuid4())
-    committer = Committer(sink, SinkSettings())
+    h = ProtocolHarness(sink)
     epochs = MARKER_RETAIN_EPOCHS + 11  # pruning runs at epochs 20 and 30
     for epoch in range(epochs):
-        committer.commit_epoch(epoch, run_tasks(sink, run, epoch, parts=1, rows=2))
+        h.run_epoch(epoch, parts(epoch, count=1, rows=2))
     markers = conn.execute(sql.SQL("SELECT min(epoch) FROM {} WHERE query_id = %s").format(
-        sink.markers.sql()), (QUERY,)).fetchone()[0]
+        sink.markers.sql()), (h.query_id,)).fetchone()[0]
     assert markers == 30 - MARKER_RETAIN_EPOCHS  # old markers are gone ...
     expected = [e * 1000 + i for e in range(epochs) for i in range(2)]
     assert ids(conn, f"{table_name}_committed") == expected  # ... their rows are not hidden
@@ -183,7 +164,7 @@ def test_custom_epoch_column_epochs_table_and_view_names_are_quoted(pg, conn, tm
                                 epoch_column='Ep"och', epochs_table='"odd.s"."Done Epochs"',
                                 view_name='"odd.v"."Whole; Epochs"')
     sink.prepare_target(SCHEMA, partitions=2)
-    Committer(sink, SinkSettings()).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    ProtocolHarness(sink).run_epoch(0, parts(0))
     rows = conn.execute('SELECT id, "Ep""och" FROM "odd.v"."Whole; Epochs" ORDER BY id'
                         ).fetchall()
     assert rows == [(i, 0) for i in epoch_ids(0)]
@@ -294,18 +275,15 @@ def test_the_view_survives_a_server_restart_with_prepared_transactions(tmp_path,
     with TempPostgres(max_prepared_transactions=4) as server:
         sink = PostgresTwoPhaseSink(server.dsn, table_name, tmp_path / "log")
         sink.prepare_target(SCHEMA, partitions=2)
-        run = str(uuid.uuid4())
-        handles = run_tasks(sink, run, 0)
-        committer = Committer(sink, SinkSettings())
-        committer.lease.acquire(run, DEAD_DRIVER)
-        committer.log.write_intent(0, run, handles)
-        sink.commit_handle(handles[0])
+        h = ProtocolHarness(sink)
+        with h.crash_at(FaultPoint.BETWEEN_COMMITS, epoch=0):
+            h.run_epoch(0, parts(0))
         server.restart_after_crash()
         wait_until_accepting(server)
         with server.connect() as c:
             assert ids(c, f"{table_name}_committed") == []
             assert ids(c, table_name) == epoch_ids(0)[:5]
-        Committer(sink, SinkSettings()).commit_epoch(
-            0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10))
+        h.restart()
+        h.commit(0, h.tasks(0, parts(0)))
         with server.connect() as c:
             assert ids(c, f"{table_name}_committed") == epoch_ids(0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +39,10 @@ _EPOCH_START_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in microseconds
 _BATCH = 65_536
 
 
-def _int_option(options: dict, name: str, default: int | None, minimum: int) -> int | None:
+def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
     raw = options.get(name)
     if raw is None:
-        return default
+        return None
     try:
         value = int(raw)
     except ValueError:
@@ -49,6 +50,11 @@ def _int_option(options: dict, name: str, default: int | None, minimum: int) -> 
     if value < minimum:
         raise ConfigError(f"exactly.datagen: {name} must be >= {minimum}, got {value}")
     return value
+
+
+def _int_option(options: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    value = _optional_int(options, name, minimum)
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -74,11 +80,11 @@ def generate(start: int, end: int, keys: int, seed: int) -> pa.Table:
 class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Stream reader of the deterministic generator."""
 
-    def __init__(self, options: dict) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.rate = _int_option(options, "rowsPerSecond", 1000, 0)
-        self.total = _int_option(options, "totalRows", None, 0)
+        self.total = _optional_int(options, "totalRows", 0)
         self.partitions_n = _int_option(options, "numPartitions", 2, 1)
-        self.max_rows = _int_option(options, "maxRowsPerTrigger", None, 1)
+        self.max_rows = _optional_int(options, "maxRowsPerTrigger", 1)
         self.keys = _int_option(options, "keys", 100, 1)
         self.seed = _int_option(options, "seed", 0, 0)
         if self.rate == 0 and self.total is None:
@@ -95,10 +101,10 @@ class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._base = start_rows
         if self._target is not None:  # availableNow: everything up to totalRows, no rate
             return max(self._target, start_rows)
-        if self.rate:
+        if self.rate or self.total is None:
             available = self._base + int((time.monotonic() - self._started) * self.rate)
         else:
-            available = self.total  # type: ignore[assignment]
+            available = self.total
         if self.total is not None:
             available = min(available, self.total)
         return max(available, start_rows)
@@ -123,14 +129,14 @@ class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = int(start["rows"]), int(end["rows"])
         if stop <= begin:
             return []
-        n = min(self.partitions_n, stop - begin)  # type: ignore[type-var]
+        n = min(self.partitions_n, stop - begin)
         bounds = np.linspace(begin, stop, n + 1, dtype=np.int64)
         return [RowRange(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: RowRange):  # type: ignore[override]
         for lo in range(partition.start, partition.end, _BATCH):
             hi = min(lo + _BATCH, partition.end)
-            yield from generate(lo, hi, self.keys, self.seed).to_batches()  # type: ignore[arg-type]
+            yield from generate(lo, hi, self.keys, self.seed).to_batches()
 
     def commit(self, end: dict) -> None:
         pass

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import io
 import re
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import pyarrow.csv as pacsv
 
 from exactly.errors import ConfigError, ExactlyError
 from exactly.logs import redact
+from exactly.retry import retry_call
 
 T = TypeVar("T")
 
@@ -104,21 +104,21 @@ def is_transient(exc: BaseException) -> bool:
                             psycopg.errors.CannotConnectNow))
 
 
-def retrying(step: Callable[[], T], *, seconds: float, what: str, dsn: str,
-             clock: Callable[[], float] = time.monotonic) -> T:
-    """Run an idempotent ``step``, retrying transient database failures for ``seconds``."""
-    deadline = clock() + seconds
-    delay = 0.1
-    while True:
-        try:
-            return step()
-        except Exception as exc:
-            if not is_transient(exc) or clock() > deadline:
-                if isinstance(exc, ExactlyError) or not _is_driver_error(exc):
-                    raise
-                raise clean_error(exc, dsn, what) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+def retrying(step: Callable[[], T], *, seconds: float, what: str, dsn: str) -> T:
+    """Run an idempotent ``step``, retrying transient database failures (:func:`is_transient`)
+    for up to ``seconds`` under the package's retry policy (:mod:`exactly.retry`).
+
+    A failure that is not transient, or the last one, is raised: exactly's own errors as
+    they are, driver errors as a :class:`DatabaseError` saying ``what`` failed, without
+    secrets.
+    """
+    try:
+        return retry_call(step, what=what, transient=is_transient, seconds=seconds,
+                          describe=lambda exc: str(clean_error(exc, dsn, what)))
+    except Exception as exc:
+        if isinstance(exc, ExactlyError) or not _is_driver_error(exc):
+            raise
+        raise clean_error(exc, dsn, what) from None
 
 
 def _is_driver_error(exc: BaseException) -> bool:

@@ -3,7 +3,7 @@
 It produces ``events`` input records with unique ids into a fresh input topic, runs
 :mod:`exactly.demos.kafka_job` (the ``exactly.kafka`` transactional sink) under a random
 crash schedule drawn from every driver protocol point, ``in_write`` and the Kafka sink's own
-``in_transaction`` point, restarting after each crash until the input is drained, then reads
+``kafka.in_transaction`` point, restarting after each crash until the input is drained, then reads
 the output topic with a ``read_committed`` consumer and audits it: every id exactly once, and
 per key the running sequence numbers exactly 1..n (the job's state was applied once). The
 ``read_uncommitted`` view (which also shows records of aborted transactions) is reported too.
@@ -29,17 +29,14 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from exactly.audit import AuditReport
-from exactly.connectors.kafka.sink import IN_TRANSACTION, KAFKA_FAULT_ENV, KAFKA_FAULT_MARKER_ENV
-from exactly.demos.files import DemoResult, print_leftovers
+from exactly.audit import AuditReport, audit_ids, json_ids
+from exactly.connectors.kafka.publisher import IN_TRANSACTION
+from exactly.demos.console import ConsoleProgress, DemoResult
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, run_with_crashes
 from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 
 KEYS = 20
-#: schedule placeholder: arms the harness's crash marker for the attempt in which the Kafka
-#: sink's own point (EXACTLY_KAFKA_FAULT) fires; a fault at this epoch is never reached
-PLACEHOLDER_EPOCH = 10**9
 
 
 def produce_events(bootstrap: str, topic: str, events: int, seed: int = 0,
@@ -81,16 +78,9 @@ def audit_output(bootstrap: str, topic: str, expected_ids: int,
                  isolation_level: str = "read_committed") -> KafkaAudit:
     """Audit the output topic against input ids ``0..expected_ids-1``."""
     records = consume_all(bootstrap, topic, isolation_level=isolation_level)
-    rows = [json.loads(value) for _, _, _, value in records if value is not None]
-    ids = np.array([r["id"] for r in rows], dtype=np.int64)
-    expected = np.arange(expected_ids, dtype=np.int64)
-    found, counts = np.unique(ids, return_counts=True)
-    report = AuditReport(
-        expected=expected_ids, found_rows=len(ids),
-        missing=np.setdiff1d(expected, found, assume_unique=True),
-        duplicated=found[counts > 1],
-        unexpected=np.setdiff1d(found, expected, assume_unique=True),
-        duplicate_extra_rows=int((counts[counts > 1] - 1).sum()))
+    values = [value for _, _, _, value in records]
+    report = audit_ids(json_ids(values), np.arange(expected_ids))
+    rows = [json.loads(value) for value in values if value is not None]
     per_key: dict[str, dict[int, int]] = defaultdict(dict)
     for r in rows:
         per_key[r["key"]][r["id"]] = r["seq"]
@@ -99,28 +89,18 @@ def audit_output(bootstrap: str, topic: str, expected_ids: int,
     return KafkaAudit(isolation_level, report, seq_errors, len(records))
 
 
-def chaos_schedule(epochs: int, crashes: int | None, rng: random.Random | None,
-                   ) -> tuple[list[FaultSpec], int | None]:
+def chaos_schedule(epochs: int, crashes: int | None,
+                   rng: random.Random | None) -> list[FaultSpec]:
     """Crash points at distinct epochs 1.., in protocol order for ``crashes=None`` (every
-    driver point, the Kafka sink's ``in_transaction``, then ``in_write``), else ``crashes``
-    random points. Returns the schedule and the epoch of ``in_transaction`` (or None)."""
+    driver point, the Kafka sink's ``kafka.in_transaction``, then ``in_write``), else
+    ``crashes`` random points; at most ``epochs - 1`` of them."""
     points: list[str] = [p.value for p in DRIVER_POINTS] + [IN_TRANSACTION,
                                                             FaultPoint.IN_WRITE.value]
     if crashes is not None:
         assert rng is not None
         points = [rng.choice(points) for _ in range(crashes)]
-    if len(points) > max(epochs - 1, 1):
-        points = points[:max(epochs - 1, 1)]
-    schedule: list[FaultSpec] = []
-    in_txn_epoch = None
-    for epoch, point in enumerate(points, start=1):
-        if point == IN_TRANSACTION:
-            if in_txn_epoch is None:
-                in_txn_epoch = epoch
-                schedule.append(FaultSpec(FaultPoint.IN_WRITE, PLACEHOLDER_EPOCH))
-            continue
-        schedule.append(FaultSpec(FaultPoint(point), epoch))
-    return schedule, in_txn_epoch
+    points = points[:max(epochs - 1, 1)]
+    return [FaultSpec(point, epoch) for epoch, point in enumerate(points, start=1)]
 
 
 @dataclass
@@ -133,8 +113,7 @@ class ChaosRun:
 
 
 def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: str = "exactly",
-              schedule: Sequence[FaultSpec], in_transaction_epoch: int | None = None,
-              mode: str = "exactly_once",
+              schedule: Sequence[FaultSpec], mode: str = "exactly_once",
               restart_broker: Callable[[], None] | None = None,
               restart_broker_after_epoch: int | None = None,
               on_line: Callable[[Attempt, dict], None] | None = None,
@@ -158,10 +137,6 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
                "--checkpoint", str(workdir / "checkpoint"), "--sink", sink, "--mode", mode,
                "--prefix", f"demo-{name}",
                "--max-offsets-per-trigger", str(math.ceil(events / epochs))]
-    env: dict[str, str] = {}
-    if in_transaction_epoch is not None:
-        env[KAFKA_FAULT_ENV] = f"{IN_TRANSACTION}@{in_transaction_epoch}"
-        env[KAFKA_FAULT_MARKER_ENV] = str(workdir / "kafka-fault.json")
     restarts = 0
 
     def line(attempt: Attempt, event: dict) -> None:
@@ -174,7 +149,7 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
             restarts += 1
             restart_broker()
 
-    attempts = run_with_crashes(command, schedule, env=env, on_line=line, on_start=on_start,
+    attempts = run_with_crashes(command, schedule, on_line=line, on_start=on_start,
                                 on_end=on_end, timeout=900)
     committed = audit_output(bootstrap, output_topic, events, "read_committed")
     uncommitted = audit_output(bootstrap, output_topic, events, "read_uncommitted")
@@ -187,9 +162,8 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
     """Same contract as :func:`exactly.demos.files.run_demo`, with Kafka input and output."""
     console = console or Console()
     epochs = max(2, min(20, math.ceil(events / 500)))
-    schedule, in_txn = chaos_schedule(epochs, crashes, random.Random(seed))
-    planned = [s.render() if s.min_epoch != PLACEHOLDER_EPOCH
-               else f"kafka_{IN_TRANSACTION}@{in_txn}" for s in schedule]
+    schedule = chaos_schedule(epochs, crashes, random.Random(seed))
+    planned = [s.render() for s in schedule]
     workdir.mkdir(parents=True, exist_ok=True)
     with broker_or_configured(workdir / "broker") as bootstrap:
         where = ("configured broker" if os.environ.get("EXACTLY_KAFKA_BOOTSTRAP")
@@ -197,30 +171,9 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
         console.print(f"[bold]exactly demo --sink kafka[/]: {events} events -> {epochs} epochs "
                       f"on {where} ({bootstrap}); {len(schedule)} crash(es) planned: "
                       + (", ".join(planned) or "none"))
-
-        def progress(attempt: Attempt, event: dict) -> None:
-            if event.get("event") == "epoch":
-                console.print(f"  attempt {attempt.number}: epoch {event['epoch']} committed "
-                              f"({event['rows']} rows)")
-
-        def started(attempt: Attempt) -> None:
-            armed = "no fault" if attempt.armed is None else (
-                f"kafka_{IN_TRANSACTION}@{in_txn}" if attempt.armed.min_epoch
-                == PLACEHOLDER_EPOCH else attempt.armed.render())
-            console.print(f"attempt {attempt.number}: starting ({armed} armed)")
-
-        def ended(attempt: Attempt) -> None:
-            if attempt.crashed:
-                fired = attempt.fired or {}
-                console.print(f"  attempt {attempt.number}: [red]killed[/] at "
-                              f"{fired.get('point')} in epoch {fired.get('epoch')}; restarting")
-            else:
-                console.print(f"  attempt {attempt.number}: input drained")
-            print_leftovers(attempt, console)
-
+        progress = ConsoleProgress(console)
         run = run_chaos(bootstrap, workdir / "job", events=events, epochs=epochs,
-                        schedule=schedule, in_transaction_epoch=in_txn, on_line=progress,
-                        on_start=started, on_end=ended)
+                        schedule=schedule, **progress.hooks())
     print_views(run, console)
     return DemoResult(run.attempts, run.committed.report, files=0, epochs_expected=epochs)
 

@@ -14,9 +14,13 @@ end to end means: every id once in the output, and per key the ``seq`` values ar
 ``--sink exactly``  the ``exactly.kafka`` transactional sink through ``start_query``.
 ``--sink spark``    Spark's own Kafka writer, in ``foreachBatch`` so that the same crash
                     points exist: the batch's records are written, then the driver points
-                    fire in protocol order, before Spark's commit log (the window in which
-                    Spark's Kafka sink duplicates). ``in_write`` kills the Python worker of
-                    a ``mapInArrow`` step feeding the writer after its first batch.
+                    and ``kafka.in_transaction`` fire, before Spark's commit log (the window
+                    in which Spark's Kafka sink duplicates). ``in_write`` kills the Python
+                    worker of a ``mapInArrow`` step feeding the writer after its first batch.
+
+Faults are armed as for every job, with ``EXACTLY_FAULT=POINT@EPOCH`` (and the once-marker
+``EXACTLY_FAULT_MARKER``), set per attempt by :func:`exactly.testing.chaos.run_with_crashes`;
+``POINT`` may be the Kafka sink's own ``kafka.in_transaction``.
 
 Progress goes to stdout as one JSON object a line (``{"event": "epoch", ...}``).
 """
@@ -32,7 +36,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
+from exactly import options as opt
 from exactly.config import CheckpointConfig
+from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
 from exactly.spark.runner import start_query
@@ -79,8 +85,6 @@ def _crash_in_write(fault: FaultSpec | None, epoch: int):
 
 def spark_sink_writer(bootstrap: str, output_topic: str):
     """``foreachBatch`` function: Spark's Kafka writer, then the driver crash points."""
-    from exactly.connectors.kafka.sink import maybe_crash_in_transaction
-
     fault = fault_from({})
 
     def write(batch: DataFrame, epoch: int) -> None:
@@ -88,9 +92,9 @@ def spark_sink_writer(bootstrap: str, output_topic: str):
             batch = batch.mapInArrow(_crash_in_write(fault, epoch), batch.schema)
         (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
          .option("topic", output_topic).save())
-        for point in DRIVER_POINTS:  # all after the write, before Spark's commit log
+        # all after the write, before Spark's commit log; kafka.in_transaction: same window
+        for point in (*DRIVER_POINTS, IN_TRANSACTION):
             maybe_crash(fault, point, epoch)
-        maybe_crash_in_transaction(epoch)  # EXACTLY_KAFKA_FAULT=in_transaction: same window
     return write
 
 
@@ -103,11 +107,11 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
         if args.sink == "exactly":
             query = start_query(df, sink_format="exactly.kafka", checkpoint=config,
                                 available_now=not args.continuous, options={
-                                    "kafka.bootstrap.servers": args.bootstrap,
-                                    "topic": args.output,
-                                    "transactionalIdPrefix": args.prefix,
-                                    "kafka.transaction.timeout.ms": str(args.txn_timeout_ms),
-                                    "exactly.checkpointIntervalMs": str(args.interval_ms)}).query
+                                    opt.KAFKA_BOOTSTRAP: args.bootstrap,
+                                    opt.TOPIC: args.output,
+                                    opt.TRANSACTIONAL_ID_PREFIX: args.prefix,
+                                    opt.KAFKA_TRANSACTION_TIMEOUT_MS: str(args.txn_timeout_ms),
+                                    opt.CHECKPOINT_INTERVAL_MS: str(args.interval_ms)}).query
         else:
             for key, value in config.spark_conf().items():
                 spark.conf.set(key, value)

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
+from exactly.audit import audit_ids, pg_table_ids
 from exactly.connectors.sql import pg_connect, redact_dsn
-from exactly.db_audit import audit_ids, pg_table_ids
-from exactly.demos.files import DemoResult, print_leftovers
+from exactly.demos.console import ConsoleProgress, DemoResult, check_table
+from exactly.demos.console import print_result as print_demo_result
 from exactly.demos.postgres_job import DSN_ENV, command
-from exactly.testing.chaos import Attempt, random_schedule, run_with_crashes
+from exactly.testing.chaos import random_schedule, run_with_crashes
 
 TABLE = "exactly_demo_events"
 
@@ -43,6 +43,8 @@ class PostgresDemoResult(DemoResult):
     @property
     def ok(self) -> bool:
         return self.report.ok and self.prepared_left == 0
+
+
 EPOCHS_TARGET = 10
 
 
@@ -79,28 +81,13 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
                   f"into table {TABLE} via two-phase commit; {len(schedule)} crash(es) planned: "
                   + (", ".join(s.render() for s in schedule) or "none"))
 
-    def progress(attempt: Attempt, event: dict) -> None:
-        if event.get("event") == "epoch":
-            console.print(f"  attempt {attempt.number}: epoch {event['epoch']} committed "
-                          f"({event['rows']} rows)")
-
-    def started(attempt: Attempt) -> None:
-        armed = attempt.armed.render() if attempt.armed else "no fault"
-        console.print(f"attempt {attempt.number}: starting ({armed} armed)")
-
     with postgres_server(console) as dsn:
         with pg_connect(dsn, application="exactly-demo", autocommit=True) as conn:
             conn.execute(f'DROP TABLE IF EXISTS "{TABLE}" CASCADE')
         args = ["--sink", "2pc", "--table", TABLE, "--checkpoint", str(checkpoint),
                 "--rows", str(events), "--rows-per-epoch", str(per_epoch), "--keys", "100"]
         attempts = run_with_crashes(command(*args), schedule, env={DSN_ENV: dsn},
-                                    on_line=progress, on_start=started,
-                                    on_end=lambda a: print_leftovers(a, console))
-        for attempt in attempts:
-            if attempt.crashed:
-                fired = attempt.fired or {}
-                console.print(f"  attempt {attempt.number}: [red]killed[/] at "
-                              f"{fired.get('point')} in epoch {fired.get('epoch')}")
+                                    **ConsoleProgress(console).hooks())
         with pg_connect(dsn, application="exactly-demo", autocommit=True) as conn:
             report = audit_ids(pg_table_ids(conn, TABLE), np.arange(events))
             prepared = int(conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE "
@@ -112,16 +99,11 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
 
 def print_result(result: PostgresDemoResult, console: Console) -> None:
     """The injected crashes and the audit, as tables."""
-    from exactly.demos.files import print_result as print_file_result
-
-    print_file_result(result, console)
-    summary = Table(title="PostgreSQL")
-    summary.add_column("check")
-    summary.add_column("result")
-    summary.add_row("epochs", str(result.epochs_expected))
-    summary.add_row("prepared transactions left", str(result.prepared_left))
-    summary.add_row("verdict", "EXACTLY ONCE" if result.ok else "MISMATCH")
-    console.print(summary)
+    print_demo_result(result, console)
+    console.print(check_table("PostgreSQL", [
+        ("epochs", str(result.epochs_expected)),
+        ("prepared transactions left", str(result.prepared_left)),
+        ("verdict", "EXACTLY ONCE" if result.ok else "MISMATCH")]))
 
 
 def main() -> None:  # pragma: no cover - manual entry point

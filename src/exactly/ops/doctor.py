@@ -209,8 +209,8 @@ def _check_sink_log(report: Report, location: str, log: Path, offsets: list[int]
     for epoch in intents:
         path = log / "intents" / log_file_name(epoch)
         try:
-            data = read_json(path, repair=intent_repair(log, epoch))
-            require_fields(data, path, ("epoch", "run_id", "handles"), intent_repair(log, epoch))
+            data = require_fields(read_json(path, repair=intent_repair(log, epoch)), path,
+                                  ("epoch", "run_id", "handles"), intent_repair(log, epoch))
         except CorruptFileError as exc:
             report.findings.append(Finding.of(exc))
             continue
@@ -224,8 +224,8 @@ def _check_sink_log(report: Report, location: str, log: Path, offsets: list[int]
     for epoch in completed:
         path = log / "complete" / log_file_name(epoch)
         try:
-            data = read_json(path, repair=completion_repair(log, epoch))
-            require_fields(data, path, ("epoch",), completion_repair(log, epoch))
+            data = require_fields(read_json(path, repair=completion_repair(log, epoch)), path,
+                                  ("epoch",), completion_repair(log, epoch))
         except CorruptFileError as exc:
             report.findings.append(Finding.of(exc))
             continue

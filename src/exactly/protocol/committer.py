@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from exactly.config import Mode
 from exactly.errors import ExactlyError, FencedError
@@ -159,7 +160,7 @@ class Committer:
                 maybe_crash(self.fault, FaultPoint.BETWEEN_COMMITS, intent.epoch)
         self.sink.publish_epoch(intent.epoch, intent.handles)
         maybe_crash(self.fault, FaultPoint.AFTER_COMMITS, intent.epoch)
-        stats = {
+        stats: dict[str, Any] = {
             "rows": sum(h.rows for h in intent.handles),
             "handles": len(intent.handles),
             "already_committed": sum(o is CommitOutcome.ALREADY_COMMITTED for o in outcomes),

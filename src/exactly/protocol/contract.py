@@ -117,13 +117,12 @@ class Handle(Generic[PayloadT]):
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self.task), "payload": self.payload.to_json()}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any],
-                  payload_type: type[Payload] = Payload) -> Handle:
+    @staticmethod
+    def from_json(data: Mapping[str, Any], payload_type: type[PayloadT]) -> Handle[PayloadT]:
         """A handle recorded by :meth:`to_json`, its payload read as ``payload_type``."""
         task = TaskInfo(str(data["query_id"]), str(data["run_id"]), int(data["epoch"]),
                         int(data["partition"]), int(data["attempt"]))
-        return cls(task, payload_type.from_json(data.get("payload") or {}))
+        return Handle(task, payload_type.from_json(data.get("payload") or {}))
 
 
 class CommitOutcome(str, Enum):
@@ -224,7 +223,7 @@ class SinkSettings:
         if retain < 1:
             raise ConfigError(f"{opt.RETAIN_EPOCHS} must be >= 1 (the last completed epoch "
                               f"must stay known to recognise its replay), got {retain}")
-        return cls(mode=mode,  # type: ignore[arg-type]
+        return cls(mode=mode,
                    retain_epochs=retain,
                    lease_stale_after=float(options.get(opt.LEASE_STALE_AFTER,
                                                        opt.DEFAULT_LEASE_STALE_AFTER_S)),

@@ -75,10 +75,10 @@ def _read_text(location: str, relative: str, repair: str | None = None) -> str |
     from pyarrow import fs as pafs
 
     filesystem, root = pafs.FileSystem.from_uri(location)
-    path = f"{root.rstrip('/')}/{relative}"
-    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+    remote = f"{root.rstrip('/')}/{relative}"
+    if filesystem.get_file_info(remote).type == pafs.FileType.NotFound:
         return None
-    with filesystem.open_input_stream(path) as f:
+    with filesystem.open_input_stream(remote) as f:
         return f.read().decode("utf-8", errors="replace")
 
 

@@ -45,6 +45,9 @@ def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | N
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
+        if ctx is None:
+            raise ExactlyError("TwoPhaseForeachBatch: the partition writer runs in Spark "
+                               "tasks only")
         task = TaskInfo(query_id, run_id, epoch, ctx.partitionId(), ctx.taskAttemptId())
         handle = run_task(sink, task, batches, mode=mode, fault=fault)
         if handle is not None:

@@ -41,6 +41,13 @@ from pyspark.sql.types import StructType
 from exactly import options as opt
 from exactly.config import Mode
 from exactly.connectors.files.sink import FileSink
+from exactly.connectors.kafka.options import (
+    KafkaSinkOptions,
+    broker_transaction_max_timeout_ms,
+    check_schema,
+    check_transaction_timeout,
+)
+from exactly.connectors.kafka.sink import KafkaSink  # also registers kafka.in_transaction
 from exactly.errors import ConfigError
 from exactly.protocol.contract import SinkSettings
 from exactly.protocol.faults import fault_from
@@ -221,14 +228,6 @@ class KafkaDataSource(DataSource):
                           "e.g. exactly.connectors.kafka.source.read_kafka(spark, ...)")
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.connectors.kafka.sink import (
-            KafkaSink,
-            KafkaSinkOptions,
-            broker_transaction_max_timeout_ms,
-            check_schema,
-            check_transaction_timeout,
-        )
-
         settings = SinkSettings.from_options(self.options)
         options = KafkaSinkOptions.from_options(self.options, settings.mode)
         check_schema(schema, options.topic)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
@@ -44,7 +45,9 @@ class ExactlyQuery:
     config: CheckpointConfig
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
-        return self.query.awaitTermination(timeout)
+        """Wait for the query to end (at most ``timeout`` seconds); re-raises its failure."""
+        # pyspark's stub says int, but it takes seconds as any number (int(timeout * 1000))
+        return self.query.awaitTermination(cast(int | None, timeout))
 
     def stop(self) -> None:
         """Stop the query; the checkpoint stays, so a restart resumes where it stopped."""
@@ -134,7 +137,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     """
     if not df.isStreaming:
         raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")
-    check_replayable(df, checkpoint.mode, accept_at_most_once)  # type: ignore[arg-type]
+    check_replayable(df, checkpoint.mode, accept_at_most_once)
     location = checkpoint_location(checkpoint)
     preflight_checkpoint(location, sink_format, path, options)
     check_pinned_state_backend(location, checkpoint)
@@ -154,7 +157,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
     writer = (df.writeStream.format(sink_format).outputMode(output_mode)
               .option(opt.CHECKPOINT_LOCATION, location)
-              .option(opt.MODE, checkpoint.mode.value)  # type: ignore[union-attr]
+              .option(opt.MODE, checkpoint.mode.value)
               .options(**options))
     if query_name:
         writer = writer.queryName(query_name)
@@ -165,7 +168,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
                                                "milliseconds")
     query = writer.start(path) if path else writer.start()
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
-              checkpoint=location, mode=checkpoint.mode.value)  # type: ignore[union-attr]
+              checkpoint=location, mode=checkpoint.mode.value)
     return ExactlyQuery(query, location, checkpoint)
 
 

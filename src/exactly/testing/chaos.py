@@ -266,6 +266,8 @@ def _kill(attempt: Attempt, root: psutil.Process | None) -> list[ProcessInfo]:
 def report_progress(query, out=sys.stdout, poll_seconds: float = 0.5) -> None:
     """The job's side of the harness: one JSON line per finished epoch, then "drained".
 
+    The lines are ``{"event": "epoch", "epoch", "rows", "at", "durations"}`` and, once,
+    ``{"event": "drained", "epochs"}``; :func:`run_with_crashes` reads them (``on_line``).
     ``query`` is a running ``StreamingQuery``; returns when it terminates (raising its error).
     """
     seen: set[int] = set()

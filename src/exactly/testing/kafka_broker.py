@@ -1,19 +1,20 @@
 """A throw-away single-node Apache Kafka broker (KRaft) on 127.0.0.1, for tests, demo, bench.
 
 The broker runs from the jars that ``scripts/install-kafka.sh`` fetches from Maven Central
-into ``.cache/kafka/broker`` (``EXACTLY_KAFKA_JARS`` points elsewhere). Its storage is
-formatted with Kafka's ``StorageTool``; the transaction state log and the offsets topic have
-replication factor 1 and min ISR 1, so transactions work on one node. Nothing listens on
-anything but 127.0.0.1. :meth:`KafkaBroker.stop` and :meth:`KafkaBroker.kill` stop it;
-:meth:`KafkaBroker.start` after either restarts it on the same port and data.
-
-Also here: where Spark's Kafka connector jars are (:func:`connector_jars`).
+into the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/exactly/kafka/broker``
+(``EXACTLY_KAFKA_JARS`` names another directory; see :mod:`exactly.connectors.kafka.jars`).
+Its storage is formatted with Kafka's ``StorageTool``; the transaction state log and the
+offsets topic have replication factor 1 and min ISR 1, so transactions work on one node.
+Nothing listens on anything but 127.0.0.1. :meth:`KafkaBroker.stop` and
+:meth:`KafkaBroker.kill` stop it; :meth:`KafkaBroker.start` after either restarts it on the
+same port and data.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -25,39 +26,24 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from exactly.errors import ConfigError, ExactlyError
+from exactly.connectors.kafka.jars import BROKER_ENV, jars_dir, missing
+from exactly.errors import ExactlyError
+from exactly.retry import retry_call
 
-JARS_ENV = "EXACTLY_KAFKA_JARS"
-CONNECTOR_ENV = "EXACTLY_KAFKA_CONNECTOR_JARS"
 BOOTSTRAP_ENV = "EXACTLY_KAFKA_BOOTSTRAP"
-SETUP_HINT = "run scripts/setup.sh (or scripts/install-kafka.sh) to fetch them from Maven Central"
-
-
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
-
-
-def _cache(kind: str, env: str) -> Path:
-    configured = os.environ.get(env)
-    return Path(configured) if configured else _repo_root() / ".cache" / "kafka" / kind
 
 
 def broker_jars_dir() -> Path:
     """Directory of the Kafka broker jars; raises ConfigError naming the fix if missing."""
-    directory = _cache("broker", JARS_ENV)
+    directory = jars_dir("broker", BROKER_ENV)
     if not any(directory.glob("kafka_2.13-*.jar")):
-        raise ConfigError(f"Kafka broker jars are missing in {directory}: {SETUP_HINT}")
+        raise missing("Kafka broker jars (kafka_2.13 and its dependencies)", directory,
+                      BROKER_ENV)
     return directory
 
 
-def connector_jars() -> list[str]:
-    """Paths of Spark's Kafka connector and the jars it needs (for ``spark.jars``)."""
-    directory = _cache("connector", CONNECTOR_ENV)
-    jars = sorted(str(p) for p in directory.glob("*.jar"))
-    if not any("spark-sql-kafka" in j for j in jars):
-        raise ConfigError(f"Spark's Kafka connector jars are missing in {directory}: "
-                          f"{SETUP_HINT}")
-    return jars
+class _NotReady(Exception):
+    """The broker answers but is not serving yet."""
 
 
 def quiet_conf(bootstrap: str) -> dict[str, object]:
@@ -185,22 +171,24 @@ class KafkaBroker:
         """Wait until the broker answers metadata requests and can run transactions."""
         from confluent_kafka.admin import AdminClient
 
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
         admin = AdminClient(quiet_conf(self.bootstrap))
-        while time.monotonic() < deadline:
+
+        def probe() -> None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise ExactlyError(f"the Kafka broker exited with {self.proc.returncode}; see "
                                    f"{self.workdir / 'broker.out'} and {self.log_file}")
-            try:
-                md = admin.list_topics(timeout=2)
-                if md.brokers:
-                    return
-            except Exception as exc:  # not up yet
-                last = exc
-            time.sleep(0.3)
-        raise ExactlyError(f"the Kafka broker on {self.bootstrap} did not start within "
-                           f"{timeout:.0f}s ({last}); see {self.log_file}")
+            if not admin.list_topics(timeout=2).brokers:
+                raise _NotReady("no broker in the metadata yet")
+
+        try:  # anything but ExactlyError means "not up yet"
+            retry_call(probe, what="wait for the Kafka broker", seconds=timeout,
+                       transient=lambda exc: not isinstance(exc, ExactlyError),
+                       initial=0.2, maximum=0.5, level=logging.DEBUG)
+        except ExactlyError:
+            raise
+        except Exception as exc:
+            raise ExactlyError(f"the Kafka broker on {self.bootstrap} did not start within "
+                               f"{timeout:.0f}s ({exc}); see {self.log_file}") from None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``)."""

@@ -17,8 +17,10 @@ move them. What this helper adds are the defaults an exactly-once pipeline wants
   were read;
 * ``fetchOffset.numRetries`` - ride out a broker restart while fetching end offsets.
 
-The connector jar and the jars it needs come from ``scripts/install-kafka.sh``; pass
-:func:`spark_kafka_conf` to the session builder (``exactly.spark.session.spark_session(conf=...)``).
+The connector jar and the jars it needs come from the per-user cache that
+``scripts/install-kafka.sh`` fills, or from the directory ``EXACTLY_KAFKA_CONNECTOR_JARS``
+names (:mod:`exactly.connectors.kafka.jars`); pass :func:`spark_kafka_conf` to the session
+builder (``exactly.spark.session.spark_session(conf=...)``).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
+from exactly.connectors.kafka.jars import connector_jars
 from exactly.errors import ConfigError
-from exactly.testing.kafka_broker import connector_jars
 
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 

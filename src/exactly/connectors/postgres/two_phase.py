@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +88,6 @@ WRITE_MODES = ("append", "upsert")
 #: markers of epochs older than (committed epoch - this) are deleted
 MARKER_RETAIN_EPOCHS = 20
 #: test hook: path of a file; the driver waits before COMMIT PREPARED while it exists
-HOLD_ENV = "EXACTLY_PG_HOLD_BEFORE_COMMIT"
 
 
 def make_gid(task: TaskInfo) -> str:
@@ -386,7 +383,6 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         gid = handle.payload.gid
-        _hold_for_tests()
 
         def step() -> CommitOutcome:
             import psycopg
@@ -567,18 +563,3 @@ def _close(conn: Any) -> None:
         conn.close()
     except Exception:  # a dead connection: the server rolls the transaction back itself
         log_event(logger, "close_failed", logging.DEBUG)
-
-
-def _hold_for_tests() -> None:
-    """Test hook (``EXACTLY_PG_HOLD_BEFORE_COMMIT=<file>``): wait while the file exists, so a
-    test can restart the server in the middle of a commit. Bounded to 120 s."""
-    path = os.environ.get(HOLD_ENV)
-    if not path or not os.path.exists(path):
-        return
-    ready = path + ".waiting"
-    with open(ready, "w") as f:
-        f.write(str(os.getpid()))
-    deadline = time.monotonic() + 120
-    while os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-

@@ -1,0 +1,176 @@
+"""The options of the ``exactly.kafka`` sink and the checks made before its query starts.
+
+Options (``df.writeStream.format("exactly.kafka")``, keys named in :mod:`exactly.options`):
+
+``kafka.bootstrap.servers``   required
+``kafka.<librdkafka option>`` passed to the producers (librdkafka names, e.g.
+                              ``kafka.compression.type``, ``kafka.security.protocol``)
+``topic``                     default topic of rows without a ``topic`` column
+``transactionalIdPrefix``     required in exactly_once mode; the transactional id and the
+                              marker group are ``<prefix>-<query id>[-epochs]``
+``kafka.transaction.timeout.ms``  default 60000; checked at start against the broker's
+                              ``transaction.max.timeout.ms`` and the checkpoint interval
+``exactly.kafka.markerTopic`` topic whose partition 0 carries the marker offset (default:
+                              ``topic``); must exist, is never written to
+``exactly.checkpointIntervalMs``  the trigger interval, for the timeout check
+``exactly.kafka.publishTimeoutMs``  give up publishing one epoch after this (default 300000)
+``exactly.fault``             a fault to inject (:mod:`exactly.protocol.faults`), e.g. the
+                              sink's own ``kafka.in_transaction@EPOCH``
+
+Input columns follow Spark's own Kafka sink: ``value`` (string or binary, required),
+``key`` (string or binary, optional), ``topic`` (string, optional when option ``topic`` is
+set), ``partition`` (int, optional), ``headers`` (array of struct<key string, value binary>,
+optional). Other columns are ignored (:func:`check_schema`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exactly import options as opt
+from exactly.config import Mode
+from exactly.errors import ConfigError, ExactlyError
+from exactly.protocol.faults import FaultSpec, fault_from
+
+#: librdkafka settings the sink sets itself
+_RESERVED = ("transactional.id", "isolation.level")
+
+
+class KafkaSinkError(ExactlyError):
+    """Kafka refused or failed an operation of the sink; the message names the cause."""
+
+
+@dataclass(frozen=True)
+class KafkaSinkOptions:
+    """The parsed options of one ``exactly.kafka`` sink."""
+
+    bootstrap: str
+    producer_conf: dict[str, str]
+    topic: str | None
+    transactional_id_prefix: str | None
+    transaction_timeout_ms: int
+    marker_topic: str | None
+    checkpoint_interval_ms: int | None
+    publish_timeout_ms: int
+    #: the armed fault (option ``exactly.fault``, else ``EXACTLY_FAULT``), for the sink's
+    #: own point ``kafka.in_transaction``
+    fault: FaultSpec | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], mode: Mode) -> KafkaSinkOptions:
+        bootstrap = options.get(opt.KAFKA_BOOTSTRAP, "")
+        if not bootstrap:
+            raise ConfigError(f"exactly.kafka sink: set option {opt.KAFKA_BOOTSTRAP}, e.g. "
+                              f".option('{opt.KAFKA_BOOTSTRAP}', 'host:9092')")
+        conf = {k[len(opt.KAFKA_PREFIX):]: str(v) for k, v in options.items()
+                if k.startswith(opt.KAFKA_PREFIX) and k != opt.KAFKA_BOOTSTRAP}
+        timeout = int(conf.pop(opt.KAFKA_TRANSACTION_TIMEOUT_MS[len(opt.KAFKA_PREFIX):],
+                               opt.DEFAULT_TRANSACTION_TIMEOUT_MS))
+        for reserved in _RESERVED:
+            if reserved in conf:
+                raise ConfigError(f"exactly.kafka sink: option {opt.KAFKA_PREFIX}{reserved} is "
+                                  f"set by the sink itself; remove it (use "
+                                  f"{opt.TRANSACTIONAL_ID_PREFIX})")
+        prefix = options.get(opt.TRANSACTIONAL_ID_PREFIX) or None
+        if mode is Mode.EXACTLY_ONCE and not prefix:
+            raise ConfigError(
+                f"exactly.kafka sink: exactly_once needs option {opt.TRANSACTIONAL_ID_PREFIX} "
+                "(the transactional ids are <prefix>-<query id>); pick a prefix unique to this "
+                f"application, e.g. .option('{opt.TRANSACTIONAL_ID_PREFIX}', 'orders-enricher')")
+        topic = options.get(opt.TOPIC) or None
+        interval = options.get(opt.CHECKPOINT_INTERVAL_MS)
+        return cls(
+            bootstrap=bootstrap, producer_conf=conf, topic=topic,
+            transactional_id_prefix=prefix, transaction_timeout_ms=timeout,
+            marker_topic=options.get(opt.KAFKA_MARKER_TOPIC) or topic,
+            checkpoint_interval_ms=int(float(interval)) if interval else None,
+            publish_timeout_ms=int(options.get(opt.KAFKA_PUBLISH_TIMEOUT_MS,
+                                               opt.DEFAULT_PUBLISH_TIMEOUT_MS)),
+            fault=fault_from(options))
+
+    def client_conf(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, **self.producer_conf}
+
+    def transactional_id(self, query_id: str) -> str:
+        """The transactional id of the query's publishing producer."""
+        return f"{self.transactional_id_prefix}-{query_id}"
+
+    def marker_group(self, query_id: str) -> str:
+        """The consumer group whose offset of ``<marker topic>[0]`` is the epoch marker."""
+        return f"{self.transactional_id_prefix}-{query_id}-epochs"
+
+
+# -- start-time checks ------------------------------------------------------------------
+def broker_transaction_max_timeout_ms(conf: Mapping[str, Any], timeout: float = 30) -> int:
+    """The broker's ``transaction.max.timeout.ms`` (AdminClient ``describe_configs``)."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient(dict(conf))
+    try:
+        brokers = admin.list_topics(timeout=timeout).brokers
+    except Exception as exc:
+        raise KafkaSinkError(f"cannot reach Kafka at {conf.get('bootstrap.servers')}: {exc}. "
+                             f"Check {opt.KAFKA_BOOTSTRAP} and that the broker is up") from exc
+    broker_id = str(min(brokers))
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, broker_id)])
+    (config,) = [f.result(timeout) for f in futures.values()]
+    return int(config["transaction.max.timeout.ms"].value)
+
+
+def check_transaction_timeout(transaction_timeout_ms: int, broker_max_timeout_ms: int,
+                              checkpoint_interval_ms: int | None) -> None:
+    """Refuse a ``transaction.timeout.ms`` the seeds warn about, naming the fix.
+
+    It must not exceed the broker's ``transaction.max.timeout.ms`` (Kafka refuses to start
+    such a transaction) and must exceed the checkpoint interval (an epoch's transaction must
+    be able to outlive the epoch that produces it).
+    """
+    key = opt.KAFKA_TRANSACTION_TIMEOUT_MS
+    if transaction_timeout_ms > broker_max_timeout_ms:
+        raise ConfigError(
+            f"exactly.kafka sink: {key}={transaction_timeout_ms} is "
+            f"above the broker's transaction.max.timeout.ms={broker_max_timeout_ms}; Kafka "
+            "would refuse or abort the transaction and its records would be lost. Set "
+            f"checkpoint interval < {key} <= {broker_max_timeout_ms}, "
+            "or raise transaction.max.timeout.ms on the brokers.")
+    if checkpoint_interval_ms is not None and transaction_timeout_ms <= checkpoint_interval_ms:
+        raise ConfigError(
+            f"exactly.kafka sink: {key}={transaction_timeout_ms} is not "
+            f"above the checkpoint interval ({checkpoint_interval_ms} ms): a transaction could "
+            f"time out before its epoch is committed. Set checkpoint interval < {key} <= "
+            f"{broker_max_timeout_ms} (the broker's transaction.max.timeout.ms), e.g. a few "
+            "times the interval.")
+
+
+def check_schema(schema: Any, topic: str | None) -> None:
+    """Check the DataFrame's columns against what the sink writes (Spark's Kafka layout)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+    )
+
+    fields = {f.name: f.dataType for f in schema.fields}
+    text = (StringType, BinaryType)
+    if "value" not in fields or not isinstance(fields["value"], text):
+        raise ConfigError("exactly.kafka sink: the DataFrame needs a 'value' column of type "
+                          "string or binary, e.g. df.select(to_json(struct('*')).alias("
+                          "'value'))")
+    if "key" in fields and not isinstance(fields["key"], text):
+        raise ConfigError("exactly.kafka sink: column 'key' must be string or binary; cast it")
+    if "topic" in fields and not isinstance(fields["topic"], StringType):
+        raise ConfigError("exactly.kafka sink: column 'topic' must be a string")
+    if "topic" not in fields and not topic:
+        raise ConfigError(f"exactly.kafka sink: give the target with .option('{opt.TOPIC}', "
+                          "NAME) or a 'topic' column")
+    if "partition" in fields and not isinstance(fields["partition"],
+                                                (IntegerType, LongType, ShortType)):
+        raise ConfigError("exactly.kafka sink: column 'partition' must be an integer")
+    if "headers" in fields and not isinstance(fields["headers"], ArrayType):
+        raise ConfigError("exactly.kafka sink: column 'headers' must be "
+                          "array<struct<key: string, value: binary>>")

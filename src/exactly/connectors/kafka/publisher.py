@@ -1,0 +1,364 @@
+"""Publishing epochs to Kafka: the driver's transactional producer, the epoch marker, producing.
+
+:class:`PublishSession` is the driver side's producer of one query. It opens a producer
+with ``transactional.id = <prefix>-<query id>`` and calls ``init_transactions()``, which
+fences any older producer of the query (a zombie driver) and completes or aborts the
+transaction a crashed driver left open; then it reads the epoch marker and, unless the
+epoch is already published, produces the epoch's staged rows, sets the marker with
+``send_offsets_to_transaction`` and commits, all in ONE transaction.
+
+The epoch marker is the consumer-group offset of ``<marker topic>[0]`` for the group
+``<prefix>-<query id>-epochs``, set to ``epoch + 1`` inside the data transaction, so it
+commits atomically with the rows: "epoch n is published" is decidable after any crash (the
+committed offset is ``> n``). It is read ``read_committed`` after ``init_transactions()``,
+so no transaction of the query is in doubt when it is read. :func:`read_marker` reads it
+from outside without fencing anything.
+
+Errors (the retry policy is :mod:`exactly.retry`):
+
+* fenced (:data:`FENCED_CODES`: a newer producer of the query took over) -
+  :class:`~exactly.errors.FencedError` at once, nothing of the open transaction is visible;
+* fatal producer errors - :class:`~exactly.connectors.kafka.options.KafkaSinkError` at once;
+  the epoch stays staged and the next run publishes it;
+* anything else Kafka raises during a publish - retried with a fresh producer each attempt
+  (``init_transactions`` settles what the last one left, the marker says whether to produce
+  again) until ``exactly.kafka.publishTimeoutMs``, then ``KafkaSinkError``;
+* single client calls (:func:`kafka_call`) retry what Kafka flags retriable and a group
+  coordinator moving (:data:`COORDINATOR_MOVING`).
+
+Crash point ``kafka.in_transaction`` (:data:`IN_TRANSACTION`): inside a publish, after the
+epoch's records were produced into the open transaction and flushed to the broker's log,
+before the marker and the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from exactly.connectors.kafka.options import KafkaSinkError, KafkaSinkOptions
+from exactly.errors import ConfigError, DataLossError, FencedError
+from exactly.logs import log_event
+from exactly.protocol.faults import maybe_crash, register_point
+from exactly.retry import retry_call
+
+logger = logging.getLogger("exactly.connectors.kafka.publisher")
+
+IN_TRANSACTION = register_point(
+    "kafka.in_transaction", on_driver=True,
+    description="driver: the epoch's records produced into the open Kafka transaction and "
+                "flushed, before the epoch marker and the commit")
+
+#: attempts of one client call on retriable errors (:func:`kafka_call`)
+CALL_ATTEMPTS = 20
+
+
+# -- error classification ---------------------------------------------------------------
+def _codes(*names: str) -> frozenset[int]:
+    try:
+        from confluent_kafka import KafkaError
+    except ImportError:  # pragma: no cover - confluent-kafka is needed to use the sink
+        return frozenset()
+    return frozenset(getattr(KafkaError, name) for name in names)
+
+
+#: a newer producer with our transactional id took over: this one must stop
+FENCED_CODES = _codes("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
+                      "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+#: errors of offset fetches that librdkafka does not flag retriable but that pass
+COORDINATOR_MOVING = _codes("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
+                            "COORDINATOR_NOT_AVAILABLE")
+
+
+def _kafka_error(exc: BaseException) -> Any:
+    """The ``KafkaError`` of a ``KafkaException`` (None for other exceptions)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """A newer producer with the same transactional id took over (:data:`FENCED_CODES`)."""
+    err = _kafka_error(exc)
+    return err is not None and err.code() in FENCED_CODES
+
+
+def is_retriable_call(exc: BaseException) -> bool:
+    """A single client call may simply be made again: Kafka flags the error retriable (or
+    the coordinator is moving) and it neither is fatal nor needs the transaction aborted."""
+    err = _kafka_error(exc)
+    if err is None:
+        return False
+    return ((err.retriable() or err.code() in COORDINATOR_MOVING)
+            and not err.fatal() and not err.txn_requires_abort())
+
+
+def kafka_call(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    """Call a confluent-kafka API, retrying the errors :func:`is_retriable_call` accepts
+    (at most :data:`CALL_ATTEMPTS` attempts, logged at INFO)."""
+    return retry_call(lambda: fn(*args, **kwargs), what=what, transient=is_retriable_call,
+                      attempts=CALL_ATTEMPTS, maximum=1.0, level=logging.INFO, log=logger)
+
+
+# -- producing --------------------------------------------------------------------------
+def new_producer(options: KafkaSinkOptions, extra: Mapping[str, Any]) -> Any:
+    """An idempotent producer with the sink's settings (and ``extra`` on top)."""
+    from confluent_kafka import Producer
+
+    conf: dict[str, Any] = {
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        # Java clients' partitioner, so that keys land where Spark's and Java producers put them
+        "partitioner": "murmur2_random",
+        "queue.buffering.max.messages": 500_000,
+        **options.client_conf(),
+        **extra,
+    }
+    return Producer(conf)
+
+
+def produce_batch(producer: Any, batch: pa.RecordBatch, default_topic: str | None) -> None:
+    """Produce the rows of one Arrow batch (Spark's Kafka sink column layout).
+
+    When the producer's local queue is full (``BufferError``) it serves delivery reports
+    (``poll``) and produces the record again: flow control, not a failure. Delivery failures
+    surface through the producer's delivery callback (at_least_once) or make
+    ``commit_transaction`` fail (exactly_once).
+    """
+    names = batch.schema.names
+    values = batch.column(names.index("value")).to_pylist()
+    keys = (batch.column(names.index("key")).to_pylist() if "key" in names
+            else [None] * batch.num_rows)
+    produce, poll = producer.produce, producer.poll
+    if not {"topic", "partition", "headers"} & set(names):  # the common, fast path
+        if default_topic is None:
+            raise ConfigError("exactly.kafka sink: rows have no topic column and option "
+                              "topic is not set")
+        for value, key in zip(values, keys, strict=True):
+            try:
+                produce(default_topic, value, key)
+            except BufferError:
+                _produce_when_room(producer, default_topic, value, key)
+        poll(0)
+        return
+    n = batch.num_rows
+    topics = batch.column(names.index("topic")).to_pylist() if "topic" in names else None
+    parts = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
+    headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
+    for i in range(n):
+        topic = topics[i] if topics is not None and topics[i] is not None else default_topic
+        if topic is None:
+            raise ConfigError(f"exactly.kafka sink: row {i} has no topic and option topic is "
+                              "not set")
+        kwargs: dict[str, Any] = {}
+        if keys[i] is not None:
+            kwargs["key"] = keys[i]
+        if parts is not None and parts[i] is not None:
+            kwargs["partition"] = int(parts[i])
+        if headers is not None and headers[i]:
+            kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
+        try:
+            produce(topic, values[i], **kwargs)
+        except BufferError:
+            _produce_when_room(producer, topic, values[i], **kwargs)
+    poll(0)
+
+
+def _produce_when_room(producer: Any, *args: Any, **kwargs: Any) -> None:
+    """The local queue is full: let librdkafka send (``poll``), then produce again."""
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(*args, **kwargs)
+            return
+        except BufferError:
+            continue
+
+
+def flush(producer: Any, timeout: float) -> None:
+    """Wait until every produced record is delivered; KafkaSinkError after ``timeout``."""
+    remaining = producer.flush(timeout)
+    if remaining:
+        raise KafkaSinkError(f"{remaining} records were not delivered within {timeout:.0f}s; "
+                             "check the brokers")
+
+
+# -- the epoch marker -------------------------------------------------------------------
+def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -> int:
+    """One past the last epoch of ``query_id`` published to Kafka (0 when none was).
+
+    Read-only: it fences nothing (unlike the session's own read, which runs after
+    ``init_transactions``); while a publish is in flight it waits for it to settle.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**options.client_conf(), "group.id": options.marker_group(query_id),
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        (tp,) = kafka_call(consumer.committed, [TopicPartition(options.marker_topic, 0)],
+                           timeout=timeout, what="read epoch marker")
+        return max(tp.offset, 0)
+    finally:
+        consumer.close()
+
+
+# -- the publish session ----------------------------------------------------------------
+class PublishSession:
+    """The driver side's transactional producer of one query, fenced and recovered."""
+
+    def __init__(self, options: KafkaSinkOptions, query_id: str) -> None:
+        self.options = options
+        self.query_id = query_id
+        self.producer: Any = None
+        self.consumer: Any = None
+        self.in_transaction = False
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.publish_timeout_ms / 1000
+
+    def _open(self) -> None:
+        """Open the producer (fencing older ones, settling what they left) and the consumer
+        that reads the marker; a no-op while they are open."""
+        from confluent_kafka import Consumer
+
+        if self.producer is not None:
+            return
+        opts = self.options
+        if opts.marker_topic is None:
+            raise ConfigError("exactly.kafka sink: rows name their topic in a column, so set "
+                              "option exactly.kafka.markerTopic to an existing topic whose "
+                              "partition 0 carries the epoch marker (as a group offset)")
+        self.producer = new_producer(opts, {
+            "transactional.id": opts.transactional_id(self.query_id),
+            "transaction.timeout.ms": opts.transaction_timeout_ms})
+        self.consumer = Consumer({
+            **opts.client_conf(), "group.id": opts.marker_group(self.query_id),
+            "isolation.level": "read_committed", "enable.auto.commit": False})
+        # fences older producers of this transactional id and completes or aborts the
+        # transaction a crashed predecessor left open: afterwards nothing is in doubt
+        kafka_call(self.producer.init_transactions, self.timeout_s, what="init_transactions")
+
+    def published_through(self) -> int:
+        """One past the last epoch whose transaction committed (0 when none did)."""
+        from confluent_kafka import TopicPartition
+
+        self._open()
+        (tp,) = kafka_call(self.consumer.committed,
+                           [TopicPartition(self.options.marker_topic, 0)],
+                           timeout=self.timeout_s, what="read epoch marker")
+        if tp.error is not None:
+            raise KafkaSinkError(f"reading the epoch marker failed: {tp.error}")
+        return max(tp.offset, 0)
+
+    def publish(self, epoch: int, files: list[Path]) -> None:
+        """Publish the rows staged in ``files`` as epoch ``epoch``, unless it already is.
+
+        Raises FencedError when a newer producer of the query took over, KafkaSinkError
+        when the producer failed fatally or the publish kept failing for
+        ``publishTimeoutMs``, DataLossError when a staged file is gone and the epoch is not
+        in Kafka.
+        """
+        from confluent_kafka import KafkaException
+
+        attempts = 0
+
+        def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self._publish_once(epoch, files, attempts)
+            except KafkaException as exc:
+                self._raise_if_final(epoch, exc)
+                raise
+
+        try:
+            retry_call(attempt, what="publish epoch", seconds=self.timeout_s,
+                       transient=lambda exc: isinstance(exc, KafkaException),
+                       initial=0.2, before_retry=self.close, log=logger, epoch=epoch)
+        except KafkaException as exc:
+            raise KafkaSinkError(
+                f"epoch {epoch}: publishing to Kafka failed for "
+                f"{self.options.publish_timeout_ms} ms ({attempts} attempts), last error "
+                f"{_describe(exc)}. The epoch stays staged and is published by the next "
+                "run; check the brokers, or raise exactly.kafka.publishTimeoutMs.") from exc
+
+    def _publish_once(self, epoch: int, files: list[Path], attempt: int) -> None:
+        from confluent_kafka import TopicPartition
+
+        if self.published_through() > epoch:
+            log_event(logger, "epoch_already_published", epoch=epoch)
+            return
+        tables = []
+        for path in files:
+            if not path.exists():
+                raise DataLossError(
+                    f"epoch {epoch}: staged rows {path} named by the commit intent "
+                    "are gone and the epoch is not in Kafka")
+            with pa.memory_map(str(path)) as source:
+                tables.append(pa.ipc.open_file(source).read_all())
+        started = time.perf_counter()
+        producer = self.producer
+        producer.begin_transaction()
+        self.in_transaction = True
+        rows = 0
+        for table in tables:
+            for batch in table.to_batches():
+                produce_batch(producer, batch, self.options.topic)
+                rows += batch.num_rows
+        # the records reach the broker's log, uncommitted, before the crash
+        maybe_crash(self.options.fault, IN_TRANSACTION, epoch,
+                    before=lambda: producer.flush(30))
+        marker = TopicPartition(self.options.marker_topic, 0, epoch + 1,
+                                metadata=json.dumps({"epoch": epoch, "rows": rows}))
+        kafka_call(producer.send_offsets_to_transaction, [marker],
+                   self.consumer.consumer_group_metadata(), self.timeout_s,
+                   what="send epoch marker")
+        kafka_call(producer.commit_transaction, self.timeout_s, what="commit_transaction")
+        self.in_transaction = False
+        log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
+                  publish_ms=round((time.perf_counter() - started) * 1000, 1))
+
+    def _raise_if_final(self, epoch: int, exc: BaseException) -> None:
+        """Fenced or fatal: no retry can help; raise the error that says so."""
+        err = _kafka_error(exc)
+        if err is None:
+            return
+        if is_fenced(exc):
+            raise FencedError(
+                f"epoch {epoch}: Kafka fenced this producer "
+                f"({self.options.transactional_id(self.query_id)}): {err.str()}. A newer "
+                "instance of this query took over; this one must stop. Nothing of "
+                "this instance's open transaction becomes visible.") from exc
+        if err.fatal():
+            raise KafkaSinkError(
+                f"epoch {epoch}: the transactional producer failed fatally: "
+                f"{err.str()}. Nothing of its open transaction becomes visible; the "
+                "epoch stays staged and the next run publishes it.") from exc
+
+    def close(self) -> None:
+        """Release the clients; a transaction still open is aborted (best effort: if that
+        fails, the next ``init_transactions`` or the transaction timeout aborts it)."""
+        producer, consumer = self.producer, self.consumer
+        self.producer = self.consumer = None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                consumer.close()
+        if producer is not None and self.in_transaction:
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(10)
+        self.in_transaction = False
+
+
+def _describe(exc: BaseException) -> str:
+    err = _kafka_error(exc)
+    return err.str() if err is not None else str(exc)

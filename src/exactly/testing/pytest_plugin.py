@@ -1,0 +1,97 @@
+"""pytest fixtures for throw-away servers: a PostgreSQL server and a Kafka broker.
+
+Register the plugin in a root ``conftest.py``::
+
+    pytest_plugins = ["exactly.testing.pytest_plugin"]
+
+Servers start on first use, once per test session, on 127.0.0.1 with ports and
+directories of their own, and are removed at the end. A missing server binary is a
+failure, not a skip: a test that silently skips proves nothing. ``scripts/setup.sh``
+installs PostgreSQL (Debian's ``postgresql`` package) and the Kafka jars
+(``scripts/install-kafka.sh``).
+
+Fixtures
+--------
+``pg``          session: a :class:`~exactly.testing.pgcluster.TempPostgres` (20 prepared
+                transactions allowed)
+``conn``        an autocommit connection to ``pg``
+``table_name``  a fresh table name (``t_<hex>``)
+``kafka_jars``  session: the directory of the broker jars
+``broker``      session: a :class:`~exactly.testing.kafka_broker.KafkaBroker`
+                (``transaction.max.timeout.ms`` = 300000); a test that restarts it leaves it
+                running
+``topic``       a fresh 2-partition topic on ``broker``
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exactly.errors import ConfigError
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Any]:
+    """A throw-away PostgreSQL server for the session."""
+    from exactly.testing.pgcluster import TempPostgres
+
+    try:
+        server = TempPostgres(max_prepared_transactions=20)
+    except ConfigError as exc:
+        pytest.fail(f"PostgreSQL is needed for this test: {exc}", pytrace=False)
+    server.start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture
+def conn(pg: Any) -> Iterator[Any]:
+    """An autocommit connection to ``pg``."""
+    with pg.connect() as c:
+        yield c
+
+
+@pytest.fixture
+def table_name() -> str:
+    """A table name no other test uses."""
+    return f"t_{uuid.uuid4().hex[:10]}"
+
+
+# -- Kafka ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def kafka_jars() -> Path:
+    """The broker jars' directory; fails naming the installer when they are missing."""
+    from exactly.connectors.kafka.jars import connector_jars
+    from exactly.testing.kafka_broker import broker_jars_dir
+
+    try:
+        directory = broker_jars_dir()
+        connector_jars()
+    except ConfigError as exc:
+        pytest.fail(f"{exc}", pytrace=False)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One single-node Kafka broker (KRaft) for the session."""
+    from exactly.testing.kafka_broker import KafkaBroker
+
+    b = KafkaBroker(tmp_path_factory.mktemp("kafka-broker"), transaction_max_timeout_ms=300_000)
+    b.start()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def topic(broker: Any) -> str:
+    """A fresh 2-partition topic."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    broker.create_topic(name, 2)
+    return name

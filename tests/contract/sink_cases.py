@@ -1,0 +1,253 @@
+"""The sinks of the contract suite: how to build each one, feed it rows with ids, read back
+the ids a reader sees, and what it promises beyond the common protocol.
+
+Every case writes rows carrying an integer ``id`` (the audit id of DESIGN section 7) and
+reads back the sorted ids a reader sees, duplicates included, so "visible exactly once" is
+``visible() == sorted(expected ids)``. Server-backed cases need the ``pg`` or ``broker``
+fixture, started on first use (the ``server`` lane).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from exactly.config import Mode
+from exactly.protocol.contract import SinkSettings, TwoPhaseCommitSink
+from exactly.testing.harness import ProtocolHarness
+
+ID_KEY = pa.schema([("id", pa.int64()), ("key", pa.string())])
+
+
+def partitions(epoch: int) -> list[list[int]]:
+    """The input of ``epoch``: ids n*100+0..4, n*100+5..9 and an empty partition (which
+    pre-commits nothing). Spark replays an epoch with the same input."""
+    base = epoch * 100
+    return [list(range(base, base + 5)), list(range(base + 5, base + 10)), []]
+
+
+def ids(*epochs: int) -> list[int]:
+    """The ids of ``epochs``, each once, sorted."""
+    return sorted(i for e in epochs for part in partitions(e) for i in part)
+
+
+class SinkCase(ABC):
+    """One sink under the contract suite (a fresh target per test)."""
+
+    #: the case's name: the test id
+    name: ClassVar[str]
+    #: needs a PostgreSQL server or a Kafka broker (marked ``server``)
+    server: ClassVar[bool] = False
+    #: a task's rows are visible when the task ends, before any commit (idempotent upserts):
+    #: its pre-commit is not abortable and nothing waits for the intent
+    visible_at_task_end: ClassVar[bool] = False
+    #: a replay rewrites rows by key instead of adding them again (upserts)
+    keyed: ClassVar[bool] = False
+    #: ``already_committed`` of an epoch recovered after a crash between its first and second
+    #: handle commit: sinks that commit handle by handle recognise the first (1); sinks that
+    #: make the epoch visible only in ``publish_epoch`` have nothing committed yet (0)
+    already_committed_between_commits: ClassVar[int] = 1
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        self.request = request
+        self.tmp = tmp_path
+
+    def harness(self, mode: Mode = Mode.EXACTLY_ONCE) -> ProtocolHarness:
+        """A harness over a new sink of this case in ``mode``."""
+        settings = self.settings(mode)
+        return ProtocolHarness(self.build(settings), settings, visible=self.visible)
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode)
+
+    @abstractmethod
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        """The sink, its target prepared (``prepare_target``)."""
+
+    def rows(self, epoch: int) -> list[pa.RecordBatch]:
+        """The input of ``epoch`` (:func:`partitions`), one batch per partition."""
+        return [self.batch(part) for part in partitions(epoch)]
+
+    def batch(self, ids: list[int]) -> pa.RecordBatch:
+        """Rows carrying ``ids`` (a batch with no rows for an empty list)."""
+        return pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]}, schema=ID_KEY)
+
+    @abstractmethod
+    def visible(self) -> list[int]:
+        """The sorted ids a reader of the target sees now, duplicates included."""
+
+    def written(self) -> list[int]:
+        """Every id that reached the target in any state some reader could be configured to
+        see (Kafka: ``read_uncommitted``, which shows aborted transactions too)."""
+        return self.visible()
+
+
+class FilesCase(SinkCase):
+    name = "files"
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.files.sink import FileSink
+
+        self.root = self.tmp / "out"
+        return FileSink(str(self.root))
+
+    def batch(self, ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"id": pa.array(ids, pa.int64())})
+
+    def visible(self) -> list[int]:
+        from exactly.audit import data_files
+
+        files = [str(f) for f in data_files(self.root)] if self.root.exists() else []
+        if not files:
+            return []
+        return sorted(ds.dataset(files, format="parquet").to_table()["id"].to_pylist())
+
+
+class SqliteWalCase(SinkCase):
+    name = "sqlite_wal"
+    already_committed_between_commits = 0
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.wal import SqliteWalTarget, WriteAheadSink
+
+        self.path = self.tmp / "db.sqlite"
+        sink = WriteAheadSink(SqliteWalTarget(str(self.path), "events"), self.tmp / "log")
+        sink.prepare_target(ID_KEY)
+        return sink
+
+    def visible(self) -> list[int]:
+        with sqlite3.connect(self.path) as c:
+            return [r[0] for r in c.execute('SELECT id FROM "events" ORDER BY id')]
+
+
+class _PostgresCase(SinkCase):
+    server = True
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.pg: Any = request.getfixturevalue("pg")
+        self.table: str = request.getfixturevalue("table_name")
+
+    def visible(self) -> list[int]:
+        from psycopg import sql
+
+        with self.pg.connect() as c:
+            return [r[0] for r in c.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
+                sql.Identifier(self.table)))]
+
+
+class Postgres2pcCase(_PostgresCase):
+    """Visible = the plain table (a reader between two ``COMMIT PREPARED`` sees part of an
+    epoch there; tests/postgres/test_pg_visibility.py covers the epoch-consistent view)."""
+
+    name = "pg_2pc"
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.postgres.two_phase import PostgresTwoPhaseSink
+
+        sink = PostgresTwoPhaseSink(self.pg.dsn, self.table, self.tmp / "log", retry_seconds=20)
+        sink.prepare_target(ID_KEY, partitions=3)
+        return sink
+
+
+class PostgresWalCase(_PostgresCase):
+    name = "pg_wal"
+    already_committed_between_commits = 0
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.wal import PostgresWalTarget, WriteAheadSink
+
+        sink = WriteAheadSink(PostgresWalTarget(self.pg.dsn, self.table), self.tmp / "log")
+        sink.prepare_target(ID_KEY)
+        return sink
+
+
+class PostgresUpsertCase(_PostgresCase):
+    """Keyed by ``id``: a replay rewrites the same rows."""
+
+    name = "pg_upsert"
+    visible_at_task_end = True
+    keyed = True
+    already_committed_between_commits = 2  # nothing to commit on the driver side
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.postgres.upsert import IdempotentUpsertSink
+
+        sink = IdempotentUpsertSink(self.pg.dsn, self.table, ["id"], self.tmp / "log")
+        sink.prepare_target(ID_KEY)
+        return sink
+
+
+class KafkaCase(SinkCase):
+    """Rows are records ``{"id": n}``; visible = what a ``read_committed`` consumer reads."""
+
+    name = "kafka"
+    server = True
+    already_committed_between_commits = 0
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.broker: Any = request.getfixturevalue("broker")
+        self.topic: str = request.getfixturevalue("topic")
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode, log_dir=str(self.tmp / "log"))
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.kafka.options import KafkaSinkOptions
+        from exactly.connectors.kafka.sink import KafkaSink
+
+        options = KafkaSinkOptions.from_options({
+            "kafka.bootstrap.servers": self.broker.bootstrap, "topic": self.topic,
+            "transactionalIdPrefix": "contract", "kafka.transaction.timeout.ms": "20000"},
+            settings.mode)
+        return KafkaSink(options, settings)
+
+    def batch(self, ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"key": [str(i % 3) for i in ids],
+                                "value": [json.dumps({"id": i}) for i in ids]},
+                               schema=pa.schema([("key", pa.string()), ("value", pa.string())]))
+
+    def _read(self, isolation: str) -> list[int]:
+        from exactly.testing.kafka_broker import consume_all
+
+        return sorted(json.loads(v)["id"] for _, _, _, v in
+                      consume_all(self.broker.bootstrap, self.topic, isolation_level=isolation))
+
+    def visible(self) -> list[int]:
+        return self._read("read_committed")
+
+    def written(self) -> list[int]:
+        return self._read("read_uncommitted")
+
+
+CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, Postgres2pcCase,
+                                     PostgresWalCase, PostgresUpsertCase, KafkaCase)
+BY_NAME = {c.name: c for c in CASES}
+
+
+def over_sinks(*, only: Callable[[type[SinkCase]], bool] | None = None, why_not: str = "",
+               among: Sequence[str] | None = None) -> pytest.MarkDecorator:
+    """Parametrize a test over every sink (the ``case`` fixture), or the sinks named in
+    ``among`` (a test of some sinks' own promise).
+
+    Sinks for which ``only`` is false are collected as skipped, the reason ``why_not`` in
+    the report; server-backed sinks carry the ``server`` marker.
+    """
+    params = []
+    for case in CASES:
+        if among is not None and case.name not in among:
+            continue
+        marks: list[pytest.MarkDecorator] = [pytest.mark.server] if case.server else []
+        if only is not None and not only(case):
+            marks.append(pytest.mark.skip(reason=f"not for {case.name}: {why_not}"))
+        params.append(pytest.param(case.name, id=case.name, marks=marks))
+    return pytest.mark.parametrize("case", params, indirect=True)

@@ -1,0 +1,48 @@
+"""Where the Kafka jars are looked for (exactly.connectors.kafka.jars), without a broker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exactly.connectors.kafka import jars
+from exactly.errors import ConfigError
+from exactly.testing.kafka_broker import broker_jars_dir
+
+
+def test_an_explicit_directory_wins(monkeypatch, tmp_path):
+    (tmp_path / "spark-sql-kafka-0-10_2.13-4.2.0.jar").touch()
+    (tmp_path / "kafka-clients-3.9.2.jar").touch()
+    monkeypatch.setenv(jars.CONNECTOR_ENV, str(tmp_path))
+    assert jars.connector_jars() == sorted(str(p) for p in tmp_path.glob("*.jar"))
+
+
+def test_else_the_per_user_cache_never_the_source_tree(monkeypatch, tmp_path):
+    monkeypatch.delenv(jars.CONNECTOR_ENV, raising=False)
+    monkeypatch.delenv(jars.BROKER_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert jars.jars_dir("connector", jars.CONNECTOR_ENV) == tmp_path / "exactly/kafka/connector"
+    with pytest.raises(ConfigError, match=r"run scripts/setup\.sh") as info:
+        jars.connector_jars()
+    assert jars.CONNECTOR_ENV in str(info.value)
+    with pytest.raises(ConfigError, match=jars.BROKER_ENV):
+        broker_jars_dir()
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # ignored, as the XDG spec says
+    assert jars.cache_dir() == Path.home() / ".cache" / "exactly" / "kafka"
+
+
+def test_a_wrong_explicit_directory_names_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv(jars.BROKER_ENV, str(tmp_path))
+    with pytest.raises(ConfigError, match=f"from {jars.BROKER_ENV}"):
+        broker_jars_dir()
+
+
+def test_the_kafka_source_does_not_load_the_test_kit():
+    code = ("import sys, exactly.connectors.kafka.source; "
+            "print([m for m in sys.modules if m.startswith('exactly.testing')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
