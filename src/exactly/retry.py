@@ -43,6 +43,7 @@ from tenacity import (
     wait_exponential,
     wait_random,
 )
+from tenacity.stop import stop_base
 
 from exactly.logs import log_event
 
@@ -73,7 +74,7 @@ def retry_call(fn: Callable[[], T], *, what: str,
     """
     if seconds is None and attempts is None:
         raise ValueError("retry_call needs seconds=... or attempts=... (an end to retrying)")
-    stop = stop_never
+    stop: stop_base = stop_never
     if seconds is not None:
         stop = stop | stop_before_delay(seconds)
     if attempts is not None:

@@ -24,7 +24,7 @@ mode and one-host clusters, a shared mount otherwise).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -212,7 +212,7 @@ class SqliteWalTarget(WalTarget):
             conn.execute("COMMIT")
 
 
-def target_from_options(options: dict[str, str], dsn: str | None) -> WalTarget:
+def target_from_options(options: Mapping[str, str], dsn: str | None) -> WalTarget:
     """PostgreSQL when a DSN is given, else SQLite at option ``path`` / ``sqlite:PATH``."""
     table = options.get(opt.TABLE)
     if not table:

@@ -33,6 +33,7 @@ options of :mod:`exactly.protocol.faults`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
@@ -107,7 +108,7 @@ class DatagenDataSource(DataSource):
 
 
 
-def resolve_dsn(options: dict[str, str], *, required: bool = True, what: str = "sink") -> str:
+def resolve_dsn(options: Mapping[str, str], *, required: bool = True, what: str = "sink") -> str:
     """The connection string from ``dsn`` / ``dsnEnv`` (+ ``password``)."""
     dsn = options.get(opt.DSN)
     env = options.get(opt.DSN_ENV)
@@ -129,7 +130,7 @@ def resolve_dsn(options: dict[str, str], *, required: bool = True, what: str = "
     return dsn
 
 
-def _key_columns(options: dict[str, str]) -> tuple[str, ...]:
+def _key_columns(options: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(k.strip() for k in options.get(opt.KEY_COLUMNS, "").split(",") if k.strip())
 
 

@@ -80,14 +80,14 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
         if settings.mode is Mode.EXACTLY_ONCE and sink.recover_before_first_epoch:
             recover_on_new_driver(sink, settings, fault)
 
-    def write(self, iterator: Iterator) -> HandleMessage:  # type: ignore[override]
+    def write(self, iterator: Iterator) -> HandleMessage:
         return HandleMessage(run_task(self.sink, current_task(), iterator,
                                       mode=self.settings.mode, fault=self.fault))
 
-    def commit(self, messages: list, batchId: int) -> None:  # type: ignore[override]
+    def commit(self, messages: list, batchId: int) -> None:
         Committer(self.sink, self.settings, self.fault).commit_epoch(batchId, _handles(messages))
 
-    def abort(self, messages: list, batchId: int) -> None:  # type: ignore[override]
+    def abort(self, messages: list, batchId: int) -> None:
         Committer(self.sink, self.settings, self.fault).abort_epoch(batchId, _handles(messages))
 
 

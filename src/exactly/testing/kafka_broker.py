@@ -46,7 +46,7 @@ class _NotReady(Exception):
     """The broker answers but is not serving yet."""
 
 
-def quiet_conf(bootstrap: str) -> dict[str, object]:
+def quiet_conf(bootstrap: str) -> dict[str, str | int | float | bool]:
     """Client settings for helper clients that must not log connection retries."""
     return {"bootstrap.servers": bootstrap, "log_level": 2}
 
@@ -303,7 +303,8 @@ def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_comm
         while pending and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                records.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+                records.append((int(msg.partition() or 0), int(msg.offset() or 0), msg.key(),
+                                msg.value()))
             for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
                 if tp.offset >= ends[tp.partition]:
                     pending.discard(tp.partition)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def list_input_files(directory: Path) -> list[str]:
 class FilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Stream reader over a directory of files; see the module docstring."""
 
-    def __init__(self, options: dict, schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         path = options.get("path")
         if not path:
             raise ConfigError("exactly.files source: set the input directory with "

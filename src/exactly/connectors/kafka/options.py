@@ -101,6 +101,15 @@ class KafkaSinkOptions:
         """The consumer group whose offset of ``<marker topic>[0]`` is the epoch marker."""
         return f"{self.transactional_id_prefix}-{query_id}-epochs"
 
+    def require_marker_topic(self) -> str:
+        """The topic whose partition 0 carries the epoch marker; ConfigError naming the
+        option when rows name their topic in a column and no marker topic is set."""
+        if self.marker_topic is None:
+            raise ConfigError("exactly.kafka sink: rows name their topic in a column, so set "
+                              f"option {opt.KAFKA_MARKER_TOPIC} to an existing topic whose "
+                              "partition 0 carries the epoch marker (as a group offset)")
+        return self.marker_topic
+
 
 # -- start-time checks ------------------------------------------------------------------
 def broker_transaction_max_timeout_ms(conf: Mapping[str, Any], timeout: float = 30) -> int:

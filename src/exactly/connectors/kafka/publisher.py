@@ -204,7 +204,7 @@ def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -
     consumer = Consumer({**options.client_conf(), "group.id": options.marker_group(query_id),
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
-        (tp,) = kafka_call(consumer.committed, [TopicPartition(options.marker_topic, 0)],
+        (tp,) = kafka_call(consumer.committed, [TopicPartition(options.require_marker_topic(), 0)],
                            timeout=timeout, what="read epoch marker")
         return max(tp.offset, 0)
     finally:
@@ -234,10 +234,7 @@ class PublishSession:
         if self.producer is not None:
             return
         opts = self.options
-        if opts.marker_topic is None:
-            raise ConfigError("exactly.kafka sink: rows name their topic in a column, so set "
-                              "option exactly.kafka.markerTopic to an existing topic whose "
-                              "partition 0 carries the epoch marker (as a group offset)")
+        opts.require_marker_topic()
         self.producer = new_producer(opts, {
             "transactional.id": opts.transactional_id(self.query_id),
             "transaction.timeout.ms": opts.transaction_timeout_ms})
@@ -254,7 +251,7 @@ class PublishSession:
 
         self._open()
         (tp,) = kafka_call(self.consumer.committed,
-                           [TopicPartition(self.options.marker_topic, 0)],
+                           [TopicPartition(self.options.require_marker_topic(), 0)],
                            timeout=self.timeout_s, what="read epoch marker")
         if tp.error is not None:
             raise KafkaSinkError(f"reading the epoch marker failed: {tp.error}")
@@ -318,7 +315,7 @@ class PublishSession:
         # the records reach the broker's log, uncommitted, before the crash
         maybe_crash(self.options.fault, IN_TRANSACTION, epoch,
                     before=lambda: producer.flush(30))
-        marker = TopicPartition(self.options.marker_topic, 0, epoch + 1,
+        marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
                                 metadata=json.dumps({"epoch": epoch, "rows": rows}))
         kafka_call(producer.send_offsets_to_transaction, [marker],
                    self.consumer.consumer_group_metadata(), self.timeout_s,

@@ -30,6 +30,7 @@ timestamp_ntz); other types are read as their text form (string).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,7 @@ class KeyRange(InputPartition):
     high: int  # inclusive
 
 
-def _options(options: dict[str, str]) -> tuple[TableName, str, list[str] | None]:
+def _options(options: Mapping[str, str]) -> tuple[TableName, str, list[str] | None]:
     table = options.get("table")
     if not table:
         raise ConfigError("exactly.postgres source: set option table")
@@ -98,7 +99,7 @@ def _options(options: dict[str, str]) -> tuple[TableName, str, list[str] | None]
     return TableName.parse(table), options.get("keyColumn", "id"), columns
 
 
-def table_schema(dsn: str, options: dict[str, str]) -> StructType:
+def table_schema(dsn: str, options: Mapping[str, str]) -> StructType:
     """The Spark schema of the source table (all columns, or option ``columns``)."""
     table, key, wanted = _options(options)
     with pg_connect(dsn, application="exactly-source", autocommit=True) as conn:
@@ -126,7 +127,7 @@ def table_schema(dsn: str, options: dict[str, str]) -> StructType:
 class PostgresTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Reads new rows of a table by key range; see the module docstring."""
 
-    def __init__(self, dsn: str, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, dsn: str, options: Mapping[str, str], schema: StructType) -> None:
         self.dsn = dsn
         self.table, self.key, _ = _options(options)
         raw = options.get("maxRowsPerTrigger")
@@ -158,7 +159,7 @@ class PostgresTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
         from psycopg import sql
 
         low = start["key"]
-        where = sql.SQL("")
+        where: sql.Composable = sql.SQL("")
         params: tuple = ()
         if low is not None:
             where = sql.SQL("WHERE {} > %s").format(sql.Identifier(self.key))

@@ -153,6 +153,7 @@ def upsert_statement(table: TableName, schema: pa.Schema, keys: Sequence[str],
     arrays = [sql.SQL("%s::{}[]").format(sql.SQL(pg_type(f))) for f in schema]
     cols = sql.SQL(", ").join(sql.Identifier(n) for n in names)
     updates = [n for n in names if n not in keys]
+    action: sql.Composable
     if not updates:
         action = sql.SQL("DO NOTHING")
     else:
