@@ -31,7 +31,6 @@ import json
 import math
 import os
 import random
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -45,6 +44,7 @@ from exactly.audit import verify
 from exactly.demos.files import write_events
 from exactly.procs import ProcessInfo, job_processes
 from exactly.testing.chaos import Attempt, RandomKill, python_command, run_with_crashes
+from exactly.testing.readers import BackgroundReader
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -152,27 +152,26 @@ def progress(sink: str, summary: Summary):
 # -- files -----------------------------------------------------------------------------------
 
 
-class EpochDirReader:
+class EpochDirReader(BackgroundReader):
     """Polls a file sink's output: every published epoch holds exactly one whole input file."""
 
     def __init__(self, out: Path, per_file: int, summary: Summary) -> None:
+        super().__init__()
         self.out, self.per_file, self.summary = out, per_file, summary
         self.seen: dict[str, tuple[list[str], int]] = {}  # epoch dir -> (files, first id)
         self.owner: dict[int, str] = {}  # first id of an input file -> epoch dir holding it
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def anomaly(self, text: str) -> None:
         self.summary.reader_anomalies += 1
         self.summary.anomalies.append(text)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self) -> None:
+        while not self.stopping.is_set():
             try:
                 self.poll()
             except Exception as exc:  # an unreadable or vanished published file
                 self.anomaly(f"files reader: {type(exc).__name__}: {exc}")
-            time.sleep(POLL_SECONDS)
+            self.stopping.wait(POLL_SECONDS)
 
     def poll(self) -> None:
         names = sorted(e.name for e in os.scandir(self.out)
@@ -199,13 +198,7 @@ class EpochDirReader:
             self.seen[name] = (files, first)
         self.summary.reader_polls += 1
 
-    def __enter__(self) -> EpochDirReader:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+    def finish(self) -> None:
         self.poll()  # a last look at the final state
 
 
@@ -246,33 +239,32 @@ def test_file_sink_random_time_kills_of_the_whole_tree_lose_and_duplicate_nothin
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-class TablePoller:
+class TablePoller(BackgroundReader):
     """Polls a table during the run: no id ever visible twice, the row count never drops."""
 
     def __init__(self, dsn: str, table: str, summary: Summary) -> None:
+        super().__init__()
         self.dsn, self.table, self.summary = dsn, table, summary
         self.rows = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def anomaly(self, text: str) -> None:
         self.summary.reader_anomalies += 1
         self.summary.anomalies.append(text)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         import psycopg
 
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    while not self._stop.is_set():
+                    while not self.stopping.is_set():
                         self.poll(conn)
-                        time.sleep(POLL_SECONDS)
+                        self.stopping.wait(POLL_SECONDS)
             except psycopg.errors.UndefinedTable:
-                time.sleep(0.5)  # the job has not created it yet
+                self.stopping.wait(0.5)  # the job has not created it yet
             except psycopg.Error as exc:
                 self.anomaly(f"postgres reader: {type(exc).__name__}: {exc}")
-                time.sleep(0.5)
+                self.stopping.wait(0.5)
 
     def poll(self, conn) -> None:
         rows, distinct = conn.execute(
@@ -284,13 +276,6 @@ class TablePoller:
         self.rows = max(self.rows, rows)
         self.summary.reader_polls += 1
 
-    def __enter__(self) -> TablePoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 def run_postgres_job(pg, tmp: Path, summary: Summary, delays: list[float]) -> None:

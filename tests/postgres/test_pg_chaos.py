@@ -28,6 +28,7 @@ from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import ACTION_ENV, DRIVER_POINTS, FAULT_ENV, FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
+from exactly.testing.readers import BackgroundReader
 
 pytestmark = pytest.mark.chaos
 SLOW = os.environ.get("EXACTLY_SLOW") == "1"
@@ -117,41 +118,32 @@ def expected_totals(rows: int, keys: int) -> dict[str, tuple[int, int]]:
     return {k: (int(r.events), int(r.total)) for k, r in grouped.iterrows()}
 
 
-class Poller:
+class Poller(BackgroundReader):
     """Reads the table during the whole run; records any value that moved backwards."""
 
     def __init__(self, pg, table: str) -> None:
+        super().__init__()
         self.pg, self.table = pg, table
         self.seen: dict[str, int] = {}
         self.backwards: list[tuple[str, int, int]] = []
         self.reads = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         import psycopg
 
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 with self.pg.connect() as c:
-                    while not self._stop.is_set():
+                    while not self.stopping.is_set():
                         rows = c.execute(f'SELECT key, events FROM "{self.table}"').fetchall()
                         self.reads += 1
                         for key, events in rows:
                             if events < self.seen.get(key, 0):
                                 self.backwards.append((key, self.seen[key], events))
                             self.seen[key] = events
-                        time.sleep(0.02)
+                        self.stopping.wait(0.02)
             except psycopg.Error:  # table not there yet
-                time.sleep(0.2)
-
-    def __enter__(self) -> Poller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+                self.stopping.wait(0.2)
 
 
 @pytest.mark.parametrize("sink,pipeline,points", [

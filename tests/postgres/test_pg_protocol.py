@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pg_rows import SCHEMA, parts
 
 from exactly.connectors.postgres.two_phase import (
     PostgresTwoPhaseSink,
@@ -26,19 +27,6 @@ from exactly.connectors.sql import DatabaseError, pg_connect, redact_dsn
 from exactly.errors import ConfigError
 from exactly.testing.harness import ProtocolHarness
 from exactly.testing.pgcluster import TempPostgres, wait_until_accepting
-
-SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
-
-
-def parts(epoch: int, count: int = 2, rows: int = 5) -> list[pa.RecordBatch]:
-    """The input of ``epoch``: ``count`` partitions of ``rows`` ids from ``epoch * 1000``."""
-    batches = []
-    for p in range(count):
-        start = epoch * 1000 + p * rows
-        ids = list(range(start, start + rows))
-        batches.append(pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
-                                       schema=SCHEMA))
-    return batches
 
 
 def ids_in(conn, table: str) -> list[int]:

@@ -7,12 +7,12 @@ whose completion record (written after the last ``COMMIT PREPARED``) is committe
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pg_rows import SCHEMA, parts
 from psycopg import sql
 
 from exactly.connectors.postgres.two_phase import (
@@ -24,19 +24,7 @@ from exactly.errors import ConfigError
 from exactly.protocol.faults import FaultPoint
 from exactly.testing.harness import ProtocolHarness
 from exactly.testing.pgcluster import TempPostgres
-
-SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
-
-
-def parts(epoch: int, count: int = 2, rows: int = 5) -> list[pa.RecordBatch]:
-    """The input of ``epoch``: ``count`` partitions of ``rows`` ids (:func:`epoch_ids`)."""
-    batches = []
-    for p in range(count):
-        start = epoch * 1000 + p * rows
-        ids = list(range(start, start + rows))
-        batches.append(pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]},
-                                       schema=SCHEMA))
-    return batches
+from exactly.testing.readers import BackgroundReader
 
 
 def epoch_ids(n: int, parts: int = 2, rows: int = 5) -> list[int]:
@@ -182,46 +170,37 @@ def test_a_view_name_taken_by_a_table_is_refused_with_the_option_named(pg, conn,
 
 
 # -- real Spark, real PostgreSQL --------------------------------------------------------
-class ViewPoller:
+class ViewPoller(BackgroundReader):
     """Polls ``SELECT epoch, count(*) ... GROUP BY epoch`` on the view (and, for contrast,
     on the plain table) as fast as it can, keeping every distinct state it saw."""
 
     def __init__(self, pg, table: str) -> None:
+        super().__init__()
         self.pg, self.table = pg, table
         self.view_states: Counter = Counter()
         self.table_states: Counter = Counter()
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _state(self, conn, relation: str) -> frozenset:
         return frozenset(conn.execute(sql.SQL(
             "SELECT exactly_epoch, count(*) FROM {} GROUP BY 1").format(
             sql.Identifier(relation))).fetchall())
 
-    def _run(self) -> None:
+    def run(self) -> None:
         import psycopg
 
         view = f"{self.table}_committed"
         with self.pg.connect() as conn:
             conn.autocommit = True
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 try:
                     self.view_states[self._state(conn, view)] += 1
                     self.table_states[self._state(conn, self.table)] += 1
                 except psycopg.errors.UndefinedTable:  # the sink has not created it yet
-                    self._stop.wait(0.05)
+                    self.stopping.wait(0.05)
                 except psycopg.Error as exc:  # e.g. a lock while the view is (re)defined
                     self.errors.append(str(exc))
-                    self._stop.wait(0.05)
-
-    def __enter__(self) -> ViewPoller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+                    self.stopping.wait(0.05)
 
 
 def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark, pg, conn,

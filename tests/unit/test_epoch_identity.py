@@ -1,8 +1,8 @@
-"""Epoch identity on the real file sink: an epoch is its number AND its input.
+"""Epoch identity: an epoch is its number and its input (Spark's offsets/N).
 
-Spark's offset log is written here in Spark's own format (``v1``, the batch metadata, one
-line per source); the integration test tests/spark/test_replanned_epoch.py runs the
-same cases through real Spark.
+Driven with the protocol test kit (exactly.testing.harness) on the file sink and a
+hand-written checkpoint (one ``offsets/N`` line per source); the Spark test
+tests/spark/test_replanned_epoch.py runs the same sequence under real Spark.
 """
 
 from __future__ import annotations
@@ -12,15 +12,20 @@ import logging
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pytest
-from test_protocol import DEAD_DRIVER, QUERY, run_tasks, visible_ids
 
+from exactly.audit import data_files
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
-from exactly.protocol.committer import Committer
 from exactly.protocol.contract import SinkSettings
-from exactly.protocol.epoch_identity import check_checkpoint_against_log, input_record
+from exactly.protocol.epoch_identity import check_checkpoint_against_log
+from exactly.protocol.faults import FaultPoint
 from exactly.spark.checkpoint import read_offsets, restore_offsets
+from exactly.testing.harness import ProtocolHarness
+
+QUERY = str(uuid.uuid4())
 
 
 def write_offsets(checkpoint: Path, epoch: int, count: int, stamp: int = 0) -> str:
@@ -39,99 +44,108 @@ def checkpoint(tmp_path: Path) -> Path:
     return tmp_path / "ck"
 
 
+def visible_ids(root: Path) -> list[int]:
+    files = [str(f) for f in data_files(root)] if root.exists() else []
+    if not files:
+        return []
+    return sorted(ds.dataset(files, format="parquet").to_table()["id"].to_pylist())
+
+
 @pytest.fixture
-def sink(tmp_path: Path) -> FileSink:
-    return FileSink(str(tmp_path / "out"))
+def h(tmp_path: Path, checkpoint: Path) -> ProtocolHarness[FileSink]:
+    """Query QUERY writing to a file sink; the sink reads epoch inputs from ``checkpoint``."""
+    sink = FileSink(str(tmp_path / "out"))
+    return ProtocolHarness(sink, SinkSettings(checkpoint_location=str(checkpoint)),
+                           query_id=QUERY, visible=lambda: visible_ids(sink.root))
 
 
-def committer(sink: FileSink, checkpoint: Path) -> Committer:
-    return Committer(sink, SinkSettings(checkpoint_location=str(checkpoint)))
+def rows(epoch: int, parts: int = 2, per_part: int = 5) -> list[pa.RecordBatch]:
+    """The input of ``epoch``: ``parts`` partitions of ``per_part`` ids from ``epoch * 1000``."""
+    return [pa.record_batch({"id": list(range(epoch * 1000 + p * per_part,
+                                              epoch * 1000 + (p + 1) * per_part))})
+            for p in range(parts)]
 
 
-def test_a_replay_with_the_same_input_is_aborted_and_logged_at_warning(sink, checkpoint,
+def test_a_replay_with_the_same_input_is_aborted_and_logged_at_warning(h, checkpoint,
                                                                       caplog):
     write_offsets(checkpoint, 0, 1)
-    committer(sink, checkpoint).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    h.run_epoch(0, rows(0))
     # Spark re-plans the same positions after a restart (new batch timestamp, same input)
     write_offsets(checkpoint, 0, 1, stamp=5)
+    h.restart()
     with caplog.at_level(logging.WARNING, logger="exactly"):
-        committer(sink, checkpoint).commit_epoch(
-            0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10))
-    assert visible_ids(sink.root) == list(range(10))
+        h.run_epoch(0, rows(0))
+    assert h.visible() == list(range(10))
     events = [json.loads(r.message) for r in caplog.records]
     replay = [e for e in events if e["event"] == "replay_of_complete_epoch"]
     assert replay and replay[0]["epoch"] == 0 and replay[0]["input_checked"] is True
-    assert sink.list_pre_commits(QUERY) == []
+    assert h.pre_commits() == []
 
 
-def test_a_replanned_epoch_over_other_input_is_refused_and_commits_nothing(sink, checkpoint):
+def test_a_replanned_epoch_over_other_input_is_refused_and_commits_nothing(h, checkpoint):
     write_offsets(checkpoint, 0, 1)
-    committer(sink, checkpoint).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    h.run_epoch(0, rows(0))
     write_offsets(checkpoint, 0, 2)  # offsets/0 deleted, more input arrived, re-planned
-    replanned = run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10, rows=7)
+    h.restart()
+    replanned = h.tasks(0, rows(0, per_part=7))
     with pytest.raises(ReplannedEpochError) as caught:
-        committer(sink, checkpoint).commit_epoch(0, replanned)
+        h.commit(0, replanned)
     message = str(caught.value)
     assert "epoch 0 was already committed" in message
     assert '"count":1' in message and '"count":2' in message  # both positions named
     assert f"exactly restore-offsets {checkpoint}" in message  # and the repair
-    assert visible_ids(sink.root) == list(range(10))  # the first commit only, once
-    assert sink.list_pre_commits(QUERY) == []  # the refused handles were aborted
+    assert h.visible() == list(range(10))  # the first commit only, once
+    assert h.pre_commits() == []  # the refused handles were aborted
 
 
-def test_restoring_the_recorded_offsets_turns_the_replanned_epoch_into_a_replay(sink,
+def test_restoring_the_recorded_offsets_turns_the_replanned_epoch_into_a_replay(h,
                                                                                checkpoint):
     original = write_offsets(checkpoint, 0, 1)
-    committer(sink, checkpoint).commit_epoch(0, run_tasks(sink, str(uuid.uuid4()), 0))
+    h.run_epoch(0, rows(0))
     write_offsets(checkpoint, 0, 2)
+    h.restart()
     with pytest.raises(ReplannedEpochError):
-        committer(sink, checkpoint).commit_epoch(
-            0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10))
-    recorded = committer(sink, checkpoint).log.completion(0)["input"]["offsets_log"]
+        h.run_epoch(0, rows(0))
+    recorded = h.completion(0)["input"]["offsets_log"]
     assert recorded == original
     restore_offsets(str(checkpoint), 0, recorded)
-    committer(sink, checkpoint).commit_epoch(
-        0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=20))
-    assert visible_ids(sink.root) == list(range(10))
+    h.restart()
+    h.run_epoch(0, rows(0))
+    assert h.visible() == list(range(10))
 
 
-def test_an_intent_recovered_after_a_replan_commits_its_own_input_then_refuses(sink,
+def test_an_intent_recovered_after_a_replan_commits_its_own_input_then_refuses(h,
                                                                               checkpoint):
     write_offsets(checkpoint, 0, 1)
-    first_run = str(uuid.uuid4())
-    c = committer(sink, checkpoint)
-    first = run_tasks(sink, first_run, 0)
-    # a driver that died right after writing the intent of epoch 0 over its input
-    c.lease.acquire(first_run, DEAD_DRIVER)
-    c.log.write_intent(0, first_run, first, input_record(str(checkpoint), 0))
-    write_offsets(checkpoint, 0, 3)
+    handles = h.tasks(0, rows(0))
+    with h.crash_at(FaultPoint.AFTER_INTENT, epoch=0):  # the intent over offsets/0 is durable
+        h.commit(0, handles)
+    write_offsets(checkpoint, 0, 3)  # then Spark re-planned epoch 0 over more input
+    h.restart()
     with pytest.raises(ReplannedEpochError):
-        committer(sink, checkpoint).commit_epoch(
-            0, run_tasks(sink, str(uuid.uuid4()), 0, attempt_base=10))
+        h.run_epoch(0, rows(0))
     # the intent decided epoch 0 over its own input: those rows are visible, once
-    assert visible_ids(sink.root) == list(range(10))
-    assert committer(sink, checkpoint).log.incomplete_intents() == []
+    assert h.visible() == list(range(10))
+    assert h.incomplete_intents() == []
 
 
 def test_a_start_on_a_checkpoint_missing_a_committed_epoch_fails_before_spark_runs(
-        sink, checkpoint):
+        h, checkpoint):
     for epoch in (0, 1):
         write_offsets(checkpoint, epoch, epoch + 1)
-        committer(sink, checkpoint).commit_epoch(
-            epoch, run_tasks(sink, str(uuid.uuid4()), epoch))
-    check_checkpoint_against_log(str(checkpoint), sink.log_directory)  # consistent: fine
+        h.run_epoch(epoch, rows(epoch))
+    check_checkpoint_against_log(str(checkpoint), h.sink.log_directory)  # consistent: fine
     (checkpoint / "offsets" / "1").unlink()  # the operator's "fix" for a torn offsets/1
     with pytest.raises(ReplannedEpochError, match="no longer holds offsets/1"):
-        check_checkpoint_against_log(str(checkpoint), sink.log_directory)
+        check_checkpoint_against_log(str(checkpoint), h.sink.log_directory)
 
 
-def test_an_offsets_entry_purged_below_the_retained_window_is_not_a_replan(sink, checkpoint):
+def test_an_offsets_entry_purged_below_the_retained_window_is_not_a_replan(h, checkpoint):
     for epoch in (0, 1, 2):
         write_offsets(checkpoint, epoch, epoch + 1)
-        committer(sink, checkpoint).commit_epoch(
-            epoch, run_tasks(sink, str(uuid.uuid4()), epoch))
+        h.run_epoch(epoch, rows(epoch))
     (checkpoint / "offsets" / "0").unlink()  # Spark's own purge of old entries
-    check_checkpoint_against_log(str(checkpoint), sink.log_directory)
+    check_checkpoint_against_log(str(checkpoint), h.sink.log_directory)
 
 
 def test_a_torn_offsets_entry_is_named_with_its_path(checkpoint):

@@ -2,14 +2,11 @@
 
 The protocol's scenarios (visibility, replays, a crash at every point, orphans, Spark's
 abort, data loss, fencing, at-least-once) run over every sink in
-tests/contract/test_commit_protocol.py. ``run_tasks``, ``visible_ids``, ``QUERY`` and
-``DEAD_DRIVER`` serve tests/unit/test_epoch_identity.py.
+tests/contract/test_commit_protocol.py.
 """
 
 from __future__ import annotations
 
-import socket
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,29 +16,8 @@ import pytest
 from exactly.audit import data_files
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import OwnershipError
-from exactly.procs import ProcessId
-from exactly.protocol.contract import Handle, TaskInfo
-from exactly.protocol.faults import FaultPoint, FaultSpec
-from exactly.protocol.task import run_task
+from exactly.protocol.faults import ACTION_ENV, FaultPoint, FaultSpec, maybe_crash
 from exactly.testing.harness import ProtocolHarness
-
-QUERY = str(uuid.uuid4())
-#: a driver on this host that no longer runs: its lease can be taken over
-DEAD_DRIVER = ProcessId(socket.gethostname(), 4_000_000, 1)
-
-
-def run_tasks(sink: FileSink, run_id: str, epoch: int, parts: int = 2, rows: int = 5,
-              attempt_base: int = 0) -> list[Handle]:
-    """Step 1 of query ``QUERY``: one task per partition (``run_task``), ids from
-    ``epoch * 1000``."""
-    handles = []
-    for p in range(parts):
-        start = epoch * 1000 + p * rows
-        batch = pa.record_batch({"id": list(range(start, start + rows))})
-        handle = run_task(sink, TaskInfo(QUERY, run_id, epoch, p, attempt_base + p), [batch])
-        assert handle is not None
-        handles.append(handle)
-    return handles
 
 
 def visible_ids(root: Path) -> list[int]:
@@ -64,5 +40,34 @@ def test_a_different_query_cannot_write_into_an_owned_output(tmp_path):
 def test_fault_spec_parsing_rejects_unknown_points():
     assert FaultSpec.parse("after_intent@3").min_epoch == 3
     assert FaultSpec.parse("IN_WRITE").point == FaultPoint.IN_WRITE
+    assert FaultSpec.parse("kafka.in_transaction@2").point == "kafka.in_transaction"
     with pytest.raises(ValueError, match="unknown"):
         FaultSpec.parse("after_lunch")
+
+
+def test_a_pause_action_stalls_at_the_point_until_its_file_is_removed(tmp_path, monkeypatch):
+    """EXACTLY_FAULT_ACTION=pause:FILE: a hung driver at the point (used to restart a
+    server in the middle of a commit); it signals FILE.waiting and goes on once FILE is
+    gone."""
+    import threading
+
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    monkeypatch.setenv(ACTION_ENV, f"pause:{hold}")
+    passed = threading.Event()
+
+    def reach_the_point() -> None:
+        maybe_crash(FaultSpec(FaultPoint.AFTER_INTENT, 0), FaultPoint.AFTER_INTENT, 3)
+        passed.set()
+
+    worker = threading.Thread(target=reach_the_point)
+    worker.start()
+    waiting = tmp_path / "hold.waiting"
+    for _ in range(200):
+        if waiting.exists():
+            break
+        threading.Event().wait(0.05)
+    assert waiting.exists() and not passed.is_set()
+    hold.unlink()
+    worker.join(timeout=10)
+    assert passed.is_set()

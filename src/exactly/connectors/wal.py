@@ -45,8 +45,8 @@ from exactly.connectors.sql import (
     sqlite_value_columns,
 )
 from exactly.errors import ConfigError, DataLossError
-from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.staging import StagedPayload, StagedTxn, StagingArea
+from exactly.protocol.contract import CommitOutcome, Handle
+from exactly.protocol.staging import StagedTxn, StagingArea, StagingSink
 
 DEFAULT_MARKER_TABLE = opt.DEFAULT_WAL_MARKER_TABLE
 
@@ -230,11 +230,10 @@ def target_from_options(options: Mapping[str, str], dsn: str | None) -> WalTarge
     return SqliteWalTarget(path, table, marker)
 
 
-class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
+class WriteAheadSink(StagingSink):
     """Exactly-once rows in any transactional table: staged files + marker-guarded load."""
 
     name = "wal"
-    payload_type = StagedPayload
     recover_before_first_epoch = True
 
     def __init__(self, target: WalTarget, log_dir: str | Path) -> None:
@@ -257,9 +256,6 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
         self.target.prepare(schema)
 
     # -- executor side -----------------------------------------------------------------
-    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
-        return self.stage.begin_txn(task)
-
     def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
@@ -267,12 +263,6 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
             txn.writer = pq.ParquetWriter(txn.data_file, batch.schema)
         txn.writer.write_batch(batch)
         txn.rows += batch.num_rows
-
-    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
-        return self.stage.pre_commit(txn)
-
-    def abort_transaction(self, txn: StagedTxn) -> None:
-        self.stage.abort_txn(txn)
 
     def commit_visible(self, handle: Handle) -> None:
         for table in self._tables([handle]):
@@ -313,9 +303,3 @@ class WriteAheadSink(TwoPhaseCommitSink[StagedTxn]):
                     raise DataLossError(f"epoch {handle.epoch}: staged rows {path} vanished "
                                         "before the epoch was loaded")
                 yield pq.read_table(path)
-
-    def abort(self, handle: Handle) -> None:
-        self.stage.discard(handle)
-
-    def list_pre_commits(self, query_id: str) -> list[Handle]:
-        return self.stage.list(query_id)

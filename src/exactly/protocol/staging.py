@@ -16,7 +16,7 @@ from typing import Any
 
 from exactly.errors import CorruptFileError
 from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json, require_fields
-from exactly.protocol.contract import Handle, Payload, TaskInfo
+from exactly.protocol.contract import Handle, Payload, TaskInfo, TwoPhaseCommitSink
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,27 @@ def _read_task(attempt: Path) -> dict[str, Any] | None:
         raise CorruptFileError(str(path), f"has a malformed field ({exc})",
                                task_repair(attempt)) from None
     return task
+
+
+class StagingSink(TwoPhaseCommitSink[StagedTxn]):
+    """A sink whose pre-commits are files staged in :attr:`stage` (the file sink, the
+    write-ahead sink): the executor side and abort/listing come from the staging area; a
+    subclass adds ``write``, ``commit_handle`` and ``publish_epoch``."""
+
+    payload_type = StagedPayload
+    stage: StagingArea
+
+    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
+        return self.stage.begin_txn(task)
+
+    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
+        return self.stage.pre_commit(txn)
+
+    def abort_transaction(self, txn: StagedTxn) -> None:
+        self.stage.abort_txn(txn)
+
+    def abort(self, handle: Handle) -> None:
+        self.stage.discard(handle)
+
+    def list_pre_commits(self, query_id: str) -> list[Handle]:
+        return self.stage.list(query_id)

@@ -21,7 +21,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from exactly.errors import ConfigError
@@ -175,12 +174,11 @@ def wait_until_accepting(pg: TempPostgres, timeout: float = 60) -> None:
     """Wait until the server accepts connections again (after a restart)."""
     import psycopg
 
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with pg.connect():
-                return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    from exactly.retry import retry_call
+
+    def connect() -> None:
+        with pg.connect():
+            pass
+
+    retry_call(connect, what="connect to the restarted server", seconds=timeout,
+               transient=lambda exc: isinstance(exc, psycopg.OperationalError))

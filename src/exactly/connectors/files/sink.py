@@ -34,8 +34,13 @@ import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
 from exactly.fsutil import fsync_dir
-from exactly.protocol.contract import CommitOutcome, Handle, TaskInfo, TwoPhaseCommitSink
-from exactly.protocol.staging import StagedPayload, StagedTxn, StagingArea, remove_if_empty
+from exactly.protocol.contract import CommitOutcome, Handle
+from exactly.protocol.staging import (
+    StagedTxn,
+    StagingArea,
+    StagingSink,
+    remove_if_empty,
+)
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
 
@@ -44,11 +49,10 @@ def epoch_dir_name(epoch: int) -> str:
     return f"epoch-{epoch:012d}"
 
 
-class FileSink(TwoPhaseCommitSink[StagedTxn]):
+class FileSink(StagingSink):
     """Exactly-once Parquet / JSON-lines files, published one whole epoch at a time."""
 
     name = "files"
-    payload_type = StagedPayload
 
     def __init__(self, path: str, file_format: str = "parquet",
                  compression: str = "snappy") -> None:
@@ -88,9 +92,6 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
         return f"part-{handle.partition:05d}.{self.extension}"
 
     # -- executor side ----------------------------------------------------------------
-    def begin_transaction(self, task: TaskInfo) -> StagedTxn:
-        return self.stage.begin_txn(task)
-
     def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
@@ -106,12 +107,6 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
                      for row in batch.to_pylist())
             txn.writer.write("\n".join(lines) + "\n")
         txn.rows += batch.num_rows
-
-    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
-        return self.stage.pre_commit(txn)
-
-    def abort_transaction(self, txn: StagedTxn) -> None:
-        self.stage.abort_txn(txn)
 
     def commit_visible(self, handle: Handle) -> None:
         """at_least_once: move the file into its epoch directory at once, under a name
@@ -162,11 +157,6 @@ class FileSink(TwoPhaseCommitSink[StagedTxn]):
             shutil.rmtree(publish)  # a second copy of an epoch that is already visible
         remove_if_empty(self.stage.epoch_dir(epoch))
 
-    def abort(self, handle: Handle) -> None:
-        self.stage.discard(handle)
-
-    def list_pre_commits(self, query_id: str) -> list[Handle]:
-        return self.stage.list(query_id)
 
 
 def _json_default(value: Any) -> Any:
