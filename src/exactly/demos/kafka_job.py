@@ -90,7 +90,7 @@ def spark_sink_writer(bootstrap: str, output_topic: str):
     def write(batch: DataFrame, epoch: int) -> None:
         if fault is not None and fault.point == FaultPoint.IN_WRITE:
             batch = batch.mapInArrow(_crash_in_write(fault, epoch), batch.schema)
-        (batch.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+        (batch.write.format("kafka").option(opt.KAFKA_BOOTSTRAP, bootstrap)
          .option("topic", output_topic).save())
         # all after the write, before Spark's commit log; kafka.in_transaction: same window
         for point in (*DRIVER_POINTS, IN_TRANSACTION):
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
             for key, value in config.spark_conf().items():
                 spark.conf.set(key, value)
             writer = (df.writeStream.foreachBatch(spark_sink_writer(args.bootstrap, args.output))
-                      .option("checkpointLocation", args.checkpoint))
+                      .option(opt.CHECKPOINT_LOCATION, args.checkpoint))
             writer = (writer.trigger(processingTime=f"{args.interval_ms} milliseconds")
                       if args.continuous else writer.trigger(availableNow=True))
             query = writer.start()

@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from exactly import options as opt
 from exactly.testing.chaos import report_progress
 
 DSN_ENV = "EXACTLY_PG_DSN"
@@ -53,7 +54,7 @@ def source_frame(spark, args: argparse.Namespace):
     from pyspark.sql import functions as F
 
     if args.source == "table":
-        df = (spark.readStream.format("exactly.postgres").option("dsnEnv", DSN_ENV)
+        df = (spark.readStream.format("exactly.postgres").option(opt.DSN_ENV, DSN_ENV)
               .option("table", args.source_table).option("keyColumn", "id")
               .option("maxRowsPerTrigger", args.rows_per_epoch)
               .option("numPartitions", args.partitions).load())
@@ -146,7 +147,7 @@ def start(spark, args: argparse.Namespace):
         if args.sink == "wal" and args.sqlite:
             options["path"] = args.sqlite
         else:
-            options["dsnEnv"] = DSN_ENV
+            options[opt.DSN_ENV] = DSN_ENV
         if keys:
             options["keyColumns"] = ",".join(keys)
         return start_query(df, sink_format=fmt[args.sink], checkpoint=config, options=options,
@@ -157,7 +158,7 @@ def start(spark, args: argparse.Namespace):
     sink = build_sink(args, log_dir, os.environ.get(DSN_ENV, ""), keys)
     settings = SinkSettings(mode=Mode(args.mode), log_dir=str(log_dir))
     return (df.writeStream.outputMode("update" if stateful else "append")
-            .option("checkpointLocation", args.checkpoint)
+            .option(opt.CHECKPOINT_LOCATION, args.checkpoint)
             .foreachBatch(TwoPhaseForeachBatch(sink, settings, fault_from()))
             .trigger(availableNow=True).start())
 

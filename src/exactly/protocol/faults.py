@@ -83,13 +83,13 @@ def registered_points() -> dict[str, PointInfo]:
 
 
 for _point, _text in (
-        (FaultPoint.IN_WRITE, "executor: inside write(), after the task's first batch"),
-        (FaultPoint.BEFORE_INTENT, "driver: every task pre-committed, no intent yet"),
-        (FaultPoint.AFTER_INTENT, "driver: intent durable, no handle committed"),
-        (FaultPoint.BETWEEN_COMMITS, "driver: the first handle committed"),
-        (FaultPoint.AFTER_COMMITS, "driver: every handle committed and published, "
+        (FaultPoint.IN_WRITE, "inside write(), after the task's first batch"),
+        (FaultPoint.BEFORE_INTENT, "every task pre-committed, no intent yet"),
+        (FaultPoint.AFTER_INTENT, "intent durable, no handle committed"),
+        (FaultPoint.BETWEEN_COMMITS, "the first handle committed"),
+        (FaultPoint.AFTER_COMMITS, "every handle committed and published, "
                                    "not recorded complete"),
-        (FaultPoint.AFTER_COMPLETE, "driver: recorded complete, before Spark's commit log")):
+        (FaultPoint.AFTER_COMPLETE, "recorded complete, before Spark's commit log")):
     register_point(_point.value, on_driver=_point.on_driver, description=_text)
 
 DRIVER_POINTS = tuple(p for p in FaultPoint if p.on_driver)

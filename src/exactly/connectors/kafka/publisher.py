@@ -53,7 +53,7 @@ logger = logging.getLogger("exactly.connectors.kafka.publisher")
 
 IN_TRANSACTION = register_point(
     "kafka.in_transaction", on_driver=True,
-    description="driver: the epoch's records produced into the open Kafka transaction and "
+    description="the epoch's records produced into the open Kafka transaction and "
                 "flushed, before the epoch marker and the commit")
 
 #: attempts of one client call on retriable errors (:func:`kafka_call`)

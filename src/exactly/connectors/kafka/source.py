@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
+from exactly import options as opt
 from exactly.connectors.kafka.jars import connector_jars
 from exactly.errors import ConfigError
 
@@ -68,7 +69,7 @@ def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
     if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
         raise ConfigError("read_kafka: max_offsets_per_trigger must be at least 1")
     reader = (spark.readStream.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap_servers)
+              .option(opt.KAFKA_BOOTSTRAP, bootstrap_servers)
               .option("kafka.isolation.level", isolation_level)
               .option("failOnDataLoss", "true")
               .option("fetchOffset.numRetries", "60")
