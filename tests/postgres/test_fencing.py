@@ -95,4 +95,4 @@ def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone
     query.await_termination()
     assert pg_ids(conn, f"{table_name}_committed") == list(range(400))
     assert pg_ids(conn, table_name) == list(range(400))
-    assert prepared_count(conn) == 0
+    assert prepared_count(conn, str(query.query.id)) == 0

@@ -127,6 +127,21 @@ class TempPostgres:
 
         return psycopg.connect(self.dsn, autocommit=autocommit)
 
+    def rollback_prepared(self) -> int:
+        """Roll back every prepared transaction left on the server; returns how many.
+
+        For a server shared by many tests: a test that leaves prepared transactions on
+        purpose (a fenced instance's pre-commits, a crash it does not recover from) must not
+        change what later tests count.
+        """
+        from psycopg import sql
+
+        with self.connect() as c:
+            gids = [r[0] for r in c.execute("SELECT gid FROM pg_prepared_xacts").fetchall()]
+            for gid in gids:
+                c.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        return len(gids)
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])

@@ -13,7 +13,8 @@ installs PostgreSQL (Debian's ``postgresql`` package) and the Kafka jars
 Fixtures
 --------
 ``pg``          session: a :class:`~exactly.testing.pgcluster.TempPostgres` (20 prepared
-                transactions allowed)
+                transactions allowed); prepared transactions a test leaves are rolled
+                back after it
 ``conn``        an autocommit connection to ``pg``
 ``table_name``  a fresh table name (``t_<hex>``)
 ``kafka_jars``  session: the directory of the broker jars
@@ -48,6 +49,15 @@ def pg() -> Iterator[Any]:
     server.start()
     yield server
     server.destroy()
+
+
+@pytest.fixture(autouse=True)
+def _pg_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that used ``pg``: roll back the prepared transactions it left, so
+    that the next test on the shared server starts from none."""
+    yield
+    if "pg" in request.fixturenames:
+        request.getfixturevalue("pg").rollback_prepared()
 
 
 @pytest.fixture
