@@ -51,10 +51,14 @@ FILES, ORDERS_PER_FILE = 4, 50  # 4 files of 50 orders, one file an epoch -> epo
 ROWS_PER_EPOCH = 60  # 200 payments, 60 an epoch: cut at other places than the orders
 ADDED = 30  # orders (one new file) and payments added while the job is down after a crash
 TABLE_ID_OFFSET = 1_000_000
-#: the join run: an executor crash, a crash with the intent written, and one after the epoch
-#: completed (replayed, must be discarded); every point with EXACTLY_SLOW=1
-JOIN_POINTS = (tuple(FaultPoint) if os.environ.get("EXACTLY_SLOW") == "1" else
-               (FaultPoint.IN_WRITE, FaultPoint.AFTER_INTENT, FaultPoint.AFTER_COMPLETE))
+SLOW = os.environ.get("EXACTLY_SLOW") == "1"
+#: the union and the join runs split the protocol points between them, so that together
+#: they kill a multi-input query once at every point (every point each with EXACTLY_SLOW=1);
+#: the file sink's own every-point run is tests/chaos/test_file_sink_chaos.py
+UNION_POINTS = (tuple(FaultPoint) if SLOW else
+                (FaultPoint.IN_WRITE, FaultPoint.BEFORE_INTENT, FaultPoint.AFTER_COMMITS))
+JOIN_POINTS = (tuple(FaultPoint) if SLOW else
+               (FaultPoint.AFTER_INTENT, FaultPoint.BETWEEN_COMMITS, FaultPoint.AFTER_COMPLETE))
 
 
 @pytest.fixture(scope="module")
@@ -268,12 +272,13 @@ def fresh_inputs(pg, tmp: Path) -> Inputs:
     return inputs
 
 
-def test_union_killed_at_every_protocol_point_in_turn_commits_both_inputs_exactly_once(
+def test_union_killed_at_protocol_points_in_turn_commits_both_inputs_exactly_once(
         pg, spark, tmp_path):
-    """One run killed at every protocol point in turn (the i-th at epoch i + 1), rows added
-    to both inputs while it is down after each crash."""
+    """One run killed at protocol points in turn (the i-th at epoch i + 1; the points the
+    join run does not take, every point with EXACTLY_SLOW=1), rows added to both inputs
+    while it is down after each crash."""
     inputs = fresh_inputs(pg, tmp_path)
-    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(FaultPoint)]
+    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(UNION_POINTS)]
     run_until_drained("union", inputs, tmp_path, schedule)
     assert len(inputs.files) == FILES + len(schedule)
     assert_audits_clean("union", inputs, tmp_path, spark)
@@ -309,3 +314,7 @@ def test_join_killed_at_protocol_points_in_turn_joins_both_inputs_exactly_once(
     pairs = zip(ids_of(out).tolist(), ids_of(out, "payment_id").tolist(), strict=True)
     across = sum(taken[order] != taken[payment] for order, payment in pairs)
     assert across > out.num_rows // 2, "the join state was hardly used: the test is too easy"
+
+
+def test_the_union_and_join_runs_together_kill_at_every_protocol_point():
+    assert sorted(set(UNION_POINTS) | set(JOIN_POINTS)) == sorted(FaultPoint)

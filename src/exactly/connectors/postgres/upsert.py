@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from exactly import options as opt
-from exactly.connectors.postgres.two_phase import dedup_last, upsert_rows, upsert_statement
+from exactly.connectors.postgres.upsert_sql import dedup_last, upsert_rows, upsert_statement
 from exactly.connectors.sql import TableName, clean_error, ensure_pg_table, pg_connect, redact_dsn
 from exactly.errors import ConfigError
 from exactly.protocol.contract import (
