@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pyarrow.dataset as ds
 import pytest
+from file_output import assert_no_dangling_pre_commits
 
 from exactly.audit import data_files, verify
-from exactly.connectors.files.sink import FileSink
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
@@ -43,15 +43,6 @@ def visible_ids_by_epoch(out: Path) -> dict[str, list[int]]:
         ids = ds.dataset(str(f), format="parquet").to_table(columns=["id"])["id"].to_pylist()
         by_epoch.setdefault(f.parent.name, []).extend(ids)
     return by_epoch
-
-
-def assert_no_dangling_pre_commits(out: Path) -> None:
-    sink = FileSink(str(out))
-    log = CommitLog(sink.log_directory)
-    query_id = json.loads((sink.log_directory / "query.json").read_text())["query_id"]
-    assert sink.list_pre_commits(query_id) == []
-    assert log.incomplete_intents() == []
-    assert not any((sink.staging).glob("*/_publish")), "an epoch was left half-assembled"
 
 
 #: every protocol point once, in protocol order, spread over the 4 epochs

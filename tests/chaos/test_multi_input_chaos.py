@@ -36,12 +36,11 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
+from file_output import assert_no_dangling_pre_commits
 from multi_input_job import DSN_ENV, ORDER_SCHEMA, PAYMENTS_DDL, TRANSFORMS
 
 from exactly.audit import audit_ids, data_files
 from exactly.connectors.datagen import generate
-from exactly.connectors.files.sink import FileSink
-from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, run_with_crashes
 
@@ -179,15 +178,6 @@ def assert_equals_crash_free_batch_run(variant: str, inputs: Inputs, out: pa.Tab
     got = rows_of(out)
     assert len(got) == len(expected)
     assert got == expected
-
-
-def assert_no_dangling_pre_commits(out: Path) -> None:
-    sink = FileSink(str(out))
-    log = CommitLog(sink.log_directory)
-    query_id = json.loads((sink.log_directory / "query.json").read_text())["query_id"]
-    assert sink.list_pre_commits(query_id) == []
-    assert log.incomplete_intents() == []
-    assert not any(sink.staging.glob("*/_publish")), "an epoch was left half-assembled"
 
 
 def logged_positions(ck: Path, batch: int) -> tuple[dict, dict]:

@@ -152,18 +152,26 @@ def progress(sink: str, summary: Summary):
 # -- files -----------------------------------------------------------------------------------
 
 
-class EpochDirReader(BackgroundReader):
-    """Polls a file sink's output: every published epoch holds exactly one whole input file."""
+class SoakReader(BackgroundReader):
+    """A reader of the soak's output that counts what it finds wrong in the summary."""
 
-    def __init__(self, out: Path, per_file: int, summary: Summary) -> None:
+    def __init__(self, summary: Summary) -> None:
         super().__init__()
-        self.out, self.per_file, self.summary = out, per_file, summary
-        self.seen: dict[str, tuple[list[str], int]] = {}  # epoch dir -> (files, first id)
-        self.owner: dict[int, str] = {}  # first id of an input file -> epoch dir holding it
+        self.summary = summary
 
     def anomaly(self, text: str) -> None:
         self.summary.reader_anomalies += 1
         self.summary.anomalies.append(text)
+
+
+class EpochDirReader(SoakReader):
+    """Polls a file sink's output: every published epoch holds exactly one whole input file."""
+
+    def __init__(self, out: Path, per_file: int, summary: Summary) -> None:
+        super().__init__(summary)
+        self.out, self.per_file = out, per_file
+        self.seen: dict[str, tuple[list[str], int]] = {}  # epoch dir -> (files, first id)
+        self.owner: dict[int, str] = {}  # first id of an input file -> epoch dir holding it
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -239,17 +247,13 @@ def test_file_sink_random_time_kills_of_the_whole_tree_lose_and_duplicate_nothin
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-class TablePoller(BackgroundReader):
+class TablePoller(SoakReader):
     """Polls a table during the run: no id ever visible twice, the row count never drops."""
 
     def __init__(self, dsn: str, table: str, summary: Summary) -> None:
-        super().__init__()
-        self.dsn, self.table, self.summary = dsn, table, summary
+        super().__init__(summary)
+        self.dsn, self.table = dsn, table
         self.rows = 0
-
-    def anomaly(self, text: str) -> None:
-        self.summary.reader_anomalies += 1
-        self.summary.anomalies.append(text)
 
     def run(self) -> None:
         import psycopg

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pg_rows import sorted_ids
 from psycopg import sql
 
 from exactly.connectors.postgres.two_phase import PostgresTwoPhaseSink, prepared_count
@@ -22,9 +23,6 @@ from exactly.testing.harness import ProtocolHarness
 SCHEMA = pa.schema([("id", pa.int64()), ("key", pa.string())])
 
 
-def pg_ids(conn, relation: str) -> list[int]:
-    return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
-        sql.Identifier(relation))).fetchall()]
 
 
 def test_upsert_a_second_live_instance_is_fenced_at_commit_and_cannot_move_a_value_back(
@@ -93,6 +91,6 @@ def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone
         assert created is None  # refused before the sink even prepared its table
     query = start()
     query.await_termination()
-    assert pg_ids(conn, f"{table_name}_committed") == list(range(400))
-    assert pg_ids(conn, table_name) == list(range(400))
+    assert sorted_ids(conn, f"{table_name}_committed") == list(range(400))
+    assert sorted_ids(conn, table_name) == list(range(400))
     assert prepared_count(conn, str(query.query.id)) == 0

@@ -11,11 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import threading
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pg_rows import SCHEMA, parts
+from pg_rows import SCHEMA, parts, sorted_ids
 
 from exactly.connectors.postgres.two_phase import (
     PostgresTwoPhaseSink,
@@ -29,20 +28,6 @@ from exactly.testing.harness import ProtocolHarness
 from exactly.testing.pgcluster import TempPostgres, wait_until_accepting
 
 
-def ids_in(conn, table: str) -> list[int]:
-    from psycopg import sql
-
-    return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
-        sql.Identifier(table))).fetchall()]
-
-
-@pytest.fixture
-def two_pc(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
-    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", retry_seconds=20)
-    sink.prepare_target(SCHEMA, partitions=2)
-    return sink
-
-
 def test_2pc_prepared_transactions_survive_a_server_crash(tmp_path, table_name):
     """pg_ctl stop -m immediate between PREPARE and COMMIT PREPARED: nothing is lost."""
     with TempPostgres(max_prepared_transactions=4) as server:
@@ -54,7 +39,7 @@ def test_2pc_prepared_transactions_survive_a_server_crash(tmp_path, table_name):
         wait_until_accepting(server)
         h.commit(0, handles)
         with server.connect() as c:
-            assert ids_in(c, table_name) == list(range(10))
+            assert sorted_ids(c, table_name) == list(range(10))
             assert prepared_count(c) == 0
 
 
@@ -77,7 +62,7 @@ def test_2pc_commit_survives_a_terminated_connection(two_pc, pg, conn, table_nam
 
     monkeypatch.setattr(mod, "pg_connect", connect_then_terminate)
     h.commit(0, handles)
-    assert ids_in(conn, table_name) == list(range(10))
+    assert sorted_ids(conn, table_name) == list(range(10))
     assert prepared_count(conn, h.query_id) == 0
 
 

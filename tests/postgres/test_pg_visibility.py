@@ -8,11 +8,10 @@ whose completion record (written after the last ``COMMIT PREPARED``) is committe
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pg_rows import SCHEMA, parts
+from pg_rows import SCHEMA, parts, sorted_ids
 from psycopg import sql
 
 from exactly.connectors.postgres.two_phase import (
@@ -31,50 +30,40 @@ def epoch_ids(n: int, parts: int = 2, rows: int = 5) -> list[int]:
     return [n * 1000 + i for i in range(parts * rows)]
 
 
-def ids(conn, relation: str) -> list[int]:
-    return [r[0] for r in conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(
-        sql.Identifier(relation))).fetchall()]
-
-
-@pytest.fixture
-def sink(pg, tmp_path: Path, table_name: str) -> PostgresTwoPhaseSink:
-    s = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log", retry_seconds=20)
-    s.prepare_target(SCHEMA, partitions=2)
-    return s
 
 
 def test_between_two_commit_prepared_the_table_shows_part_of_the_epoch_the_view_none(
-        sink, conn, table_name):
-    h = ProtocolHarness(sink)
+        two_pc, conn, table_name):
+    h = ProtocolHarness(two_pc)
     h.run_epoch(0, parts(0))
     view = f"{table_name}_committed"
-    assert ids(conn, view) == epoch_ids(0)
+    assert sorted_ids(conn, view) == epoch_ids(0)
 
     seen = {}
 
     def look() -> None:
-        seen["table"], seen["view"] = ids(conn, table_name), ids(conn, view)
+        seen["table"], seen["view"] = sorted_ids(conn, table_name), sorted_ids(conn, view)
 
     with h.pause_at(FaultPoint.BETWEEN_COMMITS, 1, look):  # between two COMMIT PREPAREDs
         h.run_epoch(1, parts(1))  # ... then the commit call goes on
     assert seen["table"] == epoch_ids(0) + epoch_ids(1)[:5]  # half of epoch 1
     assert seen["view"] == epoch_ids(0)  # none of epoch 1
-    assert ids(conn, view) == epoch_ids(0) + epoch_ids(1)
-    assert ids(conn, table_name) == ids(conn, view)
+    assert sorted_ids(conn, view) == epoch_ids(0) + epoch_ids(1)
+    assert sorted_ids(conn, table_name) == sorted_ids(conn, view)
 
 
 def test_recovery_of_a_half_committed_epoch_makes_the_whole_epoch_visible_in_the_view(
-        sink, conn, table_name):
-    h = ProtocolHarness(sink)
+        two_pc, conn, table_name):
+    h = ProtocolHarness(two_pc)
     with h.crash_at(FaultPoint.BETWEEN_COMMITS, epoch=0):  # killed after one COMMIT PREPARED
         h.run_epoch(0, parts(0))
     view = f"{table_name}_committed"
-    assert ids(conn, view) == []
+    assert sorted_ids(conn, view) == []
 
     h.restart()
     h.commit(0, h.tasks(0, parts(0)))  # recovery finishes the intent
-    assert ids(conn, view) == epoch_ids(0)
-    assert ids(conn, table_name) == epoch_ids(0)
+    assert sorted_ids(conn, view) == epoch_ids(0)
+    assert sorted_ids(conn, table_name) == epoch_ids(0)
     assert prepared_count(conn, h.query_id) == 0
 
 
@@ -120,30 +109,30 @@ def test_an_existing_table_without_the_epoch_column_is_refused_with_the_alter_st
     conn.commit()
     sink.prepare_target(SCHEMA, partitions=2)
     ProtocolHarness(sink).run_epoch(0, parts(0))
-    assert ids(conn, f"{table_name}_committed") == [-1, *epoch_ids(0)]  # NULL epoch: shown
+    assert sorted_ids(conn, f"{table_name}_committed") == [-1, *epoch_ids(0)]  # NULL epoch: shown
 
 
-def test_a_second_query_into_a_bound_table_is_refused_before_prepare(sink, conn, table_name):
-    first = ProtocolHarness(sink)
+def test_a_second_query_into_a_bound_table_is_refused_before_prepare(two_pc, conn, table_name):
+    first = ProtocolHarness(two_pc)
     first.run_epoch(0, parts(0))
-    other = ProtocolHarness(sink)  # another query (a new checkpoint), the same table
+    other = ProtocolHarness(two_pc)  # another query (a new checkpoint), the same table
     with pytest.raises(ConfigError, match=f"belongs to query {first.query_id}") as err:
         other.tasks(0, parts(0))
     assert "DELETE FROM" in str(err.value) and "new table" in str(err.value)
     assert prepared_count(conn, other.query_id) == 0
-    assert ids(conn, table_name) == epoch_ids(0)
+    assert sorted_ids(conn, table_name) == epoch_ids(0)
 
 
-def test_pruning_old_markers_keeps_every_old_epoch_visible_in_the_view(sink, conn, table_name):
-    h = ProtocolHarness(sink)
+def test_pruning_old_markers_keeps_every_old_epoch_visible_in_the_view(two_pc, conn, table_name):
+    h = ProtocolHarness(two_pc)
     epochs = MARKER_RETAIN_EPOCHS + 11  # pruning runs at epochs 20 and 30
     for epoch in range(epochs):
         h.run_epoch(epoch, parts(epoch, count=1, rows=2))
     markers = conn.execute(sql.SQL("SELECT min(epoch) FROM {} WHERE query_id = %s").format(
-        sink.markers.sql()), (h.query_id,)).fetchone()[0]
+        two_pc.markers.sql()), (h.query_id,)).fetchone()[0]
     assert markers == 30 - MARKER_RETAIN_EPOCHS  # old markers are gone ...
     expected = [e * 1000 + i for e in range(epochs) for i in range(2)]
-    assert ids(conn, f"{table_name}_committed") == expected  # ... their rows are not hidden
+    assert sorted_ids(conn, f"{table_name}_committed") == expected  # ... their rows are not hidden
 
 
 def test_custom_epoch_column_epochs_table_and_view_names_are_quoted(pg, conn, tmp_path,
@@ -237,7 +226,7 @@ def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark
         seen = dict(state)
         assert all(seen[e] == final[e] for e in seen), f"part of an epoch in the view: {seen}"
         assert sorted(seen) == list(range(len(seen))), f"epochs out of order: {seen}"
-    view_ids = ids(conn, f"{table_name}_committed")
+    view_ids = sorted_ids(conn, f"{table_name}_committed")
     assert view_ids == list(range(rows))  # everything, each id exactly once
     assert prepared_count(conn) == 0
     partial = [dict(s) for s in poller.table_states
@@ -260,9 +249,9 @@ def test_the_view_survives_a_server_restart_with_prepared_transactions(tmp_path,
         server.restart_after_crash()
         wait_until_accepting(server)
         with server.connect() as c:
-            assert ids(c, f"{table_name}_committed") == []
-            assert ids(c, table_name) == epoch_ids(0)[:5]
+            assert sorted_ids(c, f"{table_name}_committed") == []
+            assert sorted_ids(c, table_name) == epoch_ids(0)[:5]
         h.restart()
         h.commit(0, h.tasks(0, parts(0)))
         with server.connect() as c:
-            assert ids(c, f"{table_name}_committed") == epoch_ids(0)
+            assert sorted_ids(c, f"{table_name}_committed") == epoch_ids(0)

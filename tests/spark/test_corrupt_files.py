@@ -11,29 +11,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from datagen_query import datagen, run_query
 
-from exactly.config import CheckpointConfig
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import CorruptCheckpointFileError, CorruptFileError
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.contract import SinkSettings
 from exactly.protocol.lease import Lease
 from exactly.protocol.recovery import MARKER_NAME, recover_on_new_driver
-from exactly.spark.runner import start_query
-
-ROWS, PER_EPOCH = 30, 10  # three epochs: 0, 1, 2
-
-
-def datagen(spark):
-    return (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)
-            .option("totalRows", ROWS).option("maxRowsPerTrigger", PER_EPOCH).load())
-
-
-def run_query(spark, ck: Path, out: Path):
-    query = start_query(datagen(spark), sink_format="exactly.files", path=str(out),
-                        checkpoint=CheckpointConfig(storage=str(ck)), available_now=True)
-    query.await_termination()
-    return query
 
 
 @pytest.fixture(scope="module")

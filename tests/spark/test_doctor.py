@@ -14,22 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from datagen_query import PER_EPOCH, ROWS, run_query
 
 from exactly.cli import main
-from exactly.config import CheckpointConfig
 from exactly.procs import ProcessId, _stat
-from exactly.spark.runner import start_query
-
-ROWS, PER_EPOCH = 30, 10  # three epochs: 0, 1, 2
-
-
-def run_query(spark, ck: Path, out: Path, rows: int = ROWS):
-    df = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)
-          .option("totalRows", rows).option("maxRowsPerTrigger", PER_EPOCH).load())
-    query = start_query(df, sink_format="exactly.files", path=str(out),
-                        checkpoint=CheckpointConfig(storage=str(ck)), available_now=True)
-    query.await_termination()
-    return query
 
 
 @pytest.fixture(scope="module")

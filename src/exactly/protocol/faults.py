@@ -142,10 +142,6 @@ class FaultSpec:
     def render(self) -> str:
         return f"{self.point}@{self.min_epoch}"
 
-    @property
-    def on_driver(self) -> bool:
-        return is_driver_point(self.point)
-
 
 def fault_from(options: Mapping[str, str] | None = None) -> FaultSpec | None:
     """The fault armed by sink options, else by the environment, else ``None``."""

@@ -252,17 +252,8 @@ class ProtocolHarness(Generic[SinkT]):
 
         Yields the :class:`Fault`, which records the epoch it fired in.
         """
-        fault = Fault(point_name(point), epoch)
-        with self._armed(fault, raise_simulated_crash):
-            try:
-                yield fault
-            except SimulatedCrash as crash:
-                if crash.point != fault.point:
-                    raise
-                fault.fired_in = crash.epoch
-        if not fault.fired:
-            raise AssertionError(f"the crash armed at {fault.render()} never fired: the "
-                                 "block did not reach that point")
+        with self._ending_at(point, epoch, raise_simulated_crash, SimulatedCrash) as fault:
+            yield fault
         if is_driver_point(fault.point):
             self._dead = fault
 
@@ -272,16 +263,25 @@ class ProtocolHarness(Generic[SinkT]):
         exception (a task aborts its transaction; a commit call fails and Spark may call
         :meth:`abort`). The block ends there; the process lives on. Fails with
         AssertionError when the block never reaches the point."""
+        with self._ending_at(point, epoch, _raise_injected_failure, InjectedFailure) as fault:
+            yield fault
+
+    @contextlib.contextmanager
+    def _ending_at(self, point: str | FaultPoint, epoch: int,
+                   action: Callable[[str, int, bool], None],
+                   raised: type[SimulatedCrash] | type[InjectedFailure]) -> Iterator[Fault]:
+        """Arm ``action`` (which raises ``raised``) at ``point``; the block ends where it
+        fires. AssertionError when the block never reaches the point."""
         fault = Fault(point_name(point), epoch)
-        with self._armed(fault, _raise_injected_failure):
+        with self._armed(fault, action):
             try:
                 yield fault
-            except InjectedFailure as failure:
-                if failure.point != fault.point:
+            except raised as stop:
+                if stop.point != fault.point:
                     raise
-                fault.fired_in = failure.epoch
+                fault.fired_in = stop.epoch
         if not fault.fired:
-            raise AssertionError(f"the failure armed at {fault.render()} never fired: the "
+            raise AssertionError(f"the fault armed at {fault.render()} never fired: the "
                                  "block did not reach that point")
 
     @contextlib.contextmanager

@@ -431,18 +431,24 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         return found
 
 
-def ensure_marker_table(conn, markers: TableName) -> None:
+def _create_table(conn, table: TableName, columns: str) -> None:
+    """``CREATE TABLE IF NOT EXISTS table (columns)``, its schema first; committed."""
     from psycopg import sql
 
     with conn.cursor() as cur:
-        if markers.schema:
+        if table.schema:
             cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                sql.Identifier(markers.schema)))
-        cur.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (gid text PRIMARY KEY, query_id text NOT NULL, "
-            "epoch bigint NOT NULL, partition integer NOT NULL, rows bigint NOT NULL, "
-            "prepared_at timestamptz NOT NULL DEFAULT now())").format(markers.sql()))
+                sql.Identifier(table.schema)))
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + columns + ")").format(
+            table.sql()))
     conn.commit()
+
+
+def ensure_marker_table(conn, markers: TableName) -> None:
+    _create_table(conn, markers,
+                  "gid text PRIMARY KEY, query_id text NOT NULL, epoch bigint NOT NULL, "
+                  "partition integer NOT NULL, rows bigint NOT NULL, "
+                  "prepared_at timestamptz NOT NULL DEFAULT now()")
 
 
 def ensure_epochs_table(conn, epochs: TableName) -> None:
@@ -451,17 +457,9 @@ def ensure_epochs_table(conn, epochs: TableName) -> None:
     Keyed by the table's OID (``regclass``): a table dropped and created again under the same
     name starts without a record, and the row shows the table's name when read.
     """
-    from psycopg import sql
-
-    with conn.cursor() as cur:
-        if epochs.schema:
-            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                sql.Identifier(epochs.schema)))
-        cur.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (relid regclass PRIMARY KEY, query_id text NOT NULL, "
-            "epoch bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now())").format(
-            epochs.sql()))
-    conn.commit()
+    _create_table(conn, epochs,
+                  "relid regclass PRIMARY KEY, query_id text NOT NULL, epoch bigint NOT NULL, "
+                  "committed_at timestamptz NOT NULL DEFAULT now()")
 
 
 def committed_view_sql(conn, view: TableName, table: TableName, epochs: TableName,
