@@ -41,6 +41,7 @@ FOLDER_LANES = {
     "postgres": ("server",),
     "kafka": ("server",),
     "chaos": ("chaos",),
+    "ops": ("spark",),  # exactly run end to end; its server cases also carry ``server``
 }
 
 

@@ -22,16 +22,30 @@ _EXPORTS = {
     "verify": "exactly.audit",
     "TwoPhaseCommitSink": "exactly.protocol.contract",
     "Handle": "exactly.protocol.contract",
+    "Job": "exactly.ops.job",
+    "run_job": "exactly.ops.driver",
+    "restart_strategy": "exactly.ops.restart",
+    "FixedDelay": "exactly.ops.restart",
+    "FailureRate": "exactly.ops.restart",
+    "ExponentialDelay": "exactly.ops.restart",
+    "NoRestart": "exactly.ops.restart",
 }
 
 __all__ = [
     "CheckpointConfig",
     "ExactlyQuery",
+    "ExponentialDelay",
+    "FailureRate",
+    "FixedDelay",
     "Handle",
+    "Job",
     "Mode",
+    "NoRestart",
     "StateBackend",
     "TwoPhaseCommitSink",
     "register",
+    "restart_strategy",
+    "run_job",
     "spark_session",
     "start_query",
     "verify",
@@ -40,6 +54,15 @@ __all__ = [
 if TYPE_CHECKING:
     from exactly.audit import verify
     from exactly.config import CheckpointConfig, Mode, StateBackend
+    from exactly.ops.driver import run_job
+    from exactly.ops.job import Job
+    from exactly.ops.restart import (
+        ExponentialDelay,
+        FailureRate,
+        FixedDelay,
+        NoRestart,
+        restart_strategy,
+    )
     from exactly.protocol.contract import Handle, TwoPhaseCommitSink
     from exactly.spark.formats import register
     from exactly.spark.runner import ExactlyQuery, start_query

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from exactly.causes import root_cause
 from exactly.ops.doctor import RefusedError
 
 #: exit code of a command that could not do its work (its root cause is the last line)
@@ -55,6 +55,11 @@ def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
                 return body(*args, **kwargs)
             except (click.exceptions.Exit, click.ClickException, click.Abort):
                 raise
+            except KeyboardInterrupt:  # Ctrl-C: one line, not Py4J's tracebacks
+                sys.stdout.flush()
+                sys.stderr.write(f"{command} interrupted (Ctrl-C); committed epochs stay, "
+                                 "a restart on the same checkpoint continues from them\n")
+                sys.exit(130)
             except Exception as exc:  # every failure gets its root cause
                 text = "".join(traceback.format_exception(exc))
                 sys.stdout.flush()
@@ -252,57 +257,102 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
                f"replays epoch {epoch} over the input it was committed with")
 
 
-#: ``exactly.errors.FencedError: ...`` or any exception class of exactly's own modules
-_EXACTLY_LINE = re.compile(r"^exactly\.[\w.]*?(\w+): (.+)$")
-#: an OS error with its errno, from Python (``OSError: [Errno 30] ...``)
-_ERRNO_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): (\[Errno \d+\].*)$")
-#: the exception line that ends a Python traceback (``module.SomethingError: message``)
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?([A-Za-z_]\w*)(?:: (.*))?$")
-_JAVA_LINE = re.compile(r"^(?:Caused by: |: )?(?:[a-z]\w*\.)+([A-Z]\w*(?:Error|Exception)): "
-                        r"(.+)$")
-_SPARK_PREFIX = re.compile(r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with "
-                           r"exception: ")
-_SQLSTATE = re.compile(r"(\s*SQLSTATE: \w+)+\s*$")
+@main.command(context_settings={"show_default": True})
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--checkpoint", "checkpoint_dir", required=True,
+              type=click.Path(file_okay=False),
+              help="Checkpoint directory: the job's address for stop, cancel and restarts.")
+@click.option("--restart-strategy", "strategy", default=None,
+              type=click.Choice(["none", "fixed-delay", "failure-rate", "exponential-delay"]),
+              help="Flink's restart strategies [default: the job's, else exponential-delay].")
+@click.option("--restart-option", "strategy_options", multiple=True, metavar="KEY=VALUE",
+              help="A strategy option with Flink's name, e.g. attempts=3, delay=10s, "
+                   "initial-backoff=1s (repeatable).")
+@click.option("--master", default=None, help="Spark master URL [default: local[2]].")
+@click.option("--spark-ui", is_flag=True, help="Keep Spark's web UI on.")
+@click.option("--shuffle-partitions", default=None, type=click.IntRange(1),
+              help="spark.sql.shuffle.partitions of a new checkpoint.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              help="A Spark setting (repeatable).")
+@click.option("--stop-timeout", default="10min",
+              help="How long a stop waits for the epoch in flight before cancelling it.")
+@reports_failure("run")
+def run(job_file: str, checkpoint_dir: str, strategy: str | None,
+        strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
+        shuffle_partitions: int | None, spark_conf: tuple[str, ...],
+        stop_timeout: str) -> None:
+    """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
 
-
-def root_cause(text: str) -> str:
-    """The one line that says what really went wrong, from a formatted exception.
-
-    Spark wraps a Python worker's error in a StreamingQueryException (or Py4J's error) whose
-    text holds the worker's traceback. In order of preference: the last line raised by one
-    of exactly's own exception classes; the last OS error with its errno; the exception line
-    that ends the innermost (last) Python traceback, or the innermost Java cause; finally
-    the first line of the text. Spark's "[STREAM_FAILED] Query [...] terminated with
-    exception:" prefix and "SQLSTATE" suffixes are removed.
+    Failed queries restart in the same driver process, a dead driver process restarts as a
+    new one, both as the restart strategy says. Stop it with `exactly stop CHECKPOINT`,
+    SIGTERM or Ctrl-C; cancel it with `exactly cancel CHECKPOINT`. Exit code 0 when it
+    stopped, 3 when it failed (the cause is the last line).
     """
-    lines = [line.rstrip() for line in text.splitlines()]
-    for pattern in (_EXACTLY_LINE, _ERRNO_LINE):
-        matches = [m for m in map(pattern.match, lines) if m]
-        if matches:
-            return _clean(f"{matches[-1].group(1)}: {matches[-1].group(2)}")
-    java = [m for m in map(_JAVA_LINE.match, lines) if m]
-    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
-    if starts:
-        for line in lines[starts[-1] + 1:]:
-            if not line or line[0].isspace() or line.startswith("^"):
-                continue  # a frame, a source line or a caret marker
-            match = _EXCEPTION_LINE.match(line)
-            if match is None:
-                return _clean(line)
-            name, message = match.group(1), _clean(match.group(2) or "")
-            if java and name in ("Py4JJavaError", "StreamingQueryException") and (
-                    not message or message.startswith("An error occurred while calling")):
-                break
-            return f"{name}: {message}" if message else name
-    if java:
-        return _clean(f"{java[-1].group(1)}: {java[-1].group(2)}")
-    first = next((line.strip() for line in lines
-                  if line.strip() and "Traceback (most recent call last)" not in line), "")
-    return _clean(first) or "unknown error"
+    from exactly.config import parse_duration
+    from exactly.ops.driver import DriverSpec
+    from exactly.ops.launcher import launch
+    from exactly.ops.restart import parse_option_pairs
+
+    if not _verbose():
+        os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
+    spec = DriverSpec(job_file=str(Path(job_file).absolute()),
+                      checkpoint=str(Path(checkpoint_dir).absolute()), strategy=strategy,
+                      strategy_options=parse_option_pairs(strategy_options), master=master,
+                      spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
+                      spark_conf=_pairs(spark_conf, "--conf"),
+                      stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"))
+    sys.exit(launch(spec))
 
 
-def _clean(message: str) -> str:
-    return _SQLSTATE.sub("", _SPARK_PREFIX.sub("", message.strip())).strip()
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r}: write KEY=VALUE", param_hint=option)
+        pairs[key.strip()] = rest.strip()
+    return pairs
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.option("--drain", is_flag=True,
+              help="First process all input available now (a bounded end), then stop.")
+@click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
+@reports_failure("stop")
+def stop(checkpoint: str, drain: bool, wait: str) -> None:
+    """Stop the job running on CHECKPOINT: the epoch in flight commits, then it stops."""
+    _control(checkpoint, "stop", wait, drain=drain)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.option("--timeout", "wait", default="5min", help="How long to wait for the answer.")
+@reports_failure("cancel")
+def cancel(checkpoint: str, wait: str) -> None:
+    """Cancel the job running on CHECKPOINT at once (the epoch in flight is aborted).
+
+    With externalized_cleanup='delete_on_cancellation' the checkpoint is deleted.
+    """
+    _control(checkpoint, "cancel", wait)
+
+
+def _control(checkpoint: str, action: str, wait: str, **params) -> None:
+    from exactly.config import parse_duration
+    from exactly.ops.control import ControlChannel
+
+    channel = ControlChannel(checkpoint)
+    request = channel.send(action, **params)
+    answer = channel.wait_answer(request, parse_duration(wait, name="--timeout"))
+    if answer is None and not channel.exists():
+        click.echo(f"{action}: done; the checkpoint {checkpoint} was deleted")
+        return
+    if answer is None:
+        raise TimeoutError(f"no answer from the job on {checkpoint} within {wait}; the "
+                           f"request stays queued (it is handled when the driver polls)")
+    click.echo(f"{action}: {answer.get('status')}: {answer.get('detail')}")
+    if answer.get("status") != "done":
+        sys.exit(FAILED)
 
 
 if __name__ == "__main__":

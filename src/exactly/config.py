@@ -1,9 +1,11 @@
 """Checkpoint configuration in Flink's vocabulary, validated before anything runs.
 
-``CheckpointConfig`` holds every option the seeds name. Options exactly implements are
-applied to the Spark query by :mod:`exactly.spark.runner`; options it declares but does not
-implement yet raise :class:`~exactly.errors.NotSupportedYetError` when set to anything but
-their default, so nothing is ever silently ignored.
+``CheckpointConfig`` holds every option the seeds name. The query-level ones (interval,
+mode, storage, state backend) are applied by :mod:`exactly.spark.runner`; the policies that
+act between and around epochs (timeout, min pause, tolerable failed checkpoints, epoch
+sizing) are enforced by the job supervisor (:mod:`exactly.ops.supervisor`, ``exactly run``).
+The one option exactly cannot honour on Spark (``checkpoints_after_tasks_finish=False``)
+raises :class:`~exactly.errors.NotSupportedYetError`, so nothing is silently ignored.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ STATE_STORE_PROVIDERS = {
     ),
 }
 
+#: shortest checkpoint timeout / epoch-sizing target accepted (Spark's own cost per epoch is
+#: ~0.3 s on a small machine, DESIGN section 9)
+MIN_TIMEOUT_S = 1.0
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "m": 60.0,
                  "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hour": 3600.0,
@@ -59,6 +65,8 @@ def parse_duration(value: str | float | int, *, name: str) -> float:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
+        if str(value).strip().startswith("-"):
+            raise ConfigError(f"{name}: a duration cannot be negative, got {value!r}")
         match = _DURATION.match(str(value))
         if not match:
             raise ConfigError(
@@ -98,18 +106,31 @@ class CheckpointConfig:
         ``"memory"`` (a temporary directory removed when the process exits: nothing survives
         a crash of the driver's machine) or a file-system path/URI that holds Spark's
         checkpoint (offset log, commit log, state).
-    timeout, min_pause_between_checkpoints, tolerable_failed_checkpoints,
-    aligned_checkpoint_timeout:
-        Declared, not implemented yet: any value but the default is refused.
+    timeout:
+        An epoch still running this long after it started is cancelled (its Spark jobs
+        cancelled; its pre-commits are aborted by the protocol on the restart) and counts as
+        a failed checkpoint. At least :data:`MIN_TIMEOUT_S`: Spark alone spends ~0.3 s per
+        epoch, so a shorter limit would cancel healthy epochs. Enforced by the supervisor.
+    min_pause_between_checkpoints:
+        The next epoch does not start until this long after the previous one completed
+        (its commit log entry was written). Enforced by exactly's sources.
+    tolerable_failed_checkpoints:
+        Consecutive failed checkpoints (timeouts, failed epochs) that are retried at once
+        without counting against the restart strategy; the next one fails the job over to
+        it. On Spark an epoch is processing and snapshot at once, so a failed checkpoint is
+        a failed epoch: its retry replays the epoch from the last complete one.
+    target_epoch_duration, aligned_checkpoint_timeout, unaligned:
+        Epoch sizing, exactly's form of unaligned checkpoints: sources admit per epoch only
+        as many rows as recent epochs show can be processed within the target, so checkpoint
+        time stays bounded under backpressure and after an outage. ``unaligned=True`` with
+        ``aligned_checkpoint_timeout=T`` (the seeds' names) is the same as
+        ``target_epoch_duration=T``; ``unaligned=True`` alone targets the interval. Needs
+        ``exactly_once`` and one concurrent checkpoint, as unaligned checkpoints do.
     max_concurrent_checkpoints:
         Always 1 on Spark: one epoch runs at a time.
     externalized_cleanup:
         ``retain_on_cancellation`` keeps the checkpoint when the query is cancelled;
         ``delete_on_cancellation`` removes it.
-    unaligned:
-        Flink's unaligned checkpoints. On Spark an epoch is a bulk-synchronous step, so the
-        goal (bounded checkpoint time under backpressure) is met by epoch sizing; not
-        implemented yet, but invalid combinations are reported first.
     state_backend:
         ``hashmap`` (Spark's HDFS-backed in-memory store) or ``rocksdb``.
     incremental:
@@ -123,7 +144,7 @@ class CheckpointConfig:
     ConfigError
         On an invalid value or combination, naming the fix.
     NotSupportedYetError
-        When an option that is not implemented yet is set to a non-default value.
+        For ``checkpoints_after_tasks_finish=False``, which Spark cannot do.
     """
 
     interval: str | float
@@ -139,7 +160,11 @@ class CheckpointConfig:
     state_backend: StateBackend
     incremental: bool
     checkpoints_after_tasks_finish: bool
+    target_epoch_duration: str | float | None
     interval_seconds: float = field(init=False, repr=False)
+    timeout_seconds: float | None = field(init=False, repr=False)
+    min_pause_seconds: float = field(init=False, repr=False)
+    epoch_target_seconds: float | None = field(init=False, repr=False)
 
     def __init__(self, interval: str | float = "1s",
                  mode: Mode | str = Mode.EXACTLY_ONCE,
@@ -154,7 +179,8 @@ class CheckpointConfig:
                  aligned_checkpoint_timeout: str | float | None = None,
                  state_backend: StateBackend | str = StateBackend.HASHMAP,
                  incremental: bool = False,
-                 checkpoints_after_tasks_finish: bool = True) -> None:
+                 checkpoints_after_tasks_finish: bool = True,
+                 target_epoch_duration: str | float | None = None) -> None:
         # strings are accepted on the way in; the attributes are always the enum members
         set_ = object.__setattr__
         set_(self, "interval", interval)
@@ -171,12 +197,18 @@ class CheckpointConfig:
         set_(self, "state_backend", parse_enum(StateBackend, state_backend, "state_backend"))
         set_(self, "incremental", incremental)
         set_(self, "checkpoints_after_tasks_finish", checkpoints_after_tasks_finish)
+        set_(self, "target_epoch_duration", target_epoch_duration)
         set_(self, "interval_seconds", parse_duration(interval, name="interval"))
         if self.interval_seconds <= 0:
             raise ConfigError("interval: must be greater than 0, e.g. '1s'")
         if not isinstance(self.storage, str) or not self.storage.strip():
             raise ConfigError("storage: give 'memory' or a directory path/URI for checkpoints")
+        set_(self, "timeout_seconds", None if timeout is None
+             else parse_duration(timeout, name="timeout"))
+        set_(self, "min_pause_seconds", parse_duration(min_pause_between_checkpoints,
+                                                       name="min_pause_between_checkpoints"))
         self._validate_combinations()
+        set_(self, "epoch_target_seconds", self._epoch_target())
         self._refuse_unimplemented()
 
     # -- validation -----------------------------------------------------------------
@@ -202,33 +234,65 @@ class CheckpointConfig:
                 "always writes full snapshots); set state_backend='rocksdb' or "
                 "incremental=False"
             )
-        if self.tolerable_failed_checkpoints < 0:
-            raise ConfigError("tolerable_failed_checkpoints: must be 0 or more")
-
-    def _refuse_unimplemented(self) -> None:
-        def refuse(option: str, value: object, why: str) -> None:
-            raise NotSupportedYetError(
-                f"{option}={value!r} is not supported yet: {why}. Remove the option to use "
-                "the default."
+        tolerable = self.tolerable_failed_checkpoints
+        if isinstance(tolerable, bool) or not isinstance(tolerable, int) or tolerable < 0:
+            raise ConfigError("tolerable_failed_checkpoints: give a whole number, 0 or more "
+                              f"(got {tolerable!r})")
+        if self.timeout_seconds is not None and self.timeout_seconds < MIN_TIMEOUT_S:
+            raise ConfigError(
+                f"timeout: {self.timeout!r} is below the floor of {MIN_TIMEOUT_S:g}s; Spark "
+                "alone spends ~0.3 s on every epoch, so healthy epochs would be cancelled. "
+                "Give a timeout of at least 1s (Flink's default is 10min)"
+            )
+        if self.target_epoch_duration is not None and self.mode is not Mode.EXACTLY_ONCE:
+            raise ConfigError(
+                "target_epoch_duration (epoch sizing, exactly's unaligned checkpoints) needs "
+                "mode='exactly_once'; set mode='exactly_once' or drop target_epoch_duration"
+            )
+        if (self.target_epoch_duration is not None and self.aligned_checkpoint_timeout
+                is not None):
+            raise ConfigError(
+                "target_epoch_duration and aligned_checkpoint_timeout name the same setting "
+                "(aligned_checkpoint_timeout is the seeds' alias); give only one"
             )
 
-        if self.timeout is not None:
-            refuse("timeout", self.timeout, "epochs are not cancelled after a time limit")
-        if parse_duration(self.min_pause_between_checkpoints,
-                          name="min_pause_between_checkpoints") != 0:
-            refuse("min_pause_between_checkpoints", self.min_pause_between_checkpoints,
-                   "the trigger starts the next epoch as soon as the interval allows")
-        if self.tolerable_failed_checkpoints != 0:
-            refuse("tolerable_failed_checkpoints", self.tolerable_failed_checkpoints,
-                   "a failed epoch fails the query, which the runner restarts")
-        if self.unaligned:
-            refuse("unaligned", True, "size epochs with the source's maxFilesPerTrigger / "
-                   "maxRowsPerTrigger option instead")
+    def _epoch_target(self) -> float | None:
+        """Seconds epoch sizing aims at, or None when epochs are not sized."""
+        if self.target_epoch_duration is not None:
+            target = parse_duration(self.target_epoch_duration, name="target_epoch_duration")
+        elif self.aligned_checkpoint_timeout is not None:
+            target = parse_duration(self.aligned_checkpoint_timeout,
+                                    name="aligned_checkpoint_timeout")
+        elif self.unaligned:
+            target = self.interval_seconds
+        else:
+            return None
+        if target < MIN_TIMEOUT_S:
+            raise ConfigError(
+                f"epoch sizing target {target:g}s is below {MIN_TIMEOUT_S:g}s: Spark alone "
+                "spends ~0.3 s on every epoch. Give target_epoch_duration (or "
+                "aligned_checkpoint_timeout) of at least 1s"
+            )
+        return target
+
+    def _refuse_unimplemented(self) -> None:
         if not self.checkpoints_after_tasks_finish:
-            refuse("checkpoints_after_tasks_finish", False,
-                   "Spark always commits the final epoch of a bounded run")
+            raise NotSupportedYetError(
+                "checkpoints_after_tasks_finish=False is not supported: Spark always commits "
+                "the final epoch of a bounded run. Remove the option to use the default."
+            )
 
     # -- derived values -------------------------------------------------------------
+    @property
+    def sizes_epochs(self) -> bool:
+        """True when sources are asked to size epochs (``epoch_target_seconds`` is set)."""
+        return self.epoch_target_seconds is not None
+
+    @property
+    def needs_admission(self) -> bool:
+        """True when exactly's sources must consult the supervisor's admission file."""
+        return self.sizes_epochs or self.min_pause_seconds > 0
+
     @property
     def is_memory_storage(self) -> bool:
         return self.storage.strip().lower() == "memory"

@@ -101,6 +101,12 @@ def _own_gateway_jvm() -> int | None:
     return proc.pid if proc is not None else None
 
 
+def current_process() -> ProcessId:
+    """Identity of this very process."""
+    stat = _stat(os.getpid())
+    return ProcessId(socket.gethostname(), os.getpid(), stat[2] if stat else 0)
+
+
 def driver_identity() -> ProcessId:
     """Identity of the Spark driver, seen from a driver-side worker (the JVM ancestor) or
     from the Python driver itself (e.g. inside ``foreachBatch``)."""

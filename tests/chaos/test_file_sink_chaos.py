@@ -19,13 +19,13 @@ from pathlib import Path
 import psutil
 import pyarrow.dataset as ds
 import pytest
-from file_output import assert_no_dangling_pre_commits
 
 from exactly.audit import data_files, verify
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import python_command, run_with_crashes
+from exactly.testing.file_output import assert_no_dangling_pre_commits
 
 pytestmark = pytest.mark.chaos
 FILES_PER_EPOCH = 2  # 8 input files of 500 events -> epochs 0..3

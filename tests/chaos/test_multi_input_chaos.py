@@ -36,13 +36,13 @@ import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
-from file_output import assert_no_dangling_pre_commits
 from multi_input_job import DSN_ENV, ORDER_SCHEMA, PAYMENTS_DDL, TRANSFORMS
 
 from exactly.audit import audit_ids, data_files
 from exactly.connectors.datagen import generate
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, run_with_crashes
+from exactly.testing.file_output import assert_no_dangling_pre_commits
 
 pytestmark = pytest.mark.chaos
 JOB = Path(__file__).with_name("multi_input_job.py")

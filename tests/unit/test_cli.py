@@ -27,3 +27,32 @@ def test_verify_exits_zero_on_a_match_and_one_on_duplicates(tmp_path):
 def test_faults_lists_every_point():
     result = CliRunner().invoke(main, ["faults"])
     assert "after_intent" in result.output and "in_write" in result.output
+
+
+def _run_cli(*args: str):
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_run_refuses_bad_restart_settings_before_anything_starts(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("def build(spark):\n    raise AssertionError('must not run')\n")
+    ck = str(tmp_path / "ck")
+    unknown = _run_cli("run", str(job), "--checkpoint", ck, "--restart-strategy", "sometimes")
+    assert unknown.exit_code == 2 and "'sometimes' is not one of" in unknown.output
+    negative = _run_cli("run", str(job), "--checkpoint", ck, "--restart-strategy",
+                        "fixed-delay", "--restart-option", "delay=-1s")
+    assert negative.exit_code == 3
+    assert "fixed-delay.delay: a duration cannot be negative" in negative.output
+    orphan = _run_cli("run", str(job), "--checkpoint", ck, "--restart-option", "attempts=2")
+    assert orphan.exit_code == 3 and "without --restart-strategy" in orphan.output
+    assert not (tmp_path / "ck").exists(), "a refused run must not touch the checkpoint"
+
+
+def test_stop_of_a_checkpoint_without_a_running_job_says_so(tmp_path):
+    result = _run_cli("stop", str(tmp_path / "ck"))
+    assert result.exit_code == 3
+    assert "NoRunningJob: no running job on checkpoint" in result.output

@@ -48,13 +48,46 @@ def test_incremental_needs_rocksdb():
     assert "RocksDB" in conf["spark.sql.streaming.stateStore.providerClass"]
 
 
-@pytest.mark.parametrize("option", [
-    {"timeout": "10min"}, {"min_pause_between_checkpoints": "1s"},
-    {"tolerable_failed_checkpoints": 2}, {"unaligned": True},
-    {"checkpoints_after_tasks_finish": False}])
-def test_declared_but_unimplemented_options_are_refused_not_ignored(option):
-    with pytest.raises(NotSupportedYetError, match="not supported yet"):
-        CheckpointConfig(**option)
+def test_operational_policies_are_parsed_into_seconds():
+    config = CheckpointConfig(storage="/tmp/ck", timeout="10min",
+                              min_pause_between_checkpoints="500ms",
+                              tolerable_failed_checkpoints=2)
+    assert config.timeout_seconds == 600.0
+    assert config.min_pause_seconds == 0.5
+    assert config.needs_admission and not config.sizes_epochs
+
+
+@pytest.mark.parametrize(("options", "target"), [
+    ({"unaligned": True, "aligned_checkpoint_timeout": "3s"}, 3.0),
+    ({"target_epoch_duration": "2s"}, 2.0),
+    ({"unaligned": True, "interval": "4s"}, 4.0),
+])
+def test_unaligned_checkpoints_become_epoch_sizing_with_a_target(options, target):
+    config = CheckpointConfig(**options)
+    assert config.epoch_target_seconds == target
+    assert config.sizes_epochs and config.needs_admission
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"timeout": "200ms"}, "timeout: .* below the floor"),
+    ({"timeout": "-5s"}, "timeout: a duration cannot be negative"),
+    ({"min_pause_between_checkpoints": "soon"}, "min_pause_between_checkpoints: cannot read"),
+    ({"tolerable_failed_checkpoints": -1}, "tolerable_failed_checkpoints: give a whole number"),
+    ({"tolerable_failed_checkpoints": "2"}, "tolerable_failed_checkpoints: give a whole number"),
+    ({"target_epoch_duration": "2s", "mode": "at_least_once"}, "needs mode='exactly_once'"),
+    ({"unaligned": True, "max_concurrent_checkpoints": 2}, "max_concurrent_checkpoints"),
+    ({"target_epoch_duration": "100ms"}, "at least 1s"),
+    ({"target_epoch_duration": "2s", "unaligned": True, "aligned_checkpoint_timeout": "2s"},
+     "name the same setting"),
+])
+def test_bad_policies_name_the_option_and_the_fix(options, message):
+    with pytest.raises(ConfigError, match=message):
+        CheckpointConfig(**options)
+
+
+def test_the_one_option_spark_cannot_honour_is_refused_with_the_reason():
+    with pytest.raises(NotSupportedYetError, match="Spark always commits the final epoch"):
+        CheckpointConfig(checkpoints_after_tasks_finish=False)
 
 
 def test_aligned_timeout_without_unaligned_is_invalid():

@@ -15,7 +15,7 @@ import exactly
 
 SRC = Path(exactly.__file__).parent
 #: modules every connector may share (not a target of their own)
-SHARED_CONNECTOR_MODULES = {"exactly.connectors.sql"}
+SHARED_CONNECTOR_MODULES = {"exactly.connectors.sql", "exactly.connectors.admission"}
 
 
 def module_name(path: Path) -> str:

@@ -13,6 +13,8 @@ Columns: ``id`` (long, 0, 1, 2, ... unique), ``key`` (string), ``amount`` (doubl
 ``event_time`` (timestamp, 1 ms apart from 2026-01-01). The offset of an epoch is the
 number of rows generated before it, stored in Spark's offset log, so a replay reads the
 same rows. Supports ``Trigger.AvailableNow`` (reads up to ``totalRows``, ignoring the rate).
+Admission control (:mod:`exactly.connectors.admission`): no epoch while paused or closed,
+and at most ``max_rows`` rows per epoch on top of ``maxRowsPerTrigger``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from exactly import options as opt
+from exactly.connectors.admission import cap, current_admission
 from exactly.errors import ConfigError
 
 SCHEMA = "id long, key string, amount double, event_time timestamp"
@@ -81,12 +85,13 @@ class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Stream reader of the deterministic generator."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.rate = _int_option(options, "rowsPerSecond", 1000, 0)
-        self.total = _optional_int(options, "totalRows", 0)
-        self.partitions_n = _int_option(options, "numPartitions", 2, 1)
-        self.max_rows = _optional_int(options, "maxRowsPerTrigger", 1)
-        self.keys = _int_option(options, "keys", 100, 1)
-        self.seed = _int_option(options, "seed", 0, 0)
+        opt.check_option_names("exactly.datagen", options, "source")
+        self.rate = _int_option(options, opt.ROWS_PER_SECOND, 1000, 0)
+        self.total = _optional_int(options, opt.TOTAL_ROWS, 0)
+        self.partitions_n = _int_option(options, opt.NUM_PARTITIONS, 2, 1)
+        self.max_rows = _optional_int(options, opt.MAX_ROWS_PER_TRIGGER, 1)
+        self.keys = _int_option(options, opt.KEYS, 100, 1)
+        self.seed = _int_option(options, opt.SEED, 0, 0)
         if self.rate == 0 and self.total is None:
             raise ConfigError("exactly.datagen: rowsPerSecond=0 (no rate limit) needs totalRows")
         self._started = time.monotonic()
@@ -115,9 +120,12 @@ class DatagenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = int(start["rows"])
         end = self._available(begin)
+        budget = current_admission().row_budget(bounded_run=self._target is not None)
+        if budget == 0:  # paused or closed: no epoch now
+            return start
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
-        return {"rows": end}
+        return {"rows": cap(begin, end, budget)}
 
     def prepareForTriggerAvailableNow(self) -> None:
         if self.total is None:

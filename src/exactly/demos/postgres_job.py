@@ -143,7 +143,9 @@ def start(spark, args: argparse.Namespace):
     writer = args.writer or ("foreachbatch" if stateful else "datasource")
     if writer == "datasource":
         fmt = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert"}
-        options = {"table": args.table, "partitions": str(args.partitions)}
+        options = {"table": args.table}
+        if args.sink == "2pc":  # write tasks per epoch: the prepared-transaction capacity check
+            options[opt.PARTITIONS] = str(args.partitions)
         if args.sink == "wal" and args.sqlite:
             options["path"] = args.sqlite
         else:

@@ -14,6 +14,11 @@ as the data-source path:
 
 Fault points fire as in the data-source path: ``in_write`` in the executor's Python worker,
 the driver points in this driver process (which then kills its JVM too).
+
+``start_query(df, sink_format=..., output_mode="update", ...)`` builds this writer itself,
+with the sink built from the format's options (:func:`exactly.spark.formats.sink_for`) and
+the checkpoint configuration applied as for the other modes; build it by hand only for a
+sink of your own.
 """
 
 from __future__ import annotations

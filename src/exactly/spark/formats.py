@@ -6,10 +6,16 @@
                       read: replayable table source (:mod:`exactly.connectors.postgres.source`)
 ``exactly.wal``       write: write-ahead sink into PostgreSQL or SQLite
 ``exactly.upsert``    write: idempotent upsert sink (epoch-guarded)
-``exactly.kafka``     write: transactional Kafka sink (:mod:`exactly.connectors.kafka.sink`)
+``exactly.kafka``     write: transactional Kafka sink (:mod:`exactly.connectors.kafka.sink`);
+                      read: replayable reader honouring exactly's admission control
+                      (:mod:`exactly.connectors.kafka.reader`)
 
 A data source only turns options into a sink or reader of :mod:`exactly.connectors` and
-hands sinks to :class:`~exactly.spark.writer.TwoPhaseStreamWriter`.
+hands sinks to :class:`~exactly.spark.writer.TwoPhaseStreamWriter`. Sinks are built in one
+place, :func:`sink_for`, which ``streamWriter``, ``start_query``'s :func:`check_sink` (before
+Spark starts) and its ``foreachBatch`` path (output mode update) share. Every format reads
+only the option names declared in :mod:`exactly.options` (``SOURCE_OPTIONS`` /
+``SINK_OPTIONS``); any other name is refused with the closest known one.
 
 Database options:
 
@@ -33,10 +39,11 @@ options of :mod:`exactly.protocol.faults`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import CaseInsensitiveDict, DataSource
 from pyspark.sql.types import StructType
 
 from exactly import options as opt
@@ -50,8 +57,8 @@ from exactly.connectors.kafka.options import (
 )
 from exactly.connectors.kafka.sink import KafkaSink  # also registers kafka.in_transaction
 from exactly.errors import ConfigError
-from exactly.protocol.contract import SinkSettings
-from exactly.protocol.faults import fault_from
+from exactly.protocol.contract import SinkSettings, TwoPhaseCommitSink
+from exactly.protocol.faults import FaultSpec, fault_from
 from exactly.spark.writer import TwoPhaseStreamWriter
 
 
@@ -82,11 +89,7 @@ class FilesDataSource(DataSource):
         return FilesStreamReader(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        options = self.options
-        sink = FileSink(options.get(opt.PATH, ""), options.get(opt.FORMAT, opt.DEFAULT_FORMAT),
-                        options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
-        return TwoPhaseStreamWriter(sink, SinkSettings.from_options(options),
-                                    fault_from(options))
+        return stream_writer(self.name(), self.options, schema)
 
 
 class DatagenDataSource(DataSource):
@@ -154,25 +157,7 @@ class PostgresDataSource(DataSource):
             resolve_dsn(self.options, what="exactly.postgres source"), self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.connectors.postgres.two_phase import (
-            PostgresTwoPhaseSink,
-        )
-
-        options = self.options
-        settings = SinkSettings.from_options(options)
-        sink = PostgresTwoPhaseSink(
-            resolve_dsn(options, what="exactly.postgres sink"), options.get(opt.TABLE, ""),
-            settings.require_log_dir("exactly.postgres"),
-            write_mode=options.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE),
-            key_columns=_key_columns(options),
-            marker_table=options.get(opt.MARKER_TABLE, opt.DEFAULT_2PC_MARKER_TABLE),
-            retry_seconds=float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)),
-            lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)),
-            epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
-            epochs_table=options.get(opt.EPOCHS_TABLE, opt.DEFAULT_EPOCHS_TABLE),
-            view_name=options.get(opt.VIEW_NAME) or None)
-        partitions = int(options[opt.PARTITIONS]) if options.get(opt.PARTITIONS) else None
-        return TwoPhaseStreamWriter(sink, settings, fault_from(options), schema, partitions)
+        return stream_writer(self.name(), self.options, schema)
 
 
 class WalDataSource(DataSource):
@@ -183,13 +168,7 @@ class WalDataSource(DataSource):
         return "exactly.wal"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.connectors.wal import WriteAheadSink, target_from_options
-
-        options = self.options
-        settings = SinkSettings.from_options(options)
-        target = target_from_options(options, resolve_dsn(options, required=False))
-        sink = WriteAheadSink(target, settings.require_log_dir("exactly.wal"))
-        return TwoPhaseStreamWriter(sink, settings, fault_from(options), schema)
+        return stream_writer(self.name(), self.options, schema)
 
 
 class UpsertDataSource(DataSource):
@@ -200,24 +179,17 @@ class UpsertDataSource(DataSource):
         return "exactly.upsert"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        from exactly.connectors.postgres.upsert import IdempotentUpsertSink
-
-        options = self.options
-        settings = SinkSettings.from_options(options)
-        sink = IdempotentUpsertSink(
-            resolve_dsn(options, what="exactly.upsert sink"), options.get(opt.TABLE, ""),
-            _key_columns(options), settings.require_log_dir("exactly.upsert"),
-            epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
-            lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)))
-        return TwoPhaseStreamWriter(sink, settings, fault_from(options), schema)
+        return stream_writer(self.name(), self.options, schema)
 
 
 class KafkaDataSource(DataSource):
-    """``format("exactly.kafka")``: the transactional Kafka sink (options: module docstring).
+    """``format("exactly.kafka")``: the transactional Kafka sink (options: module docstring)
+    and a replayable Kafka reader that honours exactly's admission control
+    (:mod:`exactly.connectors.kafka.reader`).
 
-    At start (exactly_once) it checks ``kafka.transaction.timeout.ms`` against the broker's
-    ``transaction.max.timeout.ms`` and the checkpoint interval, and fails the query with the
-    fix when it is wrong. Read Kafka with :func:`exactly.connectors.kafka.source.read_kafka`.
+    At start (exactly_once) the sink checks ``kafka.transaction.timeout.ms`` against the
+    broker's ``transaction.max.timeout.ms`` and the checkpoint interval, and fails the query
+    with the fix when it is wrong.
     """
 
     @classmethod
@@ -225,19 +197,18 @@ class KafkaDataSource(DataSource):
         return "exactly.kafka"
 
     def schema(self) -> str:
-        raise ConfigError("exactly.kafka is a sink; read Kafka with Spark's built-in source, "
-                          "e.g. exactly.connectors.kafka.source.read_kafka(spark, ...)")
+        from exactly.connectors.kafka.reader import SCHEMA
+
+        return SCHEMA
+
+    def streamReader(self, schema: StructType):
+        from exactly.connectors.kafka.reader import KafkaStreamReader, check_read_schema
+
+        check_read_schema(schema)
+        return KafkaStreamReader(self.options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
-        settings = SinkSettings.from_options(self.options)
-        options = KafkaSinkOptions.from_options(self.options, settings.mode)
-        check_schema(schema, options.topic)
-        if settings.mode is Mode.EXACTLY_ONCE:
-            check_transaction_timeout(options.transaction_timeout_ms,
-                                      broker_transaction_max_timeout_ms(options.client_conf()),
-                                      options.checkpoint_interval_ms)
-        return TwoPhaseStreamWriter(KafkaSink(options, settings), settings,
-                                    fault_from(self.options))
+        return stream_writer(self.name(), self.options, schema)
 
 
 DATA_SOURCES = (FilesDataSource, DatagenDataSource, PostgresDataSource, WalDataSource,
@@ -248,3 +219,171 @@ def register(spark: SparkSession) -> None:
     """Make every ``format("exactly.*")`` of :data:`DATA_SOURCES` available in ``spark``."""
     for source in DATA_SOURCES:
         spark.dataSource.register(source)
+
+
+# -- building sinks: one factory for streamWriter, foreachBatch and the start-time checks ----
+@dataclass(frozen=True)
+class BuiltSink:
+    """A sink built from ``writeStream`` options, with what a writer around it needs."""
+
+    sink: TwoPhaseCommitSink
+    settings: SinkSettings
+    fault: FaultSpec | None
+    #: write tasks per epoch (option ``partitions``), for ``prepare_target``'s checks
+    partitions: int | None = None
+
+
+SinkBuilder = Callable[[Mapping[str, str], SinkSettings, StructType | None], TwoPhaseCommitSink]
+
+
+def _files_sink(options: Mapping[str, str], settings: SinkSettings,
+                schema: StructType | None) -> TwoPhaseCommitSink:
+    return FileSink(options.get(opt.PATH, ""), options.get(opt.FORMAT, opt.DEFAULT_FORMAT),
+                    options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
+
+
+def _postgres_sink(options: Mapping[str, str], settings: SinkSettings,
+                   schema: StructType | None) -> TwoPhaseCommitSink:
+    from exactly.connectors.postgres.two_phase import PostgresTwoPhaseSink
+
+    return PostgresTwoPhaseSink(
+        resolve_dsn(options, what="exactly.postgres sink"), options.get(opt.TABLE, ""),
+        settings.require_log_dir("exactly.postgres"),
+        write_mode=options.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE),
+        key_columns=_key_columns(options),
+        marker_table=options.get(opt.MARKER_TABLE, opt.DEFAULT_2PC_MARKER_TABLE),
+        retry_seconds=float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)),
+        lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)),
+        epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
+        epochs_table=options.get(opt.EPOCHS_TABLE, opt.DEFAULT_EPOCHS_TABLE),
+        view_name=options.get(opt.VIEW_NAME) or None)
+
+
+def _wal_sink(options: Mapping[str, str], settings: SinkSettings,
+              schema: StructType | None) -> TwoPhaseCommitSink:
+    from exactly.connectors.wal import WriteAheadSink, target_from_options
+
+    target = target_from_options(options, resolve_dsn(options, required=False))
+    return WriteAheadSink(target, settings.require_log_dir("exactly.wal"))
+
+
+def _upsert_sink(options: Mapping[str, str], settings: SinkSettings,
+                 schema: StructType | None) -> TwoPhaseCommitSink:
+    from exactly.connectors.postgres.upsert import IdempotentUpsertSink
+
+    return IdempotentUpsertSink(
+        resolve_dsn(options, what="exactly.upsert sink"), options.get(opt.TABLE, ""),
+        _key_columns(options), settings.require_log_dir("exactly.upsert"),
+        epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
+        lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)))
+
+
+def _kafka_sink(options: Mapping[str, str], settings: SinkSettings,
+                schema: StructType | None) -> TwoPhaseCommitSink:
+    kafka = KafkaSinkOptions.from_options(options, settings.mode)
+    if schema is not None:
+        check_schema(schema, kafka.topic)
+    return KafkaSink(kafka, settings)
+
+
+#: format -> how its sink is built from options (no connection to the target)
+SINK_BUILDERS: dict[str, SinkBuilder] = {
+    "exactly.files": _files_sink,
+    "exactly.postgres": _postgres_sink,
+    "exactly.wal": _wal_sink,
+    "exactly.upsert": _upsert_sink,
+    "exactly.kafka": _kafka_sink,
+}
+
+#: sinks that change a key's row in place, as output mode ``update`` needs; for
+#: ``exactly.postgres`` only with ``writeMode=upsert``. ``exactly.kafka`` writes each update
+#: as a new record (a changelog), as Spark's own Kafka sink does.
+UPDATE_SINKS = ("exactly.postgres", "exactly.upsert", "exactly.kafka")
+
+
+def sink_for(sink_format: str, options: Mapping[str, str],
+             schema: StructType | None = None) -> BuiltSink:
+    """Build the sink of ``format(sink_format)`` from its ``writeStream`` options.
+
+    Names compare case-insensitively, as in Spark. Connects to nothing: the checks that
+    need the target are :func:`check_target`'s. Raises ConfigError, naming the fix, for an
+    unknown option name, a missing or invalid option, or a format that is not an exactly sink.
+    """
+    fmt = sink_format.lower()
+    builder = SINK_BUILDERS.get(fmt)
+    if builder is None:
+        raise ConfigError(f"{sink_format!r} is not an exactly sink; use one of "
+                          f"{', '.join(SINK_BUILDERS)}")
+    opt.check_option_names(fmt, options, "sink")
+    opts = CaseInsensitiveDict(options)
+    settings = SinkSettings.from_options(opts)
+    sink = builder(opts, settings, schema)
+    raw = opts.get(opt.PARTITIONS)
+    try:
+        partitions = int(raw) if raw else None
+    except ValueError:
+        raise ConfigError(f"{fmt} sink: option {opt.PARTITIONS}={raw!r} is not a whole "
+                          "number (write tasks per epoch)") from None
+    return BuiltSink(sink, settings, fault_from(opts), partitions)
+
+
+def check_target(built: BuiltSink) -> None:
+    """The sink checks that need its target: for ``exactly.kafka`` in exactly_once mode,
+    ``kafka.transaction.timeout.ms`` against the broker's ``transaction.max.timeout.ms``
+    and the checkpoint interval. Raises ConfigError naming the fix."""
+    if isinstance(built.sink, KafkaSink) and built.settings.mode is Mode.EXACTLY_ONCE:
+        kafka = built.sink.options
+        check_transaction_timeout(kafka.transaction_timeout_ms,
+                                  broker_transaction_max_timeout_ms(kafka.client_conf()),
+                                  kafka.checkpoint_interval_ms)
+
+
+def stream_writer(sink_format: str, options: Mapping[str, str],
+                  schema: StructType) -> TwoPhaseStreamWriter:
+    """What every exactly DataSource's ``streamWriter`` returns."""
+    built = sink_for(sink_format, options, schema)
+    check_target(built)
+    return TwoPhaseStreamWriter(built.sink, built.settings, built.fault, schema,
+                                built.partitions)
+
+
+def check_sink(sink_format: str, path: str | None, options: Mapping[str, str] | None,
+               schema: StructType | None = None) -> BuiltSink | None:
+    """Before a query starts: build the sink of ``sink_format`` exactly as its writer will
+    (``path`` is the ``start(path)`` argument) and run :func:`check_target`, so a wrong
+    setting fails now, in one line, instead of after the first epoch. Returns the sink;
+    ``None`` for formats that are not exactly sinks."""
+    if sink_format.lower() not in SINK_BUILDERS:
+        return None
+    from pyspark.sql.utils import to_str  # the strings writeStream.options() passes on
+
+    merged = {key: str(to_str(value)) for key, value in (options or {}).items()
+              if value is not None}
+    if path:
+        merged[opt.PATH] = path
+    built = sink_for(sink_format, merged, schema)
+    check_target(built)
+    return built
+
+
+def check_output_mode(sink_format: str, output_mode: str,
+                      options: Mapping[str, str] | None) -> None:
+    """Refuse output mode ``update`` into a sink that cannot change a row in place."""
+    fmt = sink_format.lower()
+    if output_mode.lower() != "update" or fmt not in SINK_BUILDERS:
+        return
+    opts = CaseInsensitiveDict(options or {})
+    if fmt == "exactly.postgres" and opts.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE) != "upsert":
+        raise ConfigError(
+            f"exactly.postgres sink: output_mode='update' rewrites a key's row, but "
+            f"{opt.WRITE_MODE}={opts.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE)} appends a "
+            f"row per update; set options {opt.WRITE_MODE}=upsert and {opt.KEY_COLUMNS}=KEYS")
+    if fmt not in UPDATE_SINKS:
+        what = ("files are append-only" if fmt == "exactly.files"
+                else "it appends every update as a new row")
+        raise ConfigError(
+            f"{fmt} sink: output_mode='update' needs a sink that updates a key's row in "
+            f"place, and {what}; write aggregates to exactly.postgres "
+            f"({opt.WRITE_MODE}=upsert, {opt.KEY_COLUMNS}=KEYS) or exactly.upsert, or use "
+            "output_mode='append' (with a watermark) or 'complete'")
+

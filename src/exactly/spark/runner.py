@@ -4,6 +4,13 @@
 non-replayable sources in exactly-once mode, places the checkpoint, sets the state backend,
 refuses a state backend that differs from the one a checkpoint was written with, picks the
 trigger and tells the sink its delivery mode.
+
+Before Spark starts it also fails, in one line naming the fix, on what would otherwise
+surface only after the first epoch: an option name no exactly source or sink of the query
+reads, a sink setting its sink refuses (:func:`exactly.spark.formats.check_sink`), output
+mode ``update`` into an append-only sink, and a sink log of another query under a
+``memory`` checkpoint. Output mode ``update`` runs the same sink and protocol through
+``foreachBatch`` (:class:`~exactly.spark.foreach_batch.TwoPhaseForeachBatch`).
 """
 
 from __future__ import annotations
@@ -15,25 +22,27 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from exactly import options as opt
 from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
-from exactly.errors import ConfigError, SourceNotReplayableError
+from exactly.errors import ConfigError, OwnershipError, SourceNotReplayableError
 from exactly.logs import log_event
 from exactly.procs import driver_identity
 from exactly.protocol.epoch_identity import check_checkpoint_against_log
 from exactly.protocol.lease import Lease
 from exactly.spark.checkpoint import local_checkpoint
+from exactly.spark.formats import check_output_mode, check_sink
 
 logger = logging.getLogger("exactly.spark.runner")
 
 #: sources whose input cannot be read again from positions in the offset log
 NON_REPLAYABLE_SOURCES = ("socket",)
 PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+OUTPUT_MODES = ("append", "update", "complete")
 
 
 @dataclass
@@ -73,6 +82,28 @@ def source_names(df: DataFrame) -> list[str]:
         if "StreamingRelation" in leaf.getClass().getSimpleName():
             names.append(str(leaf.toString()).split("[")[0].strip())
     return names
+
+
+def source_options(df: DataFrame) -> list[tuple[str, dict[str, str]]]:
+    """``(format, options)`` of every DataSource V2 streaming source a DataFrame reads (the
+    Python data sources among them), options as the user spelt them."""
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    found = []
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if leaf.getClass().getSimpleName() != "StreamingRelationV2":
+            continue
+        extra = leaf.extraOptions().asCaseSensitiveMap()
+        found.append((str(leaf.sourceName()), {str(k): str(v) for k, v in extra.items()}))
+    return found
+
+
+def check_source_options(df: DataFrame) -> None:
+    """Refuse an option name that an exactly source of ``df`` does not read (a misspelt
+    ``maxFilesPerTrigger`` would otherwise be ignored): ConfigError naming the closest
+    known name."""
+    for fmt, options in source_options(df):
+        opt.check_option_names(fmt, options, "source")
 
 
 def check_replayable(df: DataFrame, mode: Mode, accept_at_most_once: bool) -> None:
@@ -132,33 +163,68 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     ``available_now=True`` processes what the sources hold at start, in epochs sized by the
     sources' limits, then stops (a bounded run whose last epoch is checkpointed).
 
+    ``output_mode``: ``append`` and ``complete`` run the sink as a Spark data source;
+    ``update`` (Python data source sinks refuse it) runs the same sink, built from the same
+    options, through ``foreachBatch`` with the same checkpoint, trigger, mode and checks.
+    ``update`` needs a sink that changes a key's row in place (``exactly.postgres`` with
+    ``writeMode=upsert``, ``exactly.upsert``) or a changelog (``exactly.kafka``).
+
     The state backend is a session setting in Spark: it applies to queries started later in
     the same session too, and a checkpoint keeps the backend it was first started with.
+
+    Raises, before Spark starts: ConfigError (unknown option names of an exactly source or
+    sink, a sink setting its sink refuses, a wrong output mode, a checkpoint of another
+    state backend), SourceNotReplayableError, CorruptCheckpointFileError, FencedError,
+    ReplannedEpochError, and OwnershipError when a ``memory`` checkpoint (a new query on
+    every run) meets a sink log of another query.
     """
     if not df.isStreaming:
         raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")
+    mode_name = output_mode.lower()
+    if mode_name not in OUTPUT_MODES:
+        raise ConfigError(f"start_query: output_mode={output_mode!r} is not one of "
+                          f"{' | '.join(OUTPUT_MODES)}")
     check_replayable(df, checkpoint.mode, accept_at_most_once)
+    check_source_options(df)
+    check_output_mode(sink_format, mode_name, options)
     location = checkpoint_location(checkpoint)
-    preflight_checkpoint(location, sink_format, path, options)
-    check_pinned_state_backend(location, checkpoint)
-    spark = df.sparkSession
-    for key, value in checkpoint.spark_conf().items():
-        spark.conf.set(key, value)
     options = dict(options or {})
     local = local_checkpoint(location)
     if local is not None:
         options.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
     options.setdefault(opt.CHECKPOINT_INTERVAL_MS, str(int(checkpoint.interval_seconds * 1000)))
+    # what the sink receives: the options given override the two start_query sets
+    sink_options = {opt.CHECKPOINT_LOCATION: location, opt.MODE: checkpoint.mode.value,
+                    **options}
+    built = check_sink(sink_format, path, sink_options, df.schema)
+    preflight_checkpoint(location, sink_format, path, options)
+    check_pinned_state_backend(location, checkpoint)
+    spark = df.sparkSession
+    for key, value in checkpoint.spark_conf().items():
+        spark.conf.set(key, value)
+    if checkpoint.mode is Mode.EXACTLY_ONCE and checkpoint.is_memory_storage:
+        warn_memory_storage(sink_format, location)
     if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
         log_dir = sink_log_directory(sink_format, path, options)
         if log_dir is not None and log_dir.is_dir():
             # a second live instance fails on fencing, before anything about its checkpoint
             Lease(log_dir).refuse_if_held(driver_identity())
+            if checkpoint.is_memory_storage:
+                refuse_memory_checkpoint_on_owned_log(log_dir)
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
-    writer = (df.writeStream.format(sink_format).outputMode(output_mode)
-              .option(opt.CHECKPOINT_LOCATION, location)
-              .option(opt.MODE, checkpoint.mode.value)
-              .options(**options))
+    writer: Any
+    via_foreach_batch = mode_name == "update" and built is not None
+    if via_foreach_batch and built is not None:
+        from exactly.spark.foreach_batch import TwoPhaseForeachBatch
+
+        writer = (df.writeStream.outputMode(mode_name)
+                  .option(opt.CHECKPOINT_LOCATION, location)
+                  .foreachBatch(TwoPhaseForeachBatch(built.sink, built.settings, built.fault)))
+    else:
+        writer = (df.writeStream.format(sink_format).outputMode(mode_name)
+                  .option(opt.CHECKPOINT_LOCATION, location)
+                  .option(opt.MODE, checkpoint.mode.value)
+                  .options(**options))
     if query_name:
         writer = writer.queryName(query_name)
     if available_now:
@@ -166,10 +232,34 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     else:
         writer = writer.trigger(processingTime=f"{int(checkpoint.interval_seconds * 1000)} "
                                                "milliseconds")
-    query = writer.start(path) if path else writer.start()
+    query = writer.start(path) if path and not via_foreach_batch else writer.start()
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
-              checkpoint=location, mode=checkpoint.mode.value)
+              checkpoint=location, mode=checkpoint.mode.value, output_mode=mode_name)
     return ExactlyQuery(query, location, checkpoint)
+
+
+def warn_memory_storage(sink_format: str, location: str) -> None:
+    """Log (WARNING) that a ``memory`` checkpoint cannot resume exactly once after a restart."""
+    log_event(logger, "memory_checkpoint", logging.WARNING, storage="memory",
+              checkpoint=location, sink=sink_format,
+              detail="the checkpoint is a temporary directory removed at exit: a restart is "
+                     "a new query, which cannot resume this sink's output exactly once",
+              fix="give CheckpointConfig(storage=DIR), the same DIR on every run")
+
+
+def refuse_memory_checkpoint_on_owned_log(log_dir: Path) -> None:
+    """A ``memory`` checkpoint is a new query on every run: refuse a sink log (``query.json``)
+    that already belongs to a query, before Spark runs an epoch into it."""
+    from exactly.fsutil import read_json
+    from exactly.protocol.repairs import query_repair
+
+    owner = read_json(log_dir / "query.json", repair=query_repair(log_dir))
+    if isinstance(owner, dict) and owner.get("query_id"):
+        raise OwnershipError(
+            f"the sink log {log_dir} belongs to streaming query {owner['query_id']}, but this "
+            "query's checkpoint is in memory storage (CheckpointConfig(storage='memory')), so "
+            "every run is a new query that cannot resume it; give CheckpointConfig(storage=DIR) "
+            "with the same DIR on every run, or write to a fresh sink path")
 
 
 def sink_log_directory(sink_format: str, path: str | None,

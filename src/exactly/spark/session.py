@@ -1,37 +1,126 @@
-"""A SparkSession with exactly's data sources registered and sane local defaults."""
+"""A SparkSession with exactly's data sources registered, and defaults that fit the master.
+
+Local masters (``local``, ``local[N]``, ``local[*]``, ``local-cluster[...]``) and masters on
+a loopback address (``spark://127.0.0.1:7077``) get the defaults of a small single machine:
+driver bound to 127.0.0.1, one shuffle partition per local core, adaptive execution off.
+Any other master keeps Spark's own defaults (200 shuffle partitions, adaptive execution on)
+and binds where Spark binds. The UI is off unless asked for.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import sys
+from urllib.parse import urlsplit
 
 from pyspark.sql import SparkSession
 
+from exactly.errors import ConfigError
 from exactly.spark.formats import register
 
+#: environment variable naming the default master
+MASTER_ENV = "EXACTLY_SPARK_MASTER"
+DEFAULT_MASTER = "local[2]"
+LOOPBACK = "127.0.0.1"
 
-def spark_session(master: str = "local[2]", app_name: str = "exactly",
-                  conf: dict[str, str] | None = None) -> SparkSession:
-    """Get or create a session bound to 127.0.0.1, with exactly's sources registered.
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
-    Python workers run the interpreter of this process (``PYSPARK_PYTHON``), so they see
-    the same installed packages, exactly included.
+
+def default_master() -> str:
+    """``EXACTLY_SPARK_MASTER`` when set, else ``local[2]``."""
+    return os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+
+
+def local_cores(master: str) -> int | None:
+    """Cores a local master runs tasks on (``local[N]`` -> N, ``local`` -> 1, ``local[*]`` ->
+    this machine's cores, ``local-cluster[W,C,M]`` -> W*C); ``None`` for other masters."""
+    text = master.strip()
+    match = _LOCAL.match(text)
+    if match:
+        cores = match.group(1)
+        if cores is None:
+            return 1
+        return (os.cpu_count() or 1) if cores == "*" else max(1, int(cores))
+    match = _LOCAL_CLUSTER.match(text)
+    if match:
+        return max(1, int(match.group(1)) * int(match.group(2)))
+    return None
+
+
+def on_this_machine(master: str) -> bool:
+    """True for local masters and masters whose host is a loopback address."""
+    if local_cores(master) is not None:
+        return True
+    host = urlsplit(master.strip()).hostname
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | None = None,
+                 adaptive: bool | None = None,
+                 conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings :func:`spark_session` gives its builder (``conf`` last, so it
+    overrides every other one). Pure: starts nothing.
+
+    ``shuffle_partitions`` default: the local cores for a local master (``local[4]`` -> 4),
+    Spark's own default elsewhere. ``adaptive`` default: off for masters on this machine
+    (tiny epochs do not pay for re-planning), Spark's own default elsewhere. Driver bound to
+    127.0.0.1 only for masters on this machine.
     """
+    if shuffle_partitions is not None and shuffle_partitions < 1:
+        raise ConfigError(f"spark_session: shuffle_partitions must be >= 1, got "
+                          f"{shuffle_partitions}; omit it for the master's default")
+    settings = {
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.python.worker.reuse": "true",
+    }
+    local = on_this_machine(master)
+    if local:
+        settings["spark.driver.host"] = LOOPBACK
+        settings["spark.driver.bindAddress"] = LOOPBACK
+    partitions = shuffle_partitions if shuffle_partitions is not None else local_cores(master)
+    if partitions is not None:
+        settings["spark.sql.shuffle.partitions"] = str(partitions)
+    if adaptive is None and local:
+        adaptive = False
+    if adaptive is not None:
+        settings["spark.sql.adaptive.enabled"] = "true" if adaptive else "false"
+    settings.update(conf or {})
+    return settings
+
+
+def spark_session(master: str | None = None, app_name: str = "exactly",
+                  conf: dict[str, str] | None = None, *, ui: bool = False,
+                  shuffle_partitions: int | None = None,
+                  adaptive: bool | None = None) -> SparkSession:
+    """Get or create a session with exactly's sources registered (settings:
+    :func:`session_conf`).
+
+    ``master`` defaults to ``EXACTLY_SPARK_MASTER``, else ``local[2]``. ``ui=True`` keeps
+    Spark's web UI (on 127.0.0.1 for masters on this machine). ``conf`` overrides every
+    other setting. Settings apply when this call creates the session; an existing session
+    is returned as it is, except for the SQL settings ``getOrCreate`` applies to it. Python
+    workers run the interpreter of this process (``PYSPARK_PYTHON``), so they see the same
+    installed packages, exactly included.
+    """
+    master = master or default_master()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "true")
-    )
-    for key, value in (conf or {}).items():
+    if on_this_machine(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # the UI and block manager too
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
+                                   adaptive=adaptive, conf=conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))

@@ -7,6 +7,11 @@ Options (``spark.readStream.format("exactly.files").schema(...)``):
 ``maxFilesPerTrigger`` cap on files per epoch (epoch sizing; default: all new files)
 ``deadLetterPath``     where malformed rows go; without it a malformed row fails the query
 
+Admission control (:mod:`exactly.connectors.admission`): no epoch while paused or closed;
+a ``max_rows`` budget takes the leading files whose rows (Parquet footer ``num_rows``, JSON
+lines counted, cached per file) fit in it, on top of ``maxFilesPerTrigger``, and always at
+least one file, so a file bigger than the budget still makes progress.
+
 Files are taken in the lexicographic order of their names (hidden ``.``/``_`` names are
 skipped), so producers must name files so that they sort in arrival order (e.g. a
 timestamp or sequence prefix) and publish them atomically (write elsewhere, rename in).
@@ -45,6 +50,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from exactly import options as opt
+from exactly.connectors.admission import current_admission
 from exactly.errors import ConfigError, ExactlyError, MalformedRecordError
 from exactly.fsutil import atomic_write_bytes
 
@@ -68,23 +75,25 @@ class FilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Stream reader over a directory of files; see the module docstring."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        path = options.get("path")
+        opt.check_option_names("exactly.files", options, "source")
+        path = options.get(opt.PATH)
         if not path:
             raise ConfigError("exactly.files source: set the input directory with "
                               ".option('path', DIR) or .load(DIR)")
         self.directory = Path(path.removeprefix("file://")).absolute()
-        self.format = options.get("format", "parquet").lower()
+        self.format = options.get(opt.FORMAT, opt.DEFAULT_FORMAT).lower()
         if self.format not in FORMATS:
             raise ConfigError(f"exactly.files source: format {self.format!r} is not one of "
                               "json | parquet")
-        raw_max = options.get("maxFilesPerTrigger")
+        raw_max = options.get(opt.MAX_FILES_PER_TRIGGER)
         self.max_files = int(raw_max) if raw_max else None
         if self.max_files is not None and self.max_files < 1:
             raise ConfigError("exactly.files source: maxFilesPerTrigger must be >= 1")
-        self.dead_letter = options.get("deadLetterPath")
+        self.dead_letter = options.get(opt.DEAD_LETTER_PATH)
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._target: dict[str, str] | None = None
+        self._rows: dict[str, int] = {}  # rows per file name (admission's row budget)
 
     def initialOffset(self) -> dict:
         return {"last": "", "count": 0}
@@ -106,15 +115,42 @@ class FilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [n for n in names if n > offset["last"]]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        budget = current_admission().row_budget(bounded_run=self._target is not None)
+        if budget == 0:  # paused or closed: no epoch now
+            return start
         names = list_input_files(self.directory)
         if self._target is not None:  # availableNow: nothing newer than the target
             names = [n for n in names if n <= self._target["last"]]
         fresh = self._check_taken(names, start)
         if isinstance(limit, ReadMaxFiles):
             fresh = fresh[: limit.max_files]
+        if budget is not None:
+            fresh = self._within_rows(fresh, budget)
         if not fresh:
             return start
         return {"last": fresh[-1], "count": int(start["count"]) + len(fresh)}
+
+    def _within_rows(self, names: list[str], budget: int) -> list[str]:
+        """The leading files of ``names`` whose rows fit in ``budget``; never fewer than one
+        file (a file bigger than the budget still makes progress, as an epoch of its own)."""
+        taken, rows = 0, 0
+        for name in names:
+            rows += self.file_rows(name)
+            if taken and rows > budget:
+                break
+            taken += 1
+        return names[:taken]
+
+    def file_rows(self, name: str) -> int:
+        """Rows of input file ``name``: Parquet footer ``num_rows``, JSON lines' newlines.
+
+        Cached per name (input files are published whole and never change). A file whose
+        size cannot be read counts as one row; its read then reports what is wrong with it.
+        """
+        rows = self._rows.get(name)
+        if rows is None:
+            rows = self._rows[name] = _count_rows(self.directory / name, self.format)
+        return rows
 
     def prepareForTriggerAvailableNow(self) -> None:
         names = list_input_files(self.directory)
@@ -164,6 +200,20 @@ class FilesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         pass
+
+
+def _count_rows(path: Path, fmt: str) -> int:
+    try:
+        if fmt == "parquet":
+            return int(pq.read_metadata(path).num_rows)
+        lines, last = 0, b"\n"
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+        return lines + (last != b"\n")  # a last line without a newline counts too
+    except (OSError, pa.ArrowException):
+        return 1
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

@@ -1,4 +1,6 @@
-"""Kafka as a replayable source: Spark's built-in Kafka connector with exactly's defaults.
+"""Kafka as a replayable source: Spark's built-in Kafka connector with exactly's defaults
+(:func:`read_kafka`), or exactly's own reader (:func:`read_exactly_kafka`), which also
+honours exactly's admission control (min pause between epochs, epoch sizing).
 
 Why the built-in source fits the exactly-once model: before epoch n runs, Spark writes the
 end offset of every topic partition for n into the checkpoint's offset log (the barrier's
@@ -95,3 +97,37 @@ def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
     return reader.load()
+
+
+def read_exactly_kafka(spark: SparkSession, bootstrap_servers: str, topics: str | list[str],
+                       starting_offsets: str | Mapping[str, Mapping[str, int]] = "earliest",
+                       max_offsets_per_trigger: int | None = None,
+                       options: Mapping[str, str] | None = None) -> DataFrame:
+    """A streaming DataFrame over Kafka from exactly's own reader (``format("exactly.kafka")``,
+    :mod:`exactly.connectors.kafka.reader`), with the columns of :func:`read_kafka`.
+
+    Unlike :func:`read_kafka` (Spark's JVM source, which exactly cannot gate), this reader
+    honours exactly's admission control: the supervisor's min pause between epochs and epoch
+    sizing. It needs no connector jars. ``kafka.isolation.level`` defaults to
+    ``read_committed``; ``starting_offsets`` is ``"earliest"``, ``"latest"`` or
+    ``{topic: {partition: offset}}`` (-2 = earliest, -1 = latest) and is used only on the
+    first start; ``options`` adds reader options (``failOnDataLoss``, ``kafka.*``, ...).
+
+    Raises ConfigError, naming the fix, for a wrong or unknown option before Spark is asked.
+    """
+    from exactly.connectors.kafka.reader import KafkaReaderOptions
+
+    names = [topics] if isinstance(topics, str) else list(topics)
+    given: dict[str, str] = {opt.KAFKA_BOOTSTRAP: bootstrap_servers,
+                             opt.SUBSCRIBE: ",".join(names)}
+    if isinstance(starting_offsets, str):
+        given[opt.STARTING_OFFSETS] = starting_offsets
+    else:
+        given[opt.STARTING_OFFSETS] = json.dumps(
+            {t: {str(p): int(o) for p, o in parts.items()}
+             for t, parts in starting_offsets.items()})
+    if max_offsets_per_trigger is not None:
+        given[opt.MAX_OFFSETS_PER_TRIGGER] = str(max_offsets_per_trigger)
+    given.update({k: str(v) for k, v in (options or {}).items()})
+    KafkaReaderOptions.from_options(given)  # fail here, not when the query starts
+    return spark.readStream.format("exactly.kafka").options(**given).load()

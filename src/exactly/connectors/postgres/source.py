@@ -12,7 +12,9 @@ Options (``spark.readStream.format("exactly.postgres")``):
 
 The offset of an epoch is ``{"key": K}``: epoch n reads the rows with ``start < key <= end``,
 and both ends are in Spark's offset log before the epoch runs, so a replay reads exactly the
-same rows. Supports ``Trigger.AvailableNow``.
+same rows. Supports ``Trigger.AvailableNow``. Admission control
+(:mod:`exactly.connectors.admission`): no epoch (and no query) while paused or closed, and at
+most ``max_rows`` rows per epoch on top of ``maxRowsPerTrigger``.
 
 The key must be assigned in commit order. A ``bigserial`` filled by several concurrent
 writers is not: a transaction that took key 10 may commit after one that took key 11, and if
@@ -61,6 +63,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from exactly import options as opt
+from exactly.connectors.admission import current_admission
 from exactly.connectors.sql import TableName, clean_error, pg_columns, pg_connect
 from exactly.errors import ConfigError
 
@@ -92,11 +96,11 @@ class KeyRange(InputPartition):
 
 
 def _options(options: Mapping[str, str]) -> tuple[TableName, str, list[str] | None]:
-    table = options.get("table")
+    table = options.get(opt.TABLE)
     if not table:
         raise ConfigError("exactly.postgres source: set option table")
-    columns = [c.strip() for c in options.get("columns", "").split(",") if c.strip()] or None
-    return TableName.parse(table), options.get("keyColumn", "id"), columns
+    columns = [c.strip() for c in options.get(opt.COLUMNS, "").split(",") if c.strip()] or None
+    return TableName.parse(table), options.get(opt.KEY_COLUMN, opt.DEFAULT_KEY_COLUMN), columns
 
 
 def table_schema(dsn: str, options: Mapping[str, str]) -> StructType:
@@ -128,13 +132,14 @@ class PostgresTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
     """Reads new rows of a table by key range; see the module docstring."""
 
     def __init__(self, dsn: str, options: Mapping[str, str], schema: StructType) -> None:
+        opt.check_option_names("exactly.postgres", options, "source")
         self.dsn = dsn
         self.table, self.key, _ = _options(options)
-        raw = options.get("maxRowsPerTrigger")
+        raw = options.get(opt.MAX_ROWS_PER_TRIGGER)
         self.max_rows = int(raw) if raw else None
         if self.max_rows is not None and self.max_rows < 1:
             raise ConfigError("exactly.postgres source: maxRowsPerTrigger must be >= 1")
-        self.partitions_n = max(1, int(options.get("numPartitions", 2)))
+        self.partitions_n = max(1, int(options.get(opt.NUM_PARTITIONS, 2)))
         self.schema = schema
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._target: int | None = None
@@ -158,6 +163,12 @@ class PostgresTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         from psycopg import sql
 
+        budget = current_admission().row_budget(bounded_run=self._target is not None)
+        if budget == 0:  # paused or closed: no epoch now (and no query to the table)
+            return start
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if budget is not None:
+            max_rows = budget if max_rows is None else min(max_rows, budget)
         low = start["key"]
         where: sql.Composable = sql.SQL("")
         params: tuple = ()
@@ -168,11 +179,11 @@ class PostgresTableStreamReader(DataSourceStreamReader, SupportsTriggerAvailable
             where = sql.SQL("{} {} {} <= %s").format(
                 where, sql.SQL("AND" if low is not None else "WHERE"), sql.Identifier(self.key))
             params = (*params, self._target)
-        if isinstance(limit, ReadMaxRows):
+        if max_rows is not None:
             stmt = sql.SQL("SELECT max(k) FROM (SELECT {} AS k FROM {} {} ORDER BY {} LIMIT %s) s"
                            ).format(sql.Identifier(self.key), self.table.sql(), where,
                                     sql.Identifier(self.key))
-            params = (*params, limit.max_rows)
+            params = (*params, max_rows)
         else:
             stmt = sql.SQL("SELECT max({}) FROM {} {}").format(
                 sql.Identifier(self.key), self.table.sql(), where)

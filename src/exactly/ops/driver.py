@@ -1,0 +1,234 @@
+"""The driver process of ``exactly run``: one Spark session, one supervised job.
+
+``python -m exactly.ops.driver SPEC_JSON`` is what the launcher (:mod:`exactly.ops.launcher`)
+starts, again after every death of the process; :func:`run_job` is the same from Python, in
+the caller's process (query restarts only: nothing restarts a process that dies).
+
+Exit codes: 0 the job stopped, drained, finished or was cancelled; :data:`JOB_FAILED` the
+restart strategy gave up or the failure cannot be fixed by a restart (the cause is the last
+line on stderr); :data:`DRIVER_LOST` the JVM is gone, start a new process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exactly.connectors.admission import ADMISSION_FILE_ENV
+from exactly.errors import ConfigError, ExactlyError
+from exactly.logs import log_event
+from exactly.ops.control import JobStatus, claim_job, job_dir
+from exactly.ops.history import new_run_id
+from exactly.ops.job import Job, check_job, load_job_file
+from exactly.ops.restart import RestartStrategy, restart_strategy, strategy_to_json
+from exactly.ops.supervisor import (
+    DriverLostError,
+    JobFailedError,
+    Outcome,
+    Supervisor,
+    default_strategy,
+)
+from exactly.procs import current_process
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger("exactly.ops.driver")
+
+JOB_FAILED = 3
+DRIVER_LOST = 75
+#: the launcher's run id, passed to every driver process it starts
+RUN_ID_ENV = "EXACTLY_RUN_ID"
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """Everything a driver process needs, passed as JSON by the launcher."""
+
+    job_file: str
+    checkpoint: str | None = None
+    strategy: str | None = None
+    strategy_options: dict[str, str] = field(default_factory=dict)
+    master: str | None = None
+    spark_ui: bool = False
+    shuffle_partitions: int | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    stop_timeout_s: float = 600.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DriverSpec:
+        return cls(**json.loads(text))
+
+    def restart_strategy(self) -> RestartStrategy | None:
+        if self.strategy is None:
+            if self.strategy_options:
+                raise ConfigError("restart options were given without --restart-strategy; "
+                                  "name the strategy they belong to")
+            return None
+        return restart_strategy(self.strategy, self.strategy_options)
+
+
+def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession:
+    """The session of a supervised job; the admission file must be named before the JVM
+    starts (Spark's Python workers inherit the variable from it)."""
+    from exactly.spark.session import spark_session
+
+    # no console progress bars between the job's log lines; the job and the command line
+    # may still turn them on
+    conf = {"spark.ui.showConsoleProgress": "false", **extra_conf, **spec.spark_conf}
+    kwargs: dict[str, Any] = {"app_name": f"exactly-run:{Path(spec.job_file).stem}",
+                              "conf": conf}
+    if spec.master:
+        kwargs["master"] = spec.master
+    if spec.spark_ui:
+        kwargs["ui"] = True
+    if spec.shuffle_partitions:
+        kwargs["shuffle_partitions"] = spec.shuffle_partitions
+    return spark_session(**kwargs)
+
+
+def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
+              checkpoint: str | None, strategy: RestartStrategy | None, run_id: str,
+              stop_timeout_s: float = 600.0, where: str = "build(spark)") -> Outcome:
+    """Build the job in ``spark`` and run it under a :class:`Supervisor` (SIGTERM and
+    Ctrl-C stop it gracefully; a second Ctrl-C cancels). Raises JobFailedError /
+    DriverLostError as the supervisor does."""
+    from exactly.ops.pacing import Pacer
+
+    job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint)
+    if job.checkpoint.is_memory_storage:
+        raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
+                          "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
+    chosen = strategy or job.restart_strategy or default_strategy()
+    directory = job_dir(job.checkpoint.storage)
+    # tell the launcher which strategy counts process restarts, and who the driver is
+    _merge(directory, {"strategy": strategy_to_json(chosen),
+                       "driver": current_process().to_json()})
+    admission = os.environ.get(ADMISSION_FILE_ENV)
+    config = job.checkpoint
+    if config.needs_admission and not admission:
+        raise ConfigError("min_pause_between_checkpoints and epoch sizing need exactly to "
+                          "start Spark (the sources learn the admission file from the "
+                          "environment): run the job with `exactly run` or run_job() before "
+                          "any SparkSession exists")
+    pacer = Pacer(Path(admission or directory / "admission.json"), config.storage,
+                  min_pause_s=config.min_pause_seconds, target_s=config.epoch_target_seconds)
+    supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer,
+                            stop_timeout_s=stop_timeout_s)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum, frame) -> None:
+        log_event(logger, "stop_requested", logging.WARNING, signal=signal.Signals(signum).name)
+        supervisor.request_stop()
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    try:
+        return supervisor.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        pacer.remove()
+
+
+def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: str | None = None,
+            restart_strategy: RestartStrategy | None = None, spark: SparkSession | None = None,
+            stop_timeout_s: float = 600.0) -> Outcome:
+    """Run a job in this process under the supervisor until it stops (Python API of
+    ``exactly run`` without process restarts).
+
+    ``build`` is a ``build(spark) -> Job`` function or the path of a job file. Without
+    ``spark``, exactly starts the session (needed for min pause and epoch sizing). Raises
+    JobFailedError with the last cause when the restart strategy gives up.
+    """
+    if isinstance(build, (str, Path)):
+        job_file = load_job_file(build)
+        build_fn, conf, where = job_file.build, dict(job_file.spark_conf), str(job_file.path)
+    else:
+        build_fn, conf, where = build, {}, getattr(build, "__name__", "build")
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+    own_session = spark is None
+    if spark is None:
+        if checkpoint:
+            os.environ.setdefault(ADMISSION_FILE_ENV,
+                                  str(job_dir(checkpoint) / "admission.json"))
+        spark = start_spark(DriverSpec(str(where)), conf)
+    if checkpoint:
+        claim_job(job_dir(checkpoint), JobStatus(run_id, current_process(), "starting"))
+    try:
+        return supervise(spark, build_fn, checkpoint=checkpoint, strategy=restart_strategy,
+                         run_id=run_id, stop_timeout_s=stop_timeout_s, where=str(where))
+    finally:
+        if own_session:
+            _stop_quietly(spark)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry of a driver process started by the launcher; returns the exit code."""
+    from exactly.logs import configure
+
+    configure()
+    args = sys.argv[1:] if argv is None else argv
+    spec = DriverSpec.from_json(args[0])
+    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+    spark = None
+    try:
+        job_file = load_job_file(spec.job_file)
+        strategy = spec.restart_strategy()
+        spark = start_spark(spec, job_file.spark_conf)
+        outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
+                            strategy=strategy, run_id=run_id,
+                            stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path))
+        print(f"exactly run: job {outcome.value}", file=sys.stderr, flush=True)
+        return 0
+    except DriverLostError as exc:
+        print(f"exactly run: driver lost: {exc}", file=sys.stderr, flush=True)
+        return DRIVER_LOST
+    except (JobFailedError, ExactlyError) as exc:
+        import traceback
+
+        from exactly.causes import root_cause
+
+        _mark_failed(spec, str(exc))
+        text = str(exc) if isinstance(exc, JobFailedError) else root_cause(
+            "".join(traceback.format_exception(exc)))
+        print(f"exactly run: job failed: {text}", file=sys.stderr, flush=True)
+        return JOB_FAILED
+    finally:
+        if spark is not None:
+            _stop_quietly(spark)
+
+
+def _mark_failed(spec: DriverSpec, detail: str) -> None:
+    if spec.checkpoint:
+        _merge(job_dir(spec.checkpoint), {"state": "failed", "detail": detail})
+
+
+def _merge(directory: Path, fields: Mapping[str, Any]) -> None:
+    from exactly.fsutil import atomic_write_json, read_json
+
+    data = read_json(directory / "job.json")
+    if isinstance(data, dict):
+        data.update(fields)
+        atomic_write_json(directory / "job.json", data)
+
+
+def _stop_quietly(spark: SparkSession) -> None:
+    try:
+        spark.stop()
+    except Exception as exc:  # the JVM may already be gone
+        log_event(logger, "spark_stop_failed", logging.DEBUG, error=repr(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The restart history of a job: every failure, what was done about it, and the recovery.
+
+One JSON object per line in ``<checkpoint>/exactly-job/restarts.jsonl``, appended by the
+driver (query failures, failed checkpoints) and by the ``exactly run`` launcher (driver
+process deaths). Both read it back to feed the restart strategy the same failure times, so
+a strategy's limits hold across process restarts. Lines of earlier runs stay (history);
+strategies see only their own run's (``run`` field).
+
+Events: ``failure`` (``kind``: query | checkpoint-timeout | start | process; ``action``:
+restart | tolerated | give-up; ``delay``; ``cause``) and ``recovered`` (the first epoch
+completed after a failure; ``recovery_s`` from the failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exactly.fsutil import file_lock, fsync_file
+
+#: failure kinds that count against the restart strategy (tolerated ones do not)
+COUNTED = "restart"
+
+
+@dataclass
+class RestartHistory:
+    """Append-only failure log of the runs of one checkpoint."""
+
+    directory: Path
+    run_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "restarts.jsonl"
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        entry = {"event": event, "run": self.run_id, "at": time.time(), **fields}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.directory / "restarts.lock"):
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry, default=str) + "\n")
+            fsync_file(self.path)
+        return entry
+
+    def entries(self, *, this_run_only: bool = True) -> list[dict[str, Any]]:
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a crash mid-append
+            if isinstance(entry, dict) and (not this_run_only or entry.get("run") == self.run_id):
+                found.append(entry)
+        return found
+
+    def counted_failure_times(self) -> list[float]:
+        """Times of this run's failures that count against the restart strategy."""
+        return [float(e["at"]) for e in self.entries()
+                if e.get("event") == "failure" and e.get("action") != "tolerated"]
+
+    def restarts(self) -> int:
+        return sum(1 for e in self.entries()
+                   if e.get("event") == "failure" and e.get("action") in (COUNTED, "tolerated"))
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"

@@ -1,0 +1,171 @@
+"""``exactly run``: start a job's driver process and start it again when it dies.
+
+The launcher is a small process without Spark. It claims the checkpoint (a second
+``exactly run`` on it fails with FencedError while this one lives), starts the driver
+(:mod:`exactly.ops.driver`) in a session of its own, and waits:
+
+* exit 0: the job stopped, drained, finished or was cancelled: the launcher exits 0;
+* exit :data:`~exactly.ops.driver.JOB_FAILED`: the strategy gave up inside the driver (its
+  last line names the cause): the launcher exits with the same code;
+* death by a signal (SIGKILL, the OOM killer), :data:`~exactly.ops.driver.DRIVER_LOST` or
+  any other exit: a process failure. Whatever is left of the driver's process tree (PySpark's
+  worker daemons leave its process group) is killed, the failure is recorded in the restart
+  history, and the restart strategy the driver reported decides: a new driver process after
+  its delay, or exit :data:`~exactly.ops.driver.JOB_FAILED` with the cause.
+
+SIGTERM and Ctrl-C are passed on to the driver, which stops gracefully.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from exactly.connectors.admission import ADMISSION_FILE_ENV
+from exactly.logs import log_event
+from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
+from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, RUN_ID_ENV, DriverSpec
+from exactly.ops.history import RestartHistory, new_run_id
+from exactly.ops.restart import RestartStrategy, strategy_from_json
+from exactly.ops.supervisor import default_strategy
+from exactly.procs import JOB_TOKEN_ENV, current_process, kill_job
+
+logger = logging.getLogger("exactly.ops.launcher")
+
+
+def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
+    """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
+    if not spec.checkpoint:
+        from exactly.errors import ConfigError
+
+        raise ConfigError("exactly run needs --checkpoint DIR: the checkpoint directory is the "
+                          "job's address for stop, cancel and every restart")
+    spec.restart_strategy()  # a bad strategy fails here, before anything starts
+    checkpoint = str(Path(spec.checkpoint).absolute())
+    spec = DriverSpec(**{**spec.__dict__, "checkpoint": checkpoint})
+    directory = job_dir(checkpoint)
+    run_id = new_run_id()
+    claim_job(directory, JobStatus(run_id, current_process(), "starting"))
+    history = RestartHistory(directory, run_id)
+    control = ControlChannel(checkpoint)
+    stopping: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def forward(signum, frame) -> None:
+        stopping.append(signum)
+        if child is not None and child.poll() is None:
+            # the first signal stops gracefully; a second one cancels (SIGINT to the driver)
+            child.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            token = uuid.uuid4().hex
+            env = {**os.environ, JOB_TOKEN_ENV: token, RUN_ID_ENV: run_id,
+                   ADMISSION_FILE_ENV: str(directory / "admission.json")}
+            started = time.time()
+            child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
+                                      spec.to_json()], env=env, start_new_session=True)
+            _set_driver(directory, child.pid)
+            code = _wait(child)
+            kill_job(token, what="the driver's leftover processes")
+            if code == 0:
+                return 0
+            if code == JOB_FAILED:
+                return JOB_FAILED
+            if stopping:
+                print(f"exactly run: driver ended with {_describe(code)} while stopping",
+                      file=out, flush=True)
+                return 0 if code in (-signal.SIGTERM, -signal.SIGINT) else JOB_FAILED
+            cause = f"ProcessFailure: the driver process {_describe(code)}"
+            strategy = _strategy(directory)
+            now = time.time()
+            delay = strategy.next_delay([*history.counted_failure_times(), now],
+                                        random.Random())
+            action = "restart" if delay is not None else "give-up"
+            history.append("failure", kind="process", cause=cause, action=action, delay=delay,
+                           strategy=strategy.describe(), ran_s=round(now - started, 3))
+            log_event(logger, "process_restart" if delay is not None else "gave_up",
+                      logging.WARNING, cause=cause, delay_s=delay,
+                      restarts=history.restarts())
+            if delay is None:
+                _set_state(directory, "failed", cause)
+                print(f"exactly run: job failed: {cause} (restart strategy "
+                      f"{strategy.describe()} gave up)", file=out, flush=True)
+                return JOB_FAILED
+            print(f"exactly run: {cause}; restarting in {delay:.1f}s "
+                  f"(restart {history.restarts()})", file=out, flush=True)
+            _set_state(directory, "restarting", cause)
+            if _wait_or_request(control, delay, stopping):
+                return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(child: subprocess.Popen) -> int:
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+            continue
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    if code == DRIVER_LOST:
+        return "lost its Spark driver (JVM)"
+    return f"exited with code {code}"
+
+
+def _strategy(directory: Path) -> RestartStrategy:
+    status = JobStatus.read(directory)
+    if status is not None and status.strategy:
+        return strategy_from_json(status.strategy)
+    return default_strategy()
+
+
+def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int]) -> bool:
+    """Sleep before a restart; True when a stop/cancel arrived meanwhile (answered here:
+    no driver runs, so nothing is in flight)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if stopping:
+            _set_state(control.directory, "stopped", "stopped between restarts")
+            return True
+        for request in control.pending():
+            control.answer(request, "done", f"{request.action}: no driver was running "
+                           "(between restarts); nothing was in flight")
+            _set_state(control.directory, "stopped" if request.action == "stop"
+                       else "cancelled", "")
+            return True
+        time.sleep(min(0.2, max(0.0, until - time.monotonic())))
+    return False
+
+
+def _set_driver(directory: Path, pid: int) -> None:
+    from exactly.procs import ProcessId, _stat
+
+    status = JobStatus.read(directory)
+    if status is None:
+        return
+    stat = _stat(pid)
+    status.driver = ProcessId(status.supervisor.host, pid, stat[2] if stat else 0)
+    status.state = "starting"
+    status.write(directory)
+
+
+def _set_state(directory: Path, state: str, detail: str) -> None:
+    status = JobStatus.read(directory)
+    if status is not None:
+        status.state = state
+        status.detail = detail
+        status.write(directory)

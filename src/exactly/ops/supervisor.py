@@ -1,0 +1,479 @@
+"""Run a job's query under Flink's operational policies, in the driver process.
+
+The supervisor starts the query (:func:`exactly.spark.runner.start_query`) and watches it
+every ``poll_s``:
+
+* **restarts**: a failed query is started again from its latest complete epoch in the same
+  driver process (same JVM, same session) after the wait its :mod:`restart strategy
+  <exactly.ops.restart>` gives; when the strategy gives up, :class:`JobFailedError` carries
+  the last cause. Failures that no restart can fix (configuration, fencing, ownership, data
+  loss, corrupt files) fail the job at once.
+* **checkpoint timeout**: an epoch still running ``timeout`` after it started is cancelled
+  (the query is stopped, which cancels its Spark jobs; the sink's protocol aborts its
+  pre-commits when the query starts again) and counts as a failed checkpoint.
+* **tolerable failed checkpoints**: a failed epoch (timeout or failure) is retried at once,
+  not counted by the strategy, while no more than ``tolerable_failed_checkpoints`` failed in
+  a row; the next one fails over to the restart strategy.
+* **min pause / epoch sizing**: through the admission file (:mod:`exactly.ops.pacing`).
+* **stop / cancel**: requests of the control channel (:mod:`exactly.ops.control`), SIGTERM and
+  Ctrl-C. A stop closes admission, lets the epoch in flight commit, then stops the query;
+  ``drain`` then runs the job with ``availableNow`` until the input present now is done.
+  A cancel stops at once and applies ``externalized_cleanup``.
+
+Every failure, restart and recovery goes to the restart history (:mod:`exactly.ops.history`)
+and to the structured log.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from exactly.causes import root_cause
+from exactly.config import CheckpointConfig, ExternalizedCleanup
+from exactly.errors import ExactlyError
+from exactly.logs import log_event
+from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
+from exactly.ops.history import RestartHistory
+from exactly.ops.job import Job
+from exactly.ops.restart import ExponentialDelay, RestartStrategy
+
+logger = logging.getLogger("exactly.ops.supervisor")
+
+#: failures no restart can fix: the job fails at once with the cause
+FATAL_ERRORS = ("ConfigError", "NotSupportedYetError", "FencedError", "OwnershipError",
+                "DataLossError", "ReplannedEpochError", "CorruptFileError",
+                "CorruptCheckpointFileError", "SourceNotReplayableError",
+                "MalformedRecordError")
+
+
+class Outcome(str, Enum):
+    """How a supervised job ended without failing."""
+
+    FINISHED = "finished"  # a bounded input was drained
+    STOPPED = "stopped"
+    DRAINED = "drained"
+    CANCELLED = "cancelled"
+
+
+class JobFailedError(ExactlyError):
+    """The restart strategy gave up (or the failure cannot be fixed by a restart)."""
+
+
+class DriverLostError(ExactlyError):
+    """The driver's JVM is gone or unresponsive: only a new driver process can go on."""
+
+
+@dataclass
+class _Watch:
+    """What one started query ended with."""
+
+    kind: str  # stopped | drain | cancelled | finished | query | checkpoint-timeout
+    cause: str = ""
+    epoch_in_flight: bool = False
+
+
+def default_strategy() -> RestartStrategy:
+    """exponential-delay with Flink's defaults, Flink's choice when checkpointing is on."""
+    return ExponentialDelay()
+
+
+def is_fatal(cause_text: str) -> bool:
+    """Whether a failure's text shows one of :data:`FATAL_ERRORS` as its root cause."""
+    cause = root_cause(cause_text)
+    return cause.split(":", 1)[0].strip() in FATAL_ERRORS
+
+
+def _driver_lost(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
+        name == "Py4JError" and "Java side" in str(exc))
+
+
+class Supervisor:
+    """Runs one :class:`Job` until it is stopped, cancelled, finished or failed."""
+
+    def __init__(self, job: Job, *, strategy: RestartStrategy | None = None,
+                 run_id: str, poll_s: float = 0.2, stop_timeout_s: float = 600.0,
+                 pacer: Any = None, rng: random.Random | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if job.checkpoint.is_memory_storage:
+            raise ExactlyError(
+                "a supervised job needs a durable checkpoint: its address for stop/cancel and "
+                "what every restart resumes from. Give CheckpointConfig(storage=DIR) or "
+                "`exactly run --checkpoint DIR`"
+            )
+        self.job = job
+        self.config: CheckpointConfig = job.checkpoint
+        self.strategy = strategy or job.restart_strategy or default_strategy()
+        self.directory = job_dir(self.config.storage)
+        self.control = ControlChannel(self.config.storage)
+        self.history = RestartHistory(self.directory, run_id)
+        self.run_id = run_id
+        self.poll_s = poll_s
+        self.stop_timeout_s = stop_timeout_s
+        self.pacer = pacer
+        self.rng = rng or random.Random()
+        self._sleep = sleep
+        self.consecutive_failed = 0
+        self.last_epoch: int | None = None
+        self._seen_batch = -1
+        self._pending_failure_at: float | None = self._unrecovered_failure()
+        self._local: Request | None = None  # a stop/cancel from a signal
+        self._taken: set[str] = set()  # requests being handled (not answered yet)
+        self._heartbeat_at = 0.0
+
+    # -- public ---------------------------------------------------------------------------
+    def request_stop(self, *, cancel: bool = False) -> None:
+        """Ask for a graceful stop (SIGTERM, Ctrl-C); a second request cancels."""
+        action = "cancel" if cancel or (self._local and self._local.action == "stop") else "stop"
+        self._local = Request(f"signal-{time.time_ns()}", action, {}, time.time())
+
+    def run(self) -> Outcome:
+        """Start the query and keep it running; returns how it ended.
+
+        Raises JobFailedError with the last cause when the strategy gives up or the failure
+        is fatal, and DriverLostError when the JVM is gone (the launcher restarts the
+        process).
+        """
+        self._status("running")
+        drain = False
+        while True:
+            request = self._next_request()
+            if request is not None and request.action == "cancel":
+                return self._cancelled(request, None)
+            if request is not None:  # a stop before the query runs: nothing in flight
+                if not request.params.get("drain"):
+                    self._answer(request, "done", "stopped before the query started")
+                    return self._ended(Outcome.STOPPED)
+                drain, self._handled = True, request
+            try:
+                query = self._start(available_now=drain)
+            except Exception as exc:
+                if _driver_lost(exc):
+                    raise DriverLostError(f"the Spark driver is gone: {exc}") from exc
+                self._failure("start", "".join(_format(exc)), epoch_in_flight=False)
+                continue
+            watch = self._watch(query, draining=drain)
+            if watch.kind == "cancelled":
+                return self._cancelled(self._handled, query)
+            if watch.kind == "stopped":
+                self._answer(self._handled, "done", f"stopped after epoch {self.last_epoch}",
+                             last_epoch=self.last_epoch)
+                return self._ended(Outcome.STOPPED)
+            if watch.kind == "drain":
+                drain = True
+                continue
+            if watch.kind == "finished":
+                if drain:
+                    self._answer(self._handled, "done",
+                                 f"drained; stopped after epoch {self.last_epoch}",
+                                 last_epoch=self.last_epoch)
+                    return self._ended(Outcome.DRAINED)
+                return self._ended(Outcome.FINISHED)
+            self._failure(watch.kind, watch.cause, epoch_in_flight=watch.epoch_in_flight)
+
+    # -- starting and watching ------------------------------------------------------------
+    def _start(self, *, available_now: bool):
+        from exactly.spark.runner import start_query
+
+        job = self.job
+        if self.pacer is not None:
+            self.pacer.open()
+        query = start_query(job.df, sink_format=job.sink_format, checkpoint=self.config,
+                            path=job.path, options=dict(job.options),
+                            query_name=job.query_name, available_now=available_now,
+                            output_mode=job.output_mode,
+                            accept_at_most_once=job.accept_at_most_once)
+        log_event(logger, "query_supervised", run=self.run_id, query_id=str(query.query.id),
+                  available_now=available_now, strategy=self.strategy.describe())
+        return query
+
+    _handled: Request | None = None
+
+    def _watch(self, exq, *, draining: bool) -> _Watch:
+        query = exq.query
+        active_since: float | None = None
+        timeout = self.config.timeout_seconds
+        try:
+            while True:
+                request = self._next_request()
+                if request is not None:
+                    self._handled = request
+                    if request.action == "cancel":
+                        query.stop()
+                        return _Watch("cancelled")
+                    if draining:  # already draining: a stop just stops
+                        self._graceful_stop(query)
+                        return _Watch("stopped")
+                    self._graceful_stop(query)
+                    return _Watch("drain" if request.params.get("drain") else "stopped")
+                if not query.isActive:
+                    self._collect_progress(query)
+                    error = query.exception()
+                    if error is not None:
+                        return _Watch("query", "".join(_format(error)),
+                                      epoch_in_flight=True)
+                    return _Watch("finished")
+                now = time.monotonic()
+                if self._collect_progress(query):
+                    active_since = None
+                trigger_active = bool(query.status.get("isTriggerActive"))
+                if not trigger_active:
+                    active_since = None
+                elif active_since is None:
+                    active_since = now
+                if timeout is not None and active_since is not None and (
+                        now - active_since > timeout):
+                    epoch = (self.last_epoch + 1) if self.last_epoch is not None else 0
+                    log_event(logger, "checkpoint_timeout", logging.WARNING, epoch=epoch,
+                              timeout_s=timeout)
+                    query.stop()
+                    return _Watch("checkpoint-timeout",
+                                  f"CheckpointTimeout: epoch {epoch} did not complete within "
+                                  f"timeout={self.config.timeout!r}; it was cancelled",
+                                  epoch_in_flight=True)
+                self._beat()
+                self._sleep(self.poll_s)
+        except Exception as exc:
+            if _driver_lost(exc):
+                raise DriverLostError(f"the Spark driver is gone: {exc}") from exc
+            raise
+
+    def _collect_progress(self, query) -> bool:
+        """Feed new epochs' progress to the pacer; True when an epoch completed."""
+        last = query.lastProgress
+        if last is None:
+            return False
+        latest = _progress_dict(last)
+        if int(latest.get("batchId", -1)) <= self._seen_batch or not _ran(latest):
+            return False
+        recent = [_progress_dict(p) for p in query.recentProgress]
+        new = [p for p in recent if int(p.get("batchId", -1)) > self._seen_batch and _ran(p)]
+        seen_before = self._seen_batch
+        for progress in sorted(new, key=lambda p: int(p.get("batchId", -1))):
+            batch_id = int(progress.get("batchId", -1))
+            if batch_id <= self._seen_batch:
+                continue  # idle progress reports repeat the last batch id
+            self._seen_batch = batch_id
+            if self.pacer is not None:
+                self.pacer.observe_progress(progress)
+        if self._seen_batch > seen_before:
+            self.last_epoch = self._seen_batch
+            self.consecutive_failed = 0
+            if self._pending_failure_at is not None:
+                recovery = time.time() - self._pending_failure_at
+                self.history.append("recovered", epoch=self.last_epoch,
+                                    recovery_s=round(recovery, 3))
+                log_event(logger, "recovered", epoch=self.last_epoch,
+                          recovery_s=round(recovery, 3))
+                self._pending_failure_at = None
+            return True
+        return False
+
+    def _graceful_stop(self, query) -> None:
+        """Let the epoch in flight commit, admit no new one, then stop the query."""
+        from exactly.spark.checkpoint import batch_numbers
+
+        self._status("stopping")
+        if self.pacer is not None:
+            self.pacer.close_admission()
+        location = self.config.storage
+        grace_until = time.monotonic() + self.config.interval_seconds + 0.5
+        deadline = time.monotonic() + self.stop_timeout_s
+        quiet = 0
+        while query.isActive:
+            self._collect_progress(query)
+            offsets = batch_numbers(location, "offsets")
+            commits = batch_numbers(location, "commits")
+            settled = (offsets[-1:] == commits[-1:]
+                       and not query.status.get("isTriggerActive"))
+            quiet = quiet + 1 if settled else 0
+            if quiet >= 2 and time.monotonic() >= grace_until:
+                break
+            if time.monotonic() > deadline:
+                log_event(logger, "stop_timeout", logging.WARNING,
+                          detail="the epoch in flight did not complete; it is cancelled and "
+                                 "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+                break
+            self._sleep(min(self.poll_s, 0.1))
+        query.stop()
+        self._collect_progress(query)
+        if self.pacer is not None:
+            self.pacer.reopen()
+
+    # -- failures -------------------------------------------------------------------------
+    def _failure(self, kind: str, text: str, *, epoch_in_flight: bool) -> None:
+        """Record a failure and wait as the strategy says; raises JobFailedError when the
+        strategy gives up or the failure is fatal."""
+        cause = root_cause(text)
+        now = time.time()
+        if self._pending_failure_at is None:
+            self._pending_failure_at = now
+        tolerable = self.config.tolerable_failed_checkpoints
+        if is_fatal(text):
+            self.history.append("failure", kind=kind, cause=cause, action="give-up",
+                                fatal=True)
+            self._status("failed", cause)
+            raise JobFailedError(f"{cause} (not restarted: a restart cannot fix this)")
+        if epoch_in_flight:
+            self.consecutive_failed += 1
+            if self.consecutive_failed <= tolerable:
+                self.history.append("failure", kind=kind, cause=cause, action="tolerated",
+                                    consecutive=self.consecutive_failed, tolerable=tolerable)
+                log_event(logger, "failed_checkpoint_tolerated", logging.WARNING, kind=kind,
+                          cause=cause, consecutive=self.consecutive_failed,
+                          tolerable=tolerable)
+                return
+        delay = self.strategy.next_delay([*self.history.counted_failure_times(), now],
+                                         self.rng)
+        self.consecutive_failed = 0
+        action = "restart" if delay is not None else "give-up"
+        entry = self.history.append("failure", kind=kind, cause=cause, action=action,
+                                    delay=delay, strategy=self.strategy.describe())
+        restarts = self.history.restarts()
+        log_event(logger, "restart" if delay is not None else "gave_up",
+                  logging.WARNING if delay is not None else logging.ERROR, kind=kind,
+                  cause=cause, delay_s=delay, restarts=restarts, at=entry["at"])
+        if delay is None:
+            self._status("failed", cause)
+            raise JobFailedError(f"{cause} (restart strategy {self.strategy.describe()} "
+                                 f"gave up after {restarts} restart(s))")
+        self._status("restarting", cause)
+        self._wait(delay)
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep before a restart; a stop or cancel request cuts the wait short."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if self._peek_request():
+                return
+            self._sleep(min(self.poll_s, max(0.0, until - time.monotonic())))
+
+    def _unrecovered_failure(self) -> float | None:
+        """The time of this run's last failure when no epoch completed after it (a new
+        driver process after a process failure records its recovery time)."""
+        last_failure = None
+        for entry in self.history.entries():
+            if entry.get("event") == "failure":
+                last_failure = float(entry["at"])
+            elif entry.get("event") == "recovered":
+                last_failure = None
+        return last_failure
+
+    # -- requests and status --------------------------------------------------------------
+    def _peek_request(self) -> bool:
+        return self._local is not None or any(r.id not in self._taken
+                                              for r in self.control.pending())
+
+    def _next_request(self) -> Request | None:
+        if self._local is not None:
+            request, self._local = self._local, None
+            return request
+        for request in self.control.pending():
+            if request.id not in self._taken:  # a drain is answered only when it ends
+                self._taken.add(request.id)
+                return request
+        return None
+
+    def _answer(self, request: Request | None, status: str, detail: str, **extra) -> None:
+        if request is not None and not request.id.startswith("signal-"):
+            self.control.answer(request, status, detail, **extra)
+
+    def _cancelled(self, request: Request | None, exq) -> Outcome:
+        delete = self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION
+        self._answer(request, "done", "cancelled" + ("; checkpoint deleted" if delete else ""),
+                     last_epoch=self.last_epoch, checkpoint_deleted=delete)
+        self._status("cancelled")
+        if exq is not None:
+            exq.query.stop()
+        self._abort_in_flight()
+        if delete:
+            from exactly.spark.checkpoint import local_checkpoint
+
+            local = local_checkpoint(self.config.storage)
+            if local is not None:
+                shutil.rmtree(local, ignore_errors=True)
+        log_event(logger, "cancelled", checkpoint_deleted=delete, last_epoch=self.last_epoch)
+        return Outcome.CANCELLED
+
+    def _abort_in_flight(self) -> None:
+        """After a cancel: run the protocol's recovery now -- finish what a commit decision
+        covers, abort what the cancelled epoch pre-committed (staged files, prepared
+        transactions, open Kafka transactions) -- so nothing is left on the target, even when
+        the checkpoint is deleted and the query never starts again."""
+        from exactly import options as opt
+        from exactly.fsutil import read_json
+        from exactly.protocol.committer import Committer
+        from exactly.spark.checkpoint import local_checkpoint
+        from exactly.spark.formats import sink_for
+
+        job = self.job
+        if not job.sink_format.lower().startswith("exactly."):
+            return  # not a sink of exactly's: nothing of the protocol to clean up
+        options = dict(job.options)
+        if job.path:
+            options[opt.PATH] = job.path
+        local = local_checkpoint(self.config.storage)
+        if local is not None:
+            options.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
+        options[opt.CHECKPOINT_LOCATION] = self.config.storage
+        options[opt.MODE] = self.config.mode.value
+        try:
+            built = sink_for(job.sink_format, options)
+            owner = read_json(built.sink.log_directory / "query.json")
+            if isinstance(owner, dict) and owner.get("query_id"):
+                Committer(built.sink, built.settings).recover(str(owner["query_id"]))
+        except Exception as exc:  # the sink's next start recovers; say why not now
+            log_event(logger, "cancel_cleanup_failed", logging.WARNING, error=repr(exc),
+                      detail="the next start of this query aborts the leftovers")
+
+    def _ended(self, outcome: Outcome) -> Outcome:
+        self._status(outcome.value if outcome is not Outcome.DRAINED else "stopped")
+        log_event(logger, "job_ended", outcome=outcome.value, last_epoch=self.last_epoch,
+                  restarts=self.history.restarts())
+        return outcome
+
+    def _beat(self) -> None:
+        if time.monotonic() - self._heartbeat_at >= 2.0:
+            self._status("running")
+
+    def _status(self, state: str, detail: str = "") -> None:
+        self._heartbeat_at = time.monotonic()
+        status = JobStatus.read(self.directory)
+        if status is None:
+            return
+        status.state = state
+        status.detail = detail
+        status.last_epoch = self.last_epoch
+        status.restarts = self.history.restarts()
+        status.write(self.directory)
+
+
+def _ran(progress: dict[str, Any]) -> bool:
+    """Whether a progress report is of an epoch that ran (idle reports, sent while no new
+    data arrives, carry the *next* epoch's id and no ``addBatch`` time)."""
+    return "addBatch" in (progress.get("durationMs") or {})
+
+
+def _progress_dict(progress: Any) -> dict[str, Any]:
+    import json
+
+    if isinstance(progress, dict):
+        return progress
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        return json.loads(text)
+    return dict(progress)
+
+
+def _format(exc: BaseException) -> list[str]:
+    import traceback
+
+    return traceback.format_exception(exc)

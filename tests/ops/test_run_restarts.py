@@ -1,0 +1,115 @@
+"""``exactly run`` heals a job: query restarts in the driver process, process restarts by the
+launcher, both as the restart strategy says, with every id exactly once in the output."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from supervised import SupervisedRun
+
+from exactly.audit import audit_ids, file_ids
+
+
+def _all_rows(out: Path, rows: int):
+    def done() -> bool:
+        try:
+            ids, _ = file_ids(out)
+        except (FileNotFoundError, OSError):
+            return False
+        return len(np.unique(ids)) >= rows
+    return done
+
+
+def _audit(out: Path, rows: int) -> None:
+    ids, _ = file_ids(out)
+    report = audit_ids(ids, np.arange(rows, dtype=np.int64))
+    assert report.ok, report.rows()
+
+
+@pytest.mark.chaos
+def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_process(
+        tmp_path):
+    rows = 6000
+    env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": str(rows), "JOB_RATE": "0",
+           "JOB_MAX_ROWS": "300", "JOB_FAIL_IDS": "650,950", "JOB_MARKERS": str(tmp_path),
+           "JOB_INTERVAL": "500ms"}
+    run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len([e for e in run.history() if e["event"] == "recovered"]) >= 2,
+                     "two in-process recoveries")
+        first_driver = run.status().driver.pid
+        failures = [e for e in run.history() if e["event"] == "failure"]
+        assert [(e["kind"], e["action"]) for e in failures] == [("query", "restart")] * 2
+        assert all("injected UDF failure" in e["cause"] for e in failures)
+        assert run.status().driver.pid == first_driver  # no new JVM for a query failure
+
+        epochs = len(run.committed_epochs())
+        run.wait_for(lambda: len(run.committed_epochs()) >= epochs + 2, "two more epochs")
+        killed = run.kill_driver_tree()
+        run.wait_for(lambda: run.status().driver and run.status().driver.pid != killed
+                     and len([e for e in run.history() if e["event"] == "recovered"]) >= 3,
+                     "a new driver process that completes an epoch")
+        run.wait_for(_all_rows(tmp_path / "out", rows), "every row in the output")
+        stopped = run.command("stop", str(tmp_path / "ck"))
+        assert stopped.returncode == 0, stopped.stderr
+        assert run.wait() == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    history = run.history()
+    kinds = [e["kind"] for e in history if e["event"] == "failure"]
+    assert kinds == ["query", "query", "process"]
+    recoveries = [e["recovery_s"] for e in history if e["event"] == "recovered"]
+    print(f"recovery seconds: in-process {recoveries[:2]}, process {recoveries[2:]}")
+    _audit(tmp_path / "out", rows)
+    assert run.status().state == "stopped"
+
+
+def test_fixed_delay_with_two_attempts_fails_the_job_on_the_third_failure(tmp_path):
+    env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": "3000", "JOB_RATE": "0",
+           "JOB_MAX_ROWS": "300", "JOB_FAIL_IDS": "350,650,950", "JOB_MARKERS": str(tmp_path),
+           "JOB_INTERVAL": "500ms"}
+    run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--restart-strategy",
+                        "fixed-delay", "--restart-option", "attempts=2", "--restart-option",
+                        "delay=0s", log=tmp_path / "run.log")
+    code = run.wait(timeout=240)
+    assert code == 3, run.output()[-3000:]
+    last = run.output().strip().splitlines()[-1]
+    assert "injected UDF failure at id 950" in last and "gave up" in last, last
+    actions = [e["action"] for e in run.history() if e["event"] == "failure"]
+    assert actions == ["restart", "restart", "give-up"]
+    assert run.status().state == "failed"
+    ids, _ = file_ids(tmp_path / "out")
+    assert len(ids) == len(np.unique(ids)), "a committed epoch was written twice"
+    assert set(range(900)) <= set(ids.tolist())  # epochs before the last failure are in
+
+
+def test_min_pause_second_run_fenced_and_ctrl_c_stops_gracefully_in_one_line(tmp_path):
+    ck = tmp_path / "ck"
+    env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": "100000", "JOB_RATE": "200",
+           "JOB_INTERVAL": "200ms", "JOB_CHECKPOINT_MIN_PAUSE": "1500ms"}
+    run = SupervisedRun("datagen_job.py", ck, env, log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 4, "four epochs")
+        second = run.command("run", str(Path(__file__).parent / "jobs" / "datagen_job.py"),
+                             "--checkpoint", str(ck))
+        assert second.returncode == 3
+        assert second.stderr.strip().splitlines()[-1].startswith("run failed: FencedError:")
+        mark = len(run.output())
+        run.signal(signal.SIGINT)
+        assert run.wait(timeout=120) == 0
+    finally:
+        run.close()
+    after = run.output()[mark:]
+    assert "Traceback" not in after and "Py4J" not in after, after
+    assert after.strip().splitlines()[-1] == "exactly run: job stopped"
+    assert run.status().state == "stopped"
+    ids, _ = file_ids(tmp_path / "out")
+    assert len(ids) == len(np.unique(ids)) and ids.max() + 1 == len(ids)
+    # min pause: no epoch's input was fixed (offsets/N+1) sooner than 1.5 s after the
+    # previous epoch completed (commits/N), although rows arrived all the time
+    gaps = run.pause_gaps()
+    print(f"min pause 1.5 s, gaps: {gaps}")
+    assert len(gaps) >= 3 and min(gaps) >= 1.5, gaps

@@ -1,0 +1,107 @@
+"""The job contract, the control channel, the job lock and the restart history (no Spark)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from exactly.errors import ConfigError, FencedError
+from exactly.ops.control import ControlChannel, JobStatus, NoRunningJob, claim_job, job_dir
+from exactly.ops.history import RestartHistory
+from exactly.ops.job import load_job_file
+from exactly.ops.supervisor import is_fatal
+from exactly.procs import ProcessId, current_process
+
+
+def _dead_process() -> ProcessId:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    me = current_process()
+    return ProcessId(me.host, child.pid, 1)
+
+
+def test_a_command_to_a_checkpoint_without_a_live_job_is_refused_and_sends_nothing(tmp_path):
+    channel = ControlChannel(tmp_path / "ck")
+    with pytest.raises(NoRunningJob, match="no running job on checkpoint"):
+        channel.send("stop")
+    claim_job(job_dir(tmp_path / "ck"), JobStatus("r1", _dead_process(), "running"))
+    with pytest.raises(NoRunningJob):
+        channel.send("stop")
+    assert not channel.requests.exists() or not list(channel.requests.iterdir())
+
+
+def test_requests_are_answered_once_oldest_first(tmp_path):
+    claim_job(job_dir(tmp_path), JobStatus("r1", current_process(), "running"))
+    channel = ControlChannel(tmp_path)
+    first = channel.send("stop", drain=True)
+    second = channel.send("cancel")
+    assert [r.id for r in channel.pending()] == [first.id, second.id]
+    assert channel.pending()[0].params == {"drain": True}
+    channel.answer(first, "done", "stopped after epoch 4", last_epoch=4)
+    assert [r.id for r in channel.pending()] == [second.id]
+    answer = channel.wait_answer(first, timeout=1)
+    assert answer is not None and answer["last_epoch"] == 4
+
+
+def test_an_unknown_action_is_refused(tmp_path):
+    claim_job(job_dir(tmp_path), JobStatus("r1", current_process(), "running"))
+    with pytest.raises(ConfigError, match="unknown control action"):
+        ControlChannel(tmp_path).send("pause")
+
+
+def test_a_second_launcher_on_a_live_job_is_fenced_but_a_dead_ones_job_is_taken_over(
+        tmp_path):
+    directory = job_dir(tmp_path)
+    other_live = ProcessId(current_process().host, os.getppid(), _start_ticks(os.getppid()))
+    claim_job(directory, JobStatus("r1", other_live, "running"))
+    with pytest.raises(FencedError, match="already run by `exactly run`"):
+        claim_job(directory, JobStatus("r2", current_process(), "starting"))
+    JobStatus("r3", _dead_process(), "running").write(directory)  # a launcher that died
+    claim_job(directory, JobStatus("r4", current_process(), "starting"))  # takes over
+    assert JobStatus.read(directory).run_id == "r4"
+
+
+def _start_ticks(pid: int) -> int:
+    from exactly.procs import _stat
+
+    stat = _stat(pid)
+    assert stat is not None
+    return stat[2]
+
+
+def test_history_feeds_only_this_runs_counted_failures_to_the_strategy(tmp_path):
+    old = RestartHistory(tmp_path, "old-run")
+    old.append("failure", kind="query", cause="x", action="restart")
+    history = RestartHistory(tmp_path, "run")
+    history.append("failure", kind="checkpoint-timeout", cause="t", action="tolerated")
+    history.append("failure", kind="query", cause="q", action="restart")
+    history.append("recovered", recovery_s=1.0)
+    with open(history.path, "a") as f:
+        f.write('{"event": "failure", "run": "run", "at": 1')  # torn by a crash
+    assert len(history.counted_failure_times()) == 1
+    assert history.restarts() == 2
+
+
+def test_a_job_file_without_build_names_the_fix(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"defines no build\(spark\) function"):
+        load_job_file(job)
+    job.write_text("import nonexistent_module_xyz\n")
+    with pytest.raises(ConfigError, match="failed to import: ModuleNotFoundError"):
+        load_job_file(job)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_job_file(tmp_path / "missing.py")
+
+
+@pytest.mark.parametrize(("text", "fatal"), [
+    ("Traceback (most recent call last):\nexactly.errors.FencedError: fenced off", True),
+    ("exactly.errors.ConfigError: exactly.files sink: set option path", True),
+    ("Traceback (most recent call last):\nRuntimeError: injected UDF failure", False),
+    ("psycopg.OperationalError: connection refused", False),
+])
+def test_only_failures_a_restart_cannot_fix_are_fatal(text, fatal):
+    assert is_fatal(text) is fatal
