@@ -45,9 +45,24 @@ FOLDER_LANES = {
 }
 
 
+#: the longest test files, started first so that two pytest workers end together
+LONGEST_FIRST = ("postgres/test_pg_chaos.py", "kafka/test_kafka_chaos.py",
+                 "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
+                 "ops/test_outages.py")
+
+
+def _start_order(item) -> int:
+    path = Path(str(item.fspath)).as_posix()
+    for rank, name in enumerate(LONGEST_FIRST):
+        if path.endswith(name):
+            return rank
+    return len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its lane by folder; a contract case that needs a server leaves
     the fast lane. Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    items.sort(key=_start_order)  # stable: the order inside a file stays
     root = Path(__file__).parent
     for item in items:
         try:

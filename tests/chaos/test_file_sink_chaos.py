@@ -79,6 +79,7 @@ def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly
     assert_no_dangling_pre_commits(out)
 
 
+@pytest.mark.slow  # a demonstration of the mode exactly replaces; tests/unit/test_audit.py
 def test_at_least_once_mode_duplicates_after_the_same_crash(events_dir, tmp_path):
     """The audit can fail: at_least_once publishes inside the tasks, so a crash before
     Spark's commit log makes the replay publish the epoch a second time."""

@@ -76,6 +76,7 @@ def test_read_uncommitted_consumers_also_see_the_aborted_transaction(ours):
     assert r.duplicate_extra_rows > 0
 
 
+@pytest.mark.slow  # a comparison with Spark's own sink, not a guarantee of ours
 def test_side_by_side_with_sparks_kafka_sink(ours, sparks):
     table = Table(title=f"same job; {len(SCHEDULE)} (exactly.kafka) and {len(SPARK_SCHEDULE)} "
                         f"(Spark's sink) driver crashes + 1 broker restart each; {EVENTS} "

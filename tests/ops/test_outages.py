@@ -86,7 +86,7 @@ def test_kafka_broker_killed_and_restarted_kafka_to_kafka_goes_on_exactly_once_w
     try:
         run.wait_for(lambda: len(run.committed_epochs()) >= 3, "three epochs")
         broker.kill()
-        time.sleep(10)
+        time.sleep(5)
         broker.start()
         run.wait_for(lambda: _kafka_ids(broker, topic).size >= rows, "every row", timeout=240)
         assert run.command("stop", str(ck)).returncode == 0

@@ -149,8 +149,9 @@ class Poller(BackgroundReader):
 @pytest.mark.parametrize("sink,pipeline,points", [
     pytest.param("2pc", "aggregate", ALL_POINTS if SLOW else (FaultPoint.AFTER_INTENT,),
                  id="2pc-aggregate"),
+    # the upsert sink's protocol points are also killed in tests/contract; slow lane here
     pytest.param("upsert", "keyed", ALL_POINTS if SLOW else (FaultPoint.IN_WRITE,),
-                 id="upsert-keyed"),
+                 id="upsert-keyed", marks=pytest.mark.slow),
 ])
 def test_running_aggregates_in_update_mode_equal_a_crash_free_batch_run(pg, conn, tmp_path,
                                                                         sink, pipeline, points):
