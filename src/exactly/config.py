@@ -11,9 +11,9 @@ raises :class:`~exactly.errors.NotSupportedYetError`, so nothing is silently ign
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from exactly.errors import ConfigError, NotSupportedYetError
 
@@ -292,6 +292,14 @@ class CheckpointConfig:
     def needs_admission(self) -> bool:
         """True when exactly's sources must consult the supervisor's admission file."""
         return self.sizes_epochs or self.min_pause_seconds > 0
+
+    def replace(self, **changes: Any) -> CheckpointConfig:
+        """A copy with ``changes`` applied (constructor arguments), checked like a new one."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        unknown = set(changes) - set(settings)
+        if unknown:
+            raise ConfigError(f"CheckpointConfig has no setting {', '.join(sorted(unknown))}")
+        return CheckpointConfig(**{**settings, **changes})
 
     @property
     def is_memory_storage(self) -> bool:

@@ -103,8 +103,13 @@ def _own_gateway_jvm() -> int | None:
 
 def current_process() -> ProcessId:
     """Identity of this very process."""
-    stat = _stat(os.getpid())
-    return ProcessId(socket.gethostname(), os.getpid(), stat[2] if stat else 0)
+    return process_id(os.getpid())
+
+
+def process_id(pid: int) -> ProcessId:
+    """Identity of process ``pid`` on this host (start time 0 if it is already gone)."""
+    stat = _stat(pid)
+    return ProcessId(socket.gethostname(), pid, stat[2] if stat else 0)
 
 
 def driver_identity() -> ProcessId:

@@ -93,3 +93,17 @@ def test_the_one_option_spark_cannot_honour_is_refused_with_the_reason():
 def test_aligned_timeout_without_unaligned_is_invalid():
     with pytest.raises(ConfigError, match="unaligned=True"):
         CheckpointConfig(aligned_checkpoint_timeout="5s")
+
+
+def test_replace_keeps_every_other_setting_and_checks_the_result():
+    config = CheckpointConfig(interval="2s", timeout="1min", state_backend="rocksdb",
+                              incremental=True, tolerable_failed_checkpoints=3)
+    moved = config.replace(storage="/data/ck")
+    assert moved.storage == "/data/ck"
+    assert (moved.interval_seconds, moved.timeout_seconds, moved.state_backend,
+            moved.incremental, moved.tolerable_failed_checkpoints) == (
+        2.0, 60.0, StateBackend.ROCKSDB, True, 3)
+    with pytest.raises(ConfigError, match="incremental"):
+        config.replace(state_backend="hashmap")
+    with pytest.raises(ConfigError, match="no setting colour"):
+        config.replace(colour="blue")

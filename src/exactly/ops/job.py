@@ -59,14 +59,7 @@ class Job:
         """This job with its checkpoint stored in ``directory`` (when given)."""
         if directory is None:
             return self
-        config = self.checkpoint
-        settings = {name: getattr(config, name) for name in (
-            "interval", "mode", "timeout", "min_pause_between_checkpoints",
-            "max_concurrent_checkpoints", "externalized_cleanup",
-            "tolerable_failed_checkpoints", "unaligned", "aligned_checkpoint_timeout",
-            "state_backend", "incremental", "checkpoints_after_tasks_finish",
-            "target_epoch_duration")}
-        return replace(self, checkpoint=CheckpointConfig(storage=directory, **settings))
+        return replace(self, checkpoint=self.checkpoint.replace(storage=directory))
 
 
 @dataclass(frozen=True)

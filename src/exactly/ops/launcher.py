@@ -152,13 +152,12 @@ def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int
 
 
 def _set_driver(directory: Path, pid: int) -> None:
-    from exactly.procs import ProcessId, _stat
+    from exactly.procs import process_id
 
     status = JobStatus.read(directory)
     if status is None:
         return
-    stat = _stat(pid)
-    status.driver = ProcessId(status.supervisor.host, pid, stat[2] if stat else 0)
+    status.driver = process_id(pid)
     status.state = "starting"
     status.write(directory)
 

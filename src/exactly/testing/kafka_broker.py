@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -278,6 +279,8 @@ def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_comm
     """
     from confluent_kafka import Consumer, TopicPartition
 
+    from exactly.connectors.kafka.reader import is_transient
+
     consumer = Consumer({**quiet_conf(bootstrap), "group.id": f"exactly-audit-{uuid.uuid4()}",
                          "isolation.level": isolation_level, "enable.auto.commit": False,
                          "enable.partition.eof": True, "auto.offset.reset": "earliest"})
@@ -291,8 +294,15 @@ def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_comm
         # reader that stopped at the last stable offset of this moment could miss them
         probe = Consumer({**quiet_conf(bootstrap), "group.id": "exactly-audit-probe",
                           "isolation.level": "read_uncommitted"})
-        try:
-            ends = {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+
+        def end_offset(partition: int) -> int:
+            return int(probe.get_watermark_offsets(TopicPartition(topic, partition),
+                                                   timeout=30)[1])
+
+        try:  # a broker that has just restarted answers NOT_LEADER until it leads again
+            ends = {p: retry_call(functools.partial(end_offset, p), what="read the log end offset",
+                                  transient=is_transient, seconds=60, level=logging.DEBUG,
+                                  topic=topic, partition=p)
                     for p in partitions}
         finally:
             probe.close()

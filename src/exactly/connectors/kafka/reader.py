@@ -272,7 +272,9 @@ def split_budget(backlog: Mapping[tuple[str, int], int], budget: int,
 
 
 # -- broker access ----------------------------------------------------------------------
-def _transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
+    """True for a Kafka error that may pass in a moment: the client flags it retriable, the
+    broker is unreachable, or a partition has no leader yet (a broker restarting)."""
     from confluent_kafka import KafkaError, KafkaException
 
     if not isinstance(exc, KafkaException) or not exc.args:
@@ -340,7 +342,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _broker(self, what: str, fn: Any) -> Any:
         """``fn(consumer)`` retried on transient errors for ``readTimeoutMs``."""
         try:
-            return retry_call(lambda: fn(self._client()), what=what, transient=_transient,
+            return retry_call(lambda: fn(self._client()), what=what, transient=is_transient,
                               seconds=self.options.read_timeout_s, maximum=2.0,
                               before_retry=self._drop_client)
         except ExactlyError:
