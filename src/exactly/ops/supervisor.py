@@ -411,18 +411,15 @@ class Supervisor:
         from exactly import options as opt
         from exactly.fsutil import read_json
         from exactly.protocol.committer import Committer
-        from exactly.spark.checkpoint import local_checkpoint
         from exactly.spark.formats import sink_for
+        from exactly.spark.runner import with_sink_log_dir
 
         job = self.job
         if not job.sink_format.lower().startswith("exactly."):
             return  # not a sink of exactly's: nothing of the protocol to clean up
-        options = dict(job.options)
+        options = with_sink_log_dir(self.config.storage, job.options)
         if job.path:
             options[opt.PATH] = job.path
-        local = local_checkpoint(self.config.storage)
-        if local is not None:
-            options.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
         options[opt.CHECKPOINT_LOCATION] = self.config.storage
         options[opt.MODE] = self.config.mode.value
         try:

@@ -20,6 +20,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -188,10 +189,8 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     check_source_options(df)
     check_output_mode(sink_format, mode_name, options)
     location = checkpoint_location(checkpoint)
-    options = dict(options or {})
+    options = with_sink_log_dir(location, options)
     local = local_checkpoint(location)
-    if local is not None:
-        options.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
     options.setdefault(opt.CHECKPOINT_INTERVAL_MS, str(int(checkpoint.interval_seconds * 1000)))
     # what the sink receives: the options given override the two start_query sets
     sink_options = {opt.CHECKPOINT_LOCATION: location, opt.MODE: checkpoint.mode.value,
@@ -262,6 +261,17 @@ def refuse_memory_checkpoint_on_owned_log(log_dir: Path) -> None:
             "with the same DIR on every run, or write to a fresh sink path")
 
 
+def with_sink_log_dir(location: str, options: Mapping[str, str] | None) -> dict[str, str]:
+    """``options`` plus the default commit-log directory of sinks without one of their own
+    (``exactly.logDir`` = ``<checkpoint>/exactly-sink`` for a local checkpoint), unless the
+    options name one."""
+    merged = dict(options or {})
+    local = local_checkpoint(location)
+    if local is not None:
+        merged.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
+    return merged
+
+
 def sink_log_directory(sink_format: str, path: str | None,
                        options: dict[str, str]) -> Path | None:
     """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
@@ -288,8 +298,7 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     local = local_checkpoint(location)
     if local is None or not local.is_dir():
         return
-    defaults = {opt.LOG_DIR: str(local / opt.LOG_DIR_NAME), **(options or {})}
-    log_dir = sink_log_directory(sink_format, path, defaults)
+    log_dir = sink_log_directory(sink_format, path, with_sink_log_dir(location, options))
     owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
     sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
     preflight(location, sink_query_id)
