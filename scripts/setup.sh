@@ -40,3 +40,7 @@ for installer in scripts/install-*.sh; do
   [ -e "$installer" ] || continue
   bash "$installer"
 done
+
+# exactly's state writer (savepoint restores that rescale or switch the state backend):
+# compiled against the installed PySpark once, cached in ~/.cache/exactly/jvm
+.venv/bin/python -c "from exactly.savepoints.state_writer import ensure_jar; ensure_jar()"

@@ -42,6 +42,7 @@ FOLDER_LANES = {
     "kafka": ("server",),
     "chaos": ("chaos",),
     "ops": ("spark",),  # exactly run end to end; its server cases also carry ``server``
+    "savepoints": ("spark",),  # its PostgreSQL and Kafka cases also carry ``server``
 }
 
 

@@ -29,6 +29,7 @@ _EXPORTS = {
     "FailureRate": "exactly.ops.restart",
     "ExponentialDelay": "exactly.ops.restart",
     "NoRestart": "exactly.ops.restart",
+    "uid": "exactly.savepoints.operators",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "run_job",
     "spark_session",
     "start_query",
+    "uid",
     "verify",
 ]
 
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
         restart_strategy,
     )
     from exactly.protocol.contract import Handle, TwoPhaseCommitSink
+    from exactly.savepoints.operators import uid
     from exactly.spark.formats import register
     from exactly.spark.runner import ExactlyQuery, start_query
     from exactly.spark.session import spark_session

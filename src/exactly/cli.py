@@ -276,11 +276,28 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="A Spark setting (repeatable).")
 @click.option("--stop-timeout", default="10min",
               help="How long a stop waits for the epoch in flight before cancelling it.")
+@click.option("-s", "--from-savepoint", "savepoint", default=None,
+              type=click.Path(exists=True, file_okay=False),
+              help="Restore this savepoint (or a savepoint-format directory) into the new "
+                   "checkpoint first.")
+@click.option("--allow-non-restored-state", is_flag=True,
+              help="Drop the savepoint's state of operators the job no longer has.")
+@click.option("--restore-mode", type=click.Choice(["no_claim", "claim"]), default="no_claim",
+              help="no_claim: never change or depend on the savepoint; claim: the job takes "
+                   "it over (deleted once the restore completed).")
+@click.option("--parallelism", default=None, type=click.IntRange(1),
+              help="State partitions of the restored job [default: --shuffle-partitions, "
+                   "the job's spark.sql.shuffle.partitions, else the savepoint's].")
+@click.option("--sink-rollback", type=click.Choice(["refuse", "retract", "keep"]),
+              default="refuse",
+              help="When the sink target already holds epochs newer than the savepoint: "
+                   "refuse, retract them (file sink, PostgreSQL append) or keep them.")
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
         shuffle_partitions: int | None, spark_conf: tuple[str, ...],
-        stop_timeout: str) -> None:
+        stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
+        restore_mode: str, parallelism: int | None, sink_rollback: str) -> None:
     """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
 
     Failed queries restart in the same driver process, a dead driver process restarts as a
@@ -292,15 +309,30 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
     from exactly.ops.driver import DriverSpec
     from exactly.ops.launcher import launch
     from exactly.ops.restart import parse_option_pairs
+    from exactly.savepoints.job import RestoreRequest
+    from exactly.savepoints.manifest import read_manifest
+    from exactly.savepoints.restore import RestoreMode
+    from exactly.savepoints.sinks import SinkRollback
 
     if not _verbose():
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
+    restore = None
+    if savepoint is not None:
+        read_manifest(savepoint)  # a damaged or incomplete savepoint fails before Spark starts
+        restore = RestoreRequest(str(Path(savepoint).absolute()), allow_non_restored_state,
+                                 RestoreMode(restore_mode), parallelism,
+                                 SinkRollback(sink_rollback)).to_json()
+    elif allow_non_restored_state or parallelism or restore_mode != "no_claim" or (
+            sink_rollback != "refuse"):
+        raise click.UsageError("--allow-non-restored-state, --restore-mode, --parallelism "
+                               "and --sink-rollback belong to a restore: add -s SAVEPOINT")
     spec = DriverSpec(job_file=str(Path(job_file).absolute()),
                       checkpoint=str(Path(checkpoint_dir).absolute()), strategy=strategy,
                       strategy_options=parse_option_pairs(strategy_options), master=master,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
                       spark_conf=_pairs(spark_conf, "--conf"),
-                      stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"))
+                      stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
+                      restore=restore)
     sys.exit(launch(spec))
 
 
@@ -319,10 +351,18 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--drain", is_flag=True,
               help="First process all input available now (a bounded end), then stop.")
 @click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
+@click.option("--savepoint", "savepoint_target", is_flag=False, flag_value="", default=None,
+              metavar="[TARGET]",
+              help="Take a savepoint after the stop (into TARGET, default "
+                   "<CHECKPOINT>.savepoints): Flink's stop-with-savepoint.")
 @reports_failure("stop")
-def stop(checkpoint: str, drain: bool, wait: str) -> None:
+def stop(checkpoint: str, drain: bool, wait: str, savepoint_target: str | None) -> None:
     """Stop the job running on CHECKPOINT: the epoch in flight commits, then it stops."""
-    _control(checkpoint, "stop", wait, drain=drain)
+    params: dict[str, Any] = {"drain": drain}
+    if savepoint_target is not None:
+        params["savepoint"] = str(Path(savepoint_target).absolute()) if savepoint_target \
+            else ""
+    _control(checkpoint, "stop", wait, **params)
 
 
 @main.command(context_settings={"show_default": True})
@@ -335,6 +375,71 @@ def cancel(checkpoint: str, wait: str) -> None:
     With externalized_cleanup='delete_on_cancellation' the checkpoint is deleted.
     """
     _control(checkpoint, "cancel", wait)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("paths", nargs=-1, metavar="CHECKPOINT [TARGET]")
+@click.option("--dispose", "dispose_path", default=None, type=click.Path(),
+              help="Delete the savepoint at this path (complete or incomplete).")
+@click.option("--inspect", "inspect_path", default=None, type=click.Path(),
+              help="Print the manifest of the savepoint at this path.")
+@click.option("--json", "as_json", is_flag=True, help="With --inspect: the manifest as JSON.")
+@click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
+@reports_failure("savepoint")
+def savepoint(paths: tuple[str, ...], dispose_path: str | None, inspect_path: str | None,
+              as_json: bool, wait: str) -> None:
+    """Take a savepoint of the job running on CHECKPOINT (it keeps running) into TARGET
+    [default: <CHECKPOINT>.savepoints]; or --inspect / --dispose one."""
+    from exactly.savepoints.manifest import dispose
+
+    if sum(x is not None for x in (dispose_path, inspect_path)) + bool(paths) != 1:
+        raise click.UsageError("give CHECKPOINT [TARGET], or --inspect PATH, or --dispose PATH")
+    if dispose_path is not None:
+        click.echo(f"savepoint: disposed {dispose(dispose_path)}")
+        return
+    if inspect_path is not None:
+        _inspect_savepoint(inspect_path, as_json)
+        return
+    if len(paths) > 2:
+        raise click.UsageError("give CHECKPOINT and at most one TARGET")
+    params = {"target": str(Path(paths[1]).absolute())} if len(paths) == 2 else {}
+    _control(paths[0], "savepoint", wait, **params)
+
+
+def _inspect_savepoint(path: str, as_json: bool) -> None:
+    from exactly.savepoints.manifest import read_manifest
+
+    manifest = read_manifest(path)
+    if as_json:
+        click.echo(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
+        return
+    console = Console()
+    total = sum(f["size"] for f in manifest.files)
+    console.print(f"savepoint {path}: complete, {len(manifest.files)} files ({total} bytes) "
+                  "verified against the manifest")
+    console.print(f"epoch {manifest.epoch} of query {manifest.query_id}, taken "
+                  f"{manifest.created_at} ({manifest.trigger}), Spark {manifest.spark_version}, "
+                  f"state backend {manifest.state_backend}, {manifest.shuffle_partitions} "
+                  f"state partitions, format version {manifest.format_version}")
+    table = Table("uid", "operator", "kind", "partitions", "store", "rows", "bytes",
+                  "key schema", "value schema")
+    for op in manifest.operators:
+        for store in op.stores:
+            table.add_row(op.uid or "-", str(op.operator_id), op.name, str(op.partitions),
+                          store.name, str(store.rows), str(store.bytes),
+                          _schema_text(store.key_schema), _schema_text(store.value_schema))
+    console.print(table)
+    for sink in manifest.sinks:
+        console.print(f"sink {sink.format} -> {sink.target}: last committed epoch "
+                      f"{sink.committed_epoch}")
+
+
+def _schema_text(schema_json: str) -> str:
+    if not schema_json:
+        return "-"
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(schema_json)).simpleString()
 
 
 def _control(checkpoint: str, action: str, wait: str, **params) -> None:

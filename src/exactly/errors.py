@@ -65,3 +65,8 @@ class ReplannedEpochError(ExactlyError):
     duplicate the shared part, so the sink refuses and commits nothing; the message names
     both positions and the repair.
     """
+
+
+class SavepointError(ExactlyError):
+    """A savepoint cannot be used as asked: incomplete, corrupt, from a newer exactly, of
+    another job, or not restorable into this job (the message names which and the fix)."""

@@ -56,3 +56,23 @@ def test_stop_of_a_checkpoint_without_a_running_job_says_so(tmp_path):
     result = _run_cli("stop", str(tmp_path / "ck"))
     assert result.exit_code == 3
     assert "NoRunningJob: no running job on checkpoint" in result.output
+
+
+def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("def build(spark):\n    raise AssertionError('never built')\n")
+    runner = CliRunner()
+    lone = runner.invoke(main, ["run", str(job), "--checkpoint", str(tmp_path / "ck"),
+                                "--parallelism", "3"])
+    assert lone.exit_code == 2 and "add -s SAVEPOINT" in lone.output
+    assert not (tmp_path / "ck").exists()
+    incomplete = tmp_path / ".savepoint-3-abc.inprogress"
+    incomplete.mkdir()
+    refused = runner.invoke(main, ["run", str(job), "--checkpoint", str(tmp_path / "ck"),
+                                   "-s", str(incomplete)])
+    assert refused.exit_code == 3 and "incomplete savepoint" in refused.output
+    assert not (tmp_path / "ck").exists()  # refused before anything started
+    nothing = runner.invoke(main, ["savepoint"])
+    assert nothing.exit_code == 2 and "give CHECKPOINT [TARGET]" in nothing.output
+    other = runner.invoke(main, ["savepoint", "--dispose", str(tmp_path)])
+    assert other.exit_code == 3 and "not a savepoint" in other.output and tmp_path.exists()

@@ -28,7 +28,7 @@ from exactly.fsutil import atomic_write_json, file_lock, read_json
 from exactly.procs import ProcessId
 
 JOB_DIR_NAME = "exactly-job"
-ACTIONS = ("stop", "cancel")
+ACTIONS = ("stop", "cancel", "savepoint")
 #: a job whose heartbeat is older than this (and whose driver is on another host) is dead
 HEARTBEAT_STALE_S = 60.0
 

@@ -36,6 +36,7 @@ from exactly.ops.supervisor import (
     default_strategy,
 )
 from exactly.procs import current_process
+from exactly.savepoints.job import RestoreRequest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -61,6 +62,8 @@ class DriverSpec:
     shuffle_partitions: int | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     stop_timeout_s: float = 600.0
+    #: ``exactly run -s``: :class:`exactly.savepoints.job.RestoreRequest` as JSON
+    restore: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -99,16 +102,27 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
 
 def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
               checkpoint: str | None, strategy: RestartStrategy | None, run_id: str,
-              stop_timeout_s: float = 600.0, where: str = "build(spark)") -> Outcome:
+              stop_timeout_s: float = 600.0, where: str = "build(spark)",
+              restore: RestoreRequest | None = None) -> Outcome:
     """Build the job in ``spark`` and run it under a :class:`Supervisor` (SIGTERM and
-    Ctrl-C stop it gracefully; a second Ctrl-C cancels). Raises JobFailedError /
-    DriverLostError as the supervisor does."""
+    Ctrl-C stop it gracefully; a second Ctrl-C cancels). With ``restore``, the savepoint is
+    restored into the (new) checkpoint first. Raises JobFailedError / DriverLostError as the
+    supervisor does, SavepointError when the savepoint cannot be restored."""
     from exactly.ops.pacing import Pacer
+    from exactly.savepoints.job import restore_job
+    from exactly.savepoints.operators import job_operators
 
     job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint)
     if job.checkpoint.is_memory_storage:
         raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
+    operators = job_operators(job.df)
+    if restore is not None:
+        done = restore_job(job, restore, operators)
+        if done is not None:
+            log_event(logger, "restored", savepoint=restore.savepoint,
+                      epoch=done.get("epoch"), restored=done.get("restored"),
+                      dropped=done.get("dropped"), new=done.get("new"))
     chosen = strategy or job.restart_strategy or default_strategy()
     directory = job_dir(job.checkpoint.storage)
     # tell the launcher which strategy counts process restarts, and who the driver is
@@ -124,7 +138,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     pacer = Pacer(Path(admission or directory / "admission.json"), config.storage,
                   min_pause_s=config.min_pause_seconds, target_s=config.epoch_target_seconds)
     supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer,
-                            stop_timeout_s=stop_timeout_s)
+                            stop_timeout_s=stop_timeout_s, operators=operators)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, frame) -> None:
@@ -143,13 +157,15 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
 
 def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: str | None = None,
             restart_strategy: RestartStrategy | None = None, spark: SparkSession | None = None,
-            stop_timeout_s: float = 600.0) -> Outcome:
+            stop_timeout_s: float = 600.0, restore: RestoreRequest | None = None) -> Outcome:
     """Run a job in this process under the supervisor until it stops (Python API of
     ``exactly run`` without process restarts).
 
     ``build`` is a ``build(spark) -> Job`` function or the path of a job file. Without
-    ``spark``, exactly starts the session (needed for min pause and epoch sizing). Raises
-    JobFailedError with the last cause when the restart strategy gives up.
+    ``spark``, exactly starts the session (needed for min pause and epoch sizing).
+    ``restore`` (``exactly run -s``) restores a savepoint into the new checkpoint first.
+    Raises JobFailedError with the last cause when the restart strategy gives up, and
+    SavepointError when the savepoint cannot be restored.
     """
     if isinstance(build, (str, Path)):
         job_file = load_job_file(build)
@@ -167,7 +183,8 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
         claim_job(job_dir(checkpoint), JobStatus(run_id, current_process(), "starting"))
     try:
         return supervise(spark, build_fn, checkpoint=checkpoint, strategy=restart_strategy,
-                         run_id=run_id, stop_timeout_s=stop_timeout_s, where=str(where))
+                         run_id=run_id, stop_timeout_s=stop_timeout_s, where=str(where),
+                         restore=restore)
     finally:
         if own_session:
             _stop_quietly(spark)
@@ -188,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         spark = start_spark(spec, job_file.spark_conf)
         outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
                             strategy=strategy, run_id=run_id,
-                            stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path))
+                            stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
+                            restore=_restore_request(spec, job_file.spark_conf))
         print(f"exactly run: job {outcome.value}", file=sys.stderr, flush=True)
         return 0
     except DriverLostError as exc:
@@ -207,6 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             _stop_quietly(spark)
+
+
+def _restore_request(spec: DriverSpec, spark_conf: Mapping[str, str]) -> RestoreRequest | None:
+    """The restore of ``exactly run -s``; without ``--parallelism`` the state partitions
+    are ``--shuffle-partitions`` or the job file's ``spark.sql.shuffle.partitions`` when
+    given, else the savepoint's."""
+    from dataclasses import replace
+
+    if spec.restore is None:
+        return None
+    request = RestoreRequest.from_json(spec.restore)
+    if request.parallelism is None:
+        configured = spark_conf.get("spark.sql.shuffle.partitions")
+        chosen = spec.shuffle_partitions or (int(configured) if configured else None)
+        if chosen:
+            request = replace(request, parallelism=chosen)
+    return request
 
 
 def _mark_failed(spec: DriverSpec, detail: str) -> None:

@@ -99,6 +99,11 @@ def _import(file: Path) -> ModuleType:
         raise ConfigError(f"job file {file} is not a Python module (name it *.py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    # Spark's Python workers cannot import the job file under this name: its functions and
+    # classes (a UDF, a StatefulProcessor) travel to them by value, not by reference
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
     sys.path.insert(0, str(file.parent))  # the job's own helper modules beside it
     try:
         spec.loader.exec_module(module)

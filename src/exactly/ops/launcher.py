@@ -135,13 +135,16 @@ def _strategy(directory: Path) -> RestartStrategy:
 
 def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int]) -> bool:
     """Sleep before a restart; True when a stop/cancel arrived meanwhile (answered here:
-    no driver runs, so nothing is in flight)."""
+    no driver runs, so nothing is in flight). Savepoint requests, and stops that want one,
+    stay pending for the next driver: only a driver can take a savepoint."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         if stopping:
             _set_state(control.directory, "stopped", "stopped between restarts")
             return True
         for request in control.pending():
+            if request.action == "savepoint" or request.params.get("savepoint") is not None:
+                continue
             control.answer(request, "done", f"{request.action}: no driver was running "
                            "(between restarts); nothing was in flight")
             _set_state(control.directory, "stopped" if request.action == "stop"

@@ -19,6 +19,10 @@ every ``poll_s``:
   Ctrl-C. A stop closes admission, lets the epoch in flight commit, then stops the query;
   ``drain`` then runs the job with ``availableNow`` until the input present now is done.
   A cancel stops at once and applies ``externalized_cleanup``.
+* **savepoints**: a ``savepoint`` request copies the last completed epoch while the query
+  keeps running; a stop with ``savepoint`` takes one after the query stopped (Flink's
+  stop-with-savepoint). The answer names the savepoint's directory
+  (:mod:`exactly.savepoints`).
 
 Every failure, restart and recovery goes to the restart history (:mod:`exactly.ops.history`)
 and to the structured log.
@@ -50,7 +54,13 @@ logger = logging.getLogger("exactly.ops.supervisor")
 FATAL_ERRORS = ("ConfigError", "NotSupportedYetError", "FencedError", "OwnershipError",
                 "DataLossError", "ReplannedEpochError", "CorruptFileError",
                 "CorruptCheckpointFileError", "SourceNotReplayableError",
-                "MalformedRecordError")
+                "MalformedRecordError", "SavepointError")
+#: Spark's errors of a job whose state does not fit it (a changed stateful step after a
+#: restore): a restart cannot fix them either
+FATAL_SPARK_CONDITIONS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+                          "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+                          "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+                          "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA")
 
 
 class Outcome(str, Enum):
@@ -87,7 +97,8 @@ def default_strategy() -> RestartStrategy:
 def is_fatal(cause_text: str) -> bool:
     """Whether a failure's text shows one of :data:`FATAL_ERRORS` as its root cause."""
     cause = root_cause(cause_text)
-    return cause.split(":", 1)[0].strip() in FATAL_ERRORS
+    return cause.split(":", 1)[0].strip() in FATAL_ERRORS or any(
+        condition in cause_text for condition in FATAL_SPARK_CONDITIONS)
 
 
 def _driver_lost(exc: BaseException) -> bool:
@@ -102,7 +113,8 @@ class Supervisor:
     def __init__(self, job: Job, *, strategy: RestartStrategy | None = None,
                  run_id: str, poll_s: float = 0.2, stop_timeout_s: float = 600.0,
                  pacer: Any = None, rng: random.Random | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 operators: list[Any] | None = None) -> None:
         if job.checkpoint.is_memory_storage:
             raise ExactlyError(
                 "a supervised job needs a durable checkpoint: its address for stop/cancel and "
@@ -128,6 +140,7 @@ class Supervisor:
         self._local: Request | None = None  # a stop/cancel from a signal
         self._taken: set[str] = set()  # requests being handled (not answered yet)
         self._heartbeat_at = 0.0
+        self._job_operators = operators  # for savepoints (uid -> operator number)
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self, *, cancel: bool = False) -> None:
@@ -148,9 +161,12 @@ class Supervisor:
             request = self._next_request()
             if request is not None and request.action == "cancel":
                 return self._cancelled(request, None)
+            if request is not None and request.action == "savepoint":
+                self._savepoint(request, stopping=False)
+                request = None
             if request is not None:  # a stop before the query runs: nothing in flight
                 if not request.params.get("drain"):
-                    self._answer(request, "done", "stopped before the query started")
+                    self._stopped(request, "stopped before the query started")
                     return self._ended(Outcome.STOPPED)
                 drain, self._handled = True, request
             try:
@@ -164,17 +180,15 @@ class Supervisor:
             if watch.kind == "cancelled":
                 return self._cancelled(self._handled, query)
             if watch.kind == "stopped":
-                self._answer(self._handled, "done", f"stopped after epoch {self.last_epoch}",
-                             last_epoch=self.last_epoch)
+                self._stopped(self._handled, f"stopped after epoch {self.last_epoch}")
                 return self._ended(Outcome.STOPPED)
             if watch.kind == "drain":
                 drain = True
                 continue
             if watch.kind == "finished":
                 if drain:
-                    self._answer(self._handled, "done",
-                                 f"drained; stopped after epoch {self.last_epoch}",
-                                 last_epoch=self.last_epoch)
+                    self._stopped(self._handled,
+                                  f"drained; stopped after epoch {self.last_epoch}")
                     return self._ended(Outcome.DRAINED)
                 return self._ended(Outcome.FINISHED)
             self._failure(watch.kind, watch.cause, epoch_in_flight=watch.epoch_in_flight)
@@ -204,6 +218,9 @@ class Supervisor:
         try:
             while True:
                 request = self._next_request()
+                if request is not None and request.action == "savepoint":
+                    self._savepoint(request, stopping=False)
+                    request = None
                 if request is not None:
                     self._handled = request
                     if request.action == "cancel":
@@ -307,6 +324,43 @@ class Supervisor:
         self._collect_progress(query)
         if self.pacer is not None:
             self.pacer.reopen()
+
+    # -- savepoints -----------------------------------------------------------------------
+    def _stopped(self, request: Request | None, detail: str) -> None:
+        """Answer a stop (and take its savepoint when it asked for one)."""
+        if request is not None and request.params.get("savepoint") is not None:
+            self._savepoint(request, stopping=True, detail=detail)
+            return
+        self._answer(request, "done", detail, last_epoch=self.last_epoch)
+
+    def _savepoint(self, request: Request, *, stopping: bool, detail: str = "") -> None:
+        """Take a savepoint of the last completed epoch and answer ``request`` with its
+        path; a failure is answered (the job goes on, or stops as asked) and logged."""
+        from exactly.savepoints.job import default_target, take_job_savepoint
+
+        target = request.params.get("savepoint") or request.params.get("target") or \
+            str(default_target(self.config.storage))
+        try:
+            path = take_job_savepoint(self.job, target,
+                                      trigger="stop" if stopping else "savepoint",
+                                      operators=self._operators())
+        except Exception as exc:
+            cause = root_cause("".join(_format(exc)))
+            log_event(logger, "savepoint_failed", logging.WARNING, cause=cause)
+            prefix = f"{detail}; " if detail else ""
+            self._answer(request, "failed", f"{prefix}savepoint failed: {cause}",
+                         last_epoch=self.last_epoch)
+            return
+        prefix = f"{detail}; " if detail else ""
+        self._answer(request, "done", f"{prefix}savepoint {path}", savepoint=str(path),
+                     last_epoch=self.last_epoch)
+
+    def _operators(self):
+        from exactly.savepoints.operators import job_operators
+
+        if self._job_operators is None:
+            self._job_operators = job_operators(self.job.df)
+        return self._job_operators
 
     # -- failures -------------------------------------------------------------------------
     def _failure(self, kind: str, text: str, *, epoch_in_flight: bool) -> None:

@@ -119,10 +119,26 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     if on_this_machine(master):
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # the UI and block manager too
     builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
-                                   adaptive=adaptive, conf=conf).items():
+    settings = session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
+                            adaptive=adaptive, conf=conf)
+    jars = _with_state_writer(settings.get("spark.jars", ""))
+    if jars:
+        settings["spark.jars"] = jars
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))
     register(spark)
     return spark
+
+
+def _with_state_writer(jars: str) -> str:
+    """``spark.jars`` plus exactly's state writer (savepoint restores that rescale or switch
+    the state backend use it; compiled once, cached; left out without a JDK)."""
+    from exactly.savepoints.state_writer import ensure_jar
+
+    jar = ensure_jar()
+    listed = [j for j in jars.split(",") if j]
+    if jar is not None and str(jar) not in listed:
+        listed.append(str(jar))
+    return ",".join(listed)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from exactly.cache import user_cache
 from exactly.errors import ConfigError
 
 CONNECTOR_ENV = "EXACTLY_KAFKA_CONNECTOR_JARS"
@@ -26,9 +27,7 @@ BROKER_ENV = "EXACTLY_KAFKA_JARS"
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/exactly/kafka`` (``~/.cache/exactly/kafka`` when that is unset or
     not absolute): where ``scripts/install-kafka.sh`` puts the jars."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "exactly" / "kafka"
+    return user_cache("kafka")
 
 
 def jars_dir(kind: str, env: str) -> Path:

@@ -1,0 +1,126 @@
+"""Savepoints of ``exactly run`` jobs: taking one of a running job, restoring one at start.
+
+The supervisor calls :func:`take_job_savepoint` for ``exactly savepoint`` and ``exactly stop
+--savepoint``; the driver calls :func:`restore_job` before the first start of a job run with
+``-s PATH``. A driver process that is restarted after a crash finds the restore recorded in
+``exactly-job/restore.json`` and does not restore again (the checkpoint has moved on).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exactly.errors import SavepointError
+from exactly.fsutil import read_json
+from exactly.savepoints.manifest import Manifest, read_manifest
+from exactly.savepoints.restore import (
+    RESTORE_MARKER,
+    RestoreMode,
+    plan_restore,
+    restore_into,
+)
+from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
+from exactly.savepoints.take import take_savepoint
+
+if TYPE_CHECKING:
+    from exactly.ops.job import Job
+    from exactly.savepoints.operators import JobOperator
+
+
+def default_target(checkpoint: str) -> Path:
+    """Where savepoints go without a TARGET: ``<checkpoint>.savepoints`` beside the
+    checkpoint (not inside it: deleting a checkpoint keeps its savepoints)."""
+    path = Path(checkpoint.removeprefix("file:")).absolute()
+    return path.parent / f"{path.name}.savepoints"
+
+
+def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
+                       operators: list[JobOperator] | None) -> Path:
+    """A savepoint of ``job``'s last completed epoch under ``target``."""
+    from exactly.spark.runner import source_names
+
+    checkpoint = job.checkpoint.storage
+    spark = job.df.sparkSession
+    info: dict[str, Any] = {"checkpoint": str(Path(checkpoint.removeprefix("file:"))
+                                              .absolute()),
+                            "query_name": job.query_name, "sink_format": job.sink_format,
+                            "output_mode": job.output_mode,
+                            "sources": source_names(job.df)}
+    return take_savepoint(spark, checkpoint, target, operators=operators,
+                          sinks=[sink_info(job, checkpoint)], trigger=trigger, job=info)
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """``exactly run -s PATH`` and its options."""
+
+    savepoint: str
+    allow_non_restored_state: bool = False
+    mode: RestoreMode = RestoreMode.NO_CLAIM
+    parallelism: int | None = None
+    sink_rollback: SinkRollback = SinkRollback.REFUSE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"savepoint": self.savepoint,
+                "allow_non_restored_state": self.allow_non_restored_state,
+                "mode": self.mode.value, "parallelism": self.parallelism,
+                "sink_rollback": self.sink_rollback.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RestoreRequest:
+        return cls(str(data["savepoint"]), bool(data.get("allow_non_restored_state")),
+                   RestoreMode(data.get("mode", "no_claim")), data.get("parallelism"),
+                   SinkRollback(data.get("sink_rollback", "refuse")))
+
+
+def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator]) -> dict | None:
+    """Restore ``request.savepoint`` into the job's (new) checkpoint; None when this
+    checkpoint already holds the restore (a restarted driver process). Raises
+    SavepointError before writing anything when the savepoint cannot be restored."""
+    from exactly.spark.checkpoint import local_checkpoint
+
+    checkpoint = local_checkpoint(job.checkpoint.storage)
+    if checkpoint is None:
+        raise SavepointError("restoring a savepoint needs a local checkpoint directory")
+    marker = checkpoint / "exactly-job" / RESTORE_MARKER
+    previous = read_json(marker) if marker.exists() else None
+    if isinstance(previous, dict) and previous.get("state") == "done":
+        if Path(previous.get("savepoint", "")) != Path(request.savepoint):
+            raise SavepointError(
+                f"{checkpoint} was restored from {previous.get('savepoint')} already; restore "
+                f"{request.savepoint} into a new checkpoint directory")
+        return None
+    query_id = (previous.get("query_id") if isinstance(previous, dict) else None) or \
+        str(uuid.uuid4())
+    path = Path(request.savepoint)
+    manifest = read_manifest(path)
+    spark = job.df.sparkSession
+    plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
+                        backend=job.checkpoint.state_backend.value,
+                        allow_non_restored_state=request.allow_non_restored_state)
+    _check_sources(manifest, job)
+    state = decide(job, manifest, request.sink_rollback, query_id)
+    done = restore_into(spark, plan, checkpoint, mode=request.mode, query_id=query_id,
+                        before_done=lambda: hand_over(job, manifest, state,
+                                                      request.sink_rollback, query_id))
+    return done
+
+
+def _check_sources(manifest: Manifest, job: Job) -> None:
+    """A savepoint of another job has other sources: its offsets cannot resume this one."""
+    from exactly.spark.runner import source_names
+
+    names = source_names(job.df)
+    if len(names) != len(manifest.sources):
+        raise SavepointError(
+            f"the savepoint {manifest.savepoint_id} is of a job with {len(manifest.sources)} "
+            f"source(s), this job reads {len(names)} ({', '.join(names)}): it was taken from "
+            "another job (its source positions cannot resume this one)")
+    recorded = manifest.job.get("sources")
+    if recorded and list(recorded) != list(names):
+        raise SavepointError(
+            f"the savepoint was taken from a job reading {', '.join(recorded)}; this job reads "
+            f"{', '.join(names)}: it is another job's savepoint")

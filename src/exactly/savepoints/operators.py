@@ -1,0 +1,190 @@
+"""Operator uids: naming a job's stateful steps so savepoints map state by name.
+
+Spark numbers a query's stateful operators by position (a pre-order walk of the physical
+plan, the last operator of the pipeline first) and keys their state by that number: adding an
+operator after the others shifts every number. :func:`uid` names a stateful step the way
+Flink's ``uid()`` does::
+
+    counts = exactly.uid("counts", events.groupBy("key").agg(F.count("*").alias("n")))
+
+A savepoint records each operator's uid beside Spark's number; a restore moves the state of
+uid ``counts`` to wherever ``counts`` sits in the new job's plan (:func:`job_operators`).
+
+How the name reaches Spark's number: :func:`uid` tags the first stateful node of the
+DataFrame's analyzed plan (a Catalyst tree-node tag, kept by every DataFrame built on it).
+:func:`job_operators` walks the job's analyzed plan and the physical plan Spark's streaming
+planner makes of it (the ``IncrementalExecution`` ``explain`` uses) and pairs the stateful
+nodes of both in pre-order, checking that their kinds agree. When they cannot be paired
+(the optimizer merged or removed a stateful step) it raises a ConfigError instead of
+guessing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from exactly.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+UID_TAG = "exactly.uid"
+
+#: logical node -> words one of which the physical operator's name contains
+_KINDS: dict[str, tuple[str, ...]] = {
+    "Aggregate": ("StateStoreSave",),
+    "Distinct": ("StateStoreSave",),
+    "Deduplicate": ("StreamingDeduplicate",),
+    "DeduplicateWithinWatermark": ("StreamingDeduplicateWithinWatermark",),
+    "FlatMapGroupsWithState": ("FlatMapGroupsWithState",),
+    "FlatMapGroupsInPandasWithState": ("FlatMapGroupsInPandasWithState",),
+    "TransformWithState": ("TransformWithState",),
+    "TransformWithStateInPySpark": ("TransformWithState",),
+    "TransformWithStateInPandas": ("TransformWithState",),
+    "Join": ("StreamingSymmetricHashJoin",),
+}
+#: words in the names of Spark's stateful physical operators
+_STATEFUL_WORDS = ("StateStore", "Deduplicate", "FlatMapGroups", "TransformWithState",
+                   "SymmetricHashJoin", "SessionWindow", "GlobalLimit", "Stateful")
+#: physical nodes that share the id of the operator above them
+_SHARES_ID = ("StateStoreRestore", "SessionWindowStateStoreRestore")
+
+
+@dataclass(frozen=True)
+class JobOperator:
+    """A stateful operator of a job: Spark's number, its physical node and the uid."""
+
+    operator_id: int
+    physical: str
+    logical: str
+    uid: str | None
+    #: state key and value schemas (Spark JSON) where the plan states them (aggregations)
+    key_schema: str | None = None
+    value_schema: str | None = None
+
+
+def _seq(s: Any) -> list[Any]:
+    return [s.apply(i) for i in range(s.size())]
+
+
+def _tag(jvm: Any) -> Any:
+    return jvm.org.apache.spark.sql.catalyst.trees.TreeNodeTag(UID_TAG)
+
+
+def _is_stateful_logical(node: Any) -> bool:
+    name = node.nodeName()
+    if name not in _KINDS or not node.isStreaming():
+        return False
+    if name == "Join":
+        children = _seq(node.children())
+        return len(children) == 2 and all(c.isStreaming() for c in children)
+    return True
+
+
+def _logical_stateful(node: Any, out: list[Any]) -> list[Any]:
+    if _is_stateful_logical(node):
+        out.append(node)
+    for child in _seq(node.children()):
+        _logical_stateful(child, out)
+    return out
+
+
+def _schemas(node: Any) -> tuple[str | None, str | None]:
+    """(key, value) schema JSON of an aggregation's state, from its physical node."""
+    if node.nodeName() != "StateStoreSave":
+        return None, None
+    try:
+        keys = [{"name": a.name(), "type": json.loads(a.dataType().json()), "nullable": True,
+                 "metadata": {}} for a in _seq(node.keyExpressions())]
+        value = str(node.stateManager().getStateValueSchema().json())
+    except Exception:  # another Spark version: Spark's own check at start remains
+        return None, None
+    return json.dumps({"type": "struct", "fields": keys}), value
+
+
+def _physical_stateful(node: Any, out: list[tuple[int, str, Any]]
+                       ) -> list[tuple[int, str, Any]]:
+    name = node.nodeName()
+    if any(word in name for word in _STATEFUL_WORDS) and not any(
+            name.startswith(s) for s in _SHARES_ID):
+        try:
+            option = node.stateInfo()
+            info = option.get() if option.isDefined() else None
+        except Exception:  # a node without stateInfo is stateless
+            info = None
+        if info is not None:
+            out.append((int(info.operatorId()), name, node))
+    for child in _seq(node.children()):
+        _physical_stateful(child, out)
+    return out
+
+
+def uid(name: str, df: DataFrame) -> DataFrame:
+    """Name the stateful step that produces ``df`` (the first stateful operator found
+    walking down from ``df``'s last step) and return ``df`` unchanged.
+
+    The uid is how savepoints find this step's state in a new version of the job. Raises
+    ConfigError for an empty name or a DataFrame without a stateful step.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError("exactly.uid: give a non-empty name")
+    if not df.isStreaming:
+        raise ConfigError(f"exactly.uid({name!r}, df): df is not a streaming DataFrame")
+    plan = df._jdf.logicalPlan()
+    found = _logical_stateful(plan, [])
+    if not found:
+        raise ConfigError(f"exactly.uid({name!r}, df): df has no stateful step (an "
+                          "aggregation, dropDuplicates, transformWithState, a stream-stream "
+                          "join ...); name the DataFrame that a stateful step returns")
+    tag = _tag(df.sparkSession._jvm)
+    node = found[0]
+    old = node.getTagValue(tag)
+    if old.isDefined() and old.get() != name:
+        raise ConfigError(f"exactly.uid({name!r}, df): this step is already named "
+                          f"{old.get()!r}; a step has one uid")
+    node.setTagValue(tag, name)
+    return df
+
+
+def job_operators(df: DataFrame) -> list[JobOperator]:
+    """The stateful operators of a query that would run ``df``, with Spark's numbers and
+    the uids :func:`uid` gave them, in Spark's order (operator 0 first).
+
+    Raises ConfigError when two operators share a uid or when uids were given but Spark's
+    plan cannot be paired with the DataFrame's steps.
+    """
+    qe = df._jdf.queryExecution()
+    analyzed = qe.analyzed()
+    tag = _tag(df.sparkSession._jvm)
+    logical = _logical_stateful(analyzed, [])
+    physical_all = _physical_stateful(qe.queryExecutionForExplain().executedPlan(), [])
+    physical: list[tuple[int, str, Any]] = []
+    for op in physical_all:
+        if op[0] not in {p[0] for p in physical}:
+            physical.append(op)
+    uids = []
+    for node in logical:
+        value = node.getTagValue(tag)
+        uids.append(value.get() if value.isDefined() else None)
+    named = [u for u in uids if u is not None]
+    duplicates = sorted({u for u in named if named.count(u) > 1})
+    if duplicates:
+        raise ConfigError(f"operator uid {duplicates[0]!r} is given to more than one stateful "
+                          "step; every uid must be unique in a job")
+    paired = len(logical) == len(physical) and all(
+        any(word in phys for word in _KINDS[node.nodeName()])
+        for node, (_, phys, _) in zip(logical, physical, strict=True))
+    if not paired:
+        if named:
+            raise ConfigError(
+                "cannot pair the job's named stateful steps "
+                f"({', '.join(n.nodeName() for n in logical) or 'none'}) with the stateful "
+                f"operators Spark plans ({', '.join(p for _, p, _ in physical) or 'none'}): "
+                "Spark's optimizer merged or removed a step. Give uids only to steps Spark "
+                "keeps (e.g. do not aggregate an aggregate by the same key)")
+        return [JobOperator(op_id, phys, "", None, *_schemas(node))
+                for op_id, phys, node in physical]
+    return [JobOperator(op_id, phys, lnode.nodeName(), u, *_schemas(pnode))
+            for lnode, (op_id, phys, pnode), u in zip(logical, physical, uids, strict=True)]

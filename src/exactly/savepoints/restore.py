@@ -1,0 +1,414 @@
+"""Restoring a savepoint into a new checkpoint, mapping operators by uid.
+
+:func:`plan_restore` decides, before anything is written, what happens to every operator:
+
+* **restored**: a savepoint operator whose uid (or, without uids, whose position and kind)
+  matches an operator of the job. Its state moves to the job's operator number; it is
+  *copied* when the partitions and the state backend stay, *rewritten* through Spark's
+  providers (:mod:`~exactly.savepoints.state_writer`) when either changes, or *repartitioned*
+  by Spark's own offline repartition (``transformWithState`` state, RocksDB only);
+* **dropped**: a savepoint operator the job no longer has: refused unless
+  ``allow_non_restored_state`` (Flink's ``--allow-non-restored-state``);
+* **new**: a job operator the savepoint does not have: it starts with empty state (for
+  aggregations and deduplications; other kinds are refused).
+
+Every refusal happens here and names the operator, so a restore either writes a complete
+checkpoint or nothing. :func:`restore_into` then writes the new checkpoint: a new query id,
+the savepoint's offsets and commits (N-1, N) with the target partitions and state backend,
+and state version N+1 of every restored and new operator. The savepoint is only read
+(``no_claim``) unless the restore mode is ``claim``, which deletes it once the restore
+completed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exactly.errors import SavepointError
+from exactly.fsutil import atomic_write_json, read_json
+from exactly.logs import log_event
+from exactly.protocol.faults import fault_from, maybe_crash, register_point
+from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo, read_manifest
+from exactly.savepoints.operators import JobOperator
+from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger("exactly.savepoints")
+
+PROVIDERS = {
+    "hashmap": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+#: Spark's physical operator -> the name its operator metadata records
+METADATA_NAMES = {
+    "StateStoreSave": "stateStoreSave",
+    "StreamingDeduplicate": "dedupe",
+    "StreamingDeduplicateWithinWatermark": "dedupeWithinWatermark",
+    "TransformWithStateInPySpark": "transformWithStateInPandasExec",
+    "TransformWithState": "transformWithStateExec",
+    "StreamingSymmetricHashJoin": "symmetricHashJoin",
+    "FlatMapGroupsWithState": "flatMapGroupsWithState",
+    "SessionWindowStateStoreSave": "sessionWindowStateStoreSaveExec",
+}
+#: operators a restore can start empty: one default store, operator metadata version 1
+EMPTY_START = ("stateStoreSave", "dedupe", "dedupeWithinWatermark")
+RESTORE_MARKER = "restore.json"
+#: crash point (``EXACTLY_FAULT``): state written, the restore not yet recorded done
+RESTORED_STATE = register_point("restore.state", on_driver=True,
+                                description="restored state written, restore not recorded")
+
+
+class RestoreMode(str, Enum):
+    """Flink's restore modes: ``no_claim`` never changes the savepoint and does not depend
+    on it afterwards; ``claim`` takes it over: it is deleted once the restore completed
+    (files are copied first, so a crash while restoring can redo the restore)."""
+
+    NO_CLAIM = "no_claim"
+    CLAIM = "claim"
+
+
+class Method(str, Enum):
+    COPY = "copy"  # same partitions, same backend: the files, renumbered
+    REWRITE = "rewrite"  # exactly's state writer: other partitions and/or backend
+    REPARTITION = "repartition"  # Spark's offline repartition (RocksDB only)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A restored operator: savepoint operator -> job operator, and how."""
+
+    old: OperatorInfo
+    new: JobOperator
+    method: Method
+
+
+@dataclass
+class RestorePlan:
+    savepoint: Path
+    manifest: Manifest
+    partitions: int
+    backend: str
+    moves: list[Move] = field(default_factory=list)
+    dropped: list[OperatorInfo] = field(default_factory=list)
+    new: list[JobOperator] = field(default_factory=list)
+
+    @property
+    def spark_repartition(self) -> bool:
+        return any(m.method is Method.REPARTITION for m in self.moves)
+
+    def describe(self) -> dict[str, Any]:
+        return {"savepoint": str(self.savepoint), "epoch": self.manifest.epoch,
+                "partitions": f"{self.manifest.shuffle_partitions}->{self.partitions}",
+                "backend": f"{self.manifest.state_backend}->{self.backend}",
+                "restored": [f"{m.old.label}: #{m.old.operator_id}->#{m.new.operator_id} "
+                             f"({m.method.value})" for m in self.moves],
+                "dropped": [o.label for o in self.dropped],
+                "new": [o.uid or f"#{o.operator_id}" for o in self.new]}
+
+
+def _kind(op: JobOperator) -> str:
+    return METADATA_NAMES.get(op.physical, op.physical)
+
+
+def _match(manifest: Manifest, job_ops: list[JobOperator]) -> tuple[
+        list[tuple[OperatorInfo, JobOperator]], list[OperatorInfo], list[JobOperator]]:
+    """Pair savepoint operators with job operators: by uid; a savepoint operator without a
+    uid (taken before the job named its steps) by its number, with a job operator of the same
+    kind whose uid no savepoint operator has."""
+    pairs: list[tuple[OperatorInfo, JobOperator]] = []
+    taken: set[int] = set()
+    unmatched: list[OperatorInfo] = []
+    saved_uids = {op.uid for op in manifest.operators if op.uid is not None}
+    by_uid = {op.uid: op for op in job_ops if op.uid is not None}
+    by_id = {op.operator_id: op for op in job_ops if op.uid not in saved_uids}
+    for old in sorted(manifest.operators, key=lambda o: o.uid is None):
+        new = by_uid.get(old.uid) if old.uid is not None else by_id.get(old.operator_id)
+        if new is None or new.operator_id in taken:
+            unmatched.append(old)
+            continue
+        if _kind(new) != old.name:
+            if old.uid is None:
+                unmatched.append(old)
+                continue
+            raise SavepointError(
+                f"operator {old.label} was a {old.name} in the savepoint and is a "
+                f"{_kind(new)} in the job: a uid must keep naming the same kind of step; "
+                "give the new step another uid")
+        _check_schemas(old, new)
+        pairs.append((old, new))
+        taken.add(new.operator_id)
+    new_ops = [op for op in job_ops if op.operator_id not in taken]
+    return pairs, unmatched, new_ops
+
+
+def _types(schema_json: str) -> list[str]:
+    from pyspark.sql.types import StructType
+
+    return [f.dataType.simpleString() for f in StructType.fromJson(json.loads(schema_json)).fields]
+
+
+def _shown(schema_json: str) -> str:
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(schema_json)).simpleString()
+
+
+def _check_schemas(old: OperatorInfo, new: JobOperator) -> None:
+    """Refuse a named step whose state key or value schema changed (as Spark would at its
+    first epoch), before anything is written, showing both schemas."""
+    if len(old.stores) != 1:
+        return
+    store = old.stores[0]
+    for what, before, after in (("key", store.key_schema, new.key_schema),
+                                ("value", store.value_schema, new.value_schema)):
+        if before and after and _types(before) != _types(after):
+            raise SavepointError(
+                f"operator {old.label}: its state {what} schema changed from "
+                f"{_shown(before)} (savepoint) to {_shown(after)} (job); Spark cannot read "
+                "the old state with the new schema. Keep the step's state as it was, or give "
+                "the changed step a new uid (it then starts empty; restore with "
+                "--allow-non-restored-state to drop the old one)")
+
+
+def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator], *,
+                 partitions: int | None, backend: str,
+                 allow_non_restored_state: bool = False) -> RestorePlan:
+    """Decide every operator's fate (module docstring); raises SavepointError on what
+    cannot be restored, naming the operator and the way out."""
+    if backend not in PROVIDERS:
+        raise SavepointError(f"unknown state backend {backend!r}: hashmap | rocksdb")
+    target = partitions or manifest.shuffle_partitions
+    plan = RestorePlan(savepoint, manifest, target, backend)
+    pairs, unmatched, plan.new = _match(manifest, job_ops)
+    if unmatched and not allow_non_restored_state:
+        names = ", ".join(o.label for o in unmatched)
+        raise SavepointError(
+            f"the savepoint holds state of operator(s) {names} that the job no longer has. "
+            "Restore with --allow-non-restored-state to drop that state, or give the job's "
+            "step the same uid (exactly.uid)")
+    plan.dropped = unmatched
+    for op in plan.new:
+        if _kind(op) not in EMPTY_START:
+            raise SavepointError(
+                f"the job's operator {op.uid or '#' + str(op.operator_id)} ({op.physical}) is "
+                "not in the savepoint, and only aggregations and deduplications can start "
+                "empty in a restored job; restore the job without it, then add it from a "
+                "fresh checkpoint")
+    rescale = target != manifest.shuffle_partitions
+    switch = backend != manifest.state_backend
+    for old, new in pairs:
+        if not rescale and not switch:
+            method = Method.COPY
+        elif old.metadata_version == 1 and len(old.stores) == 1:
+            method = Method.REWRITE
+        elif manifest.state_backend == backend == "rocksdb":
+            method = Method.REPARTITION
+        else:
+            raise SavepointError(
+                f"operator {old.label} ({old.name}) cannot be restored into the "
+                f"{backend} state backend from {manifest.state_backend}: only RocksDB holds "
+                "its kind of state (transformWithState needs RocksDB; joins switch no backend)")
+        plan.moves.append(Move(old, new, method))
+    if plan.spark_repartition:
+        # Spark's repartition rewrites every operator of the checkpoint at once
+        plan.moves = [Move(m.old, m.new, Method.REPARTITION) for m in plan.moves]
+    return plan
+
+
+# -- writing the new checkpoint ---------------------------------------------------------------
+def _is_fresh(directory: Path) -> bool:
+    if not directory.exists():
+        return True
+    return not any(p.name in ("metadata", "offsets", "commits", "state", "sources")
+                   for p in directory.iterdir())
+
+
+def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
+    lines = text.split("\n")
+    meta = json.loads(lines[1])
+    meta.setdefault("conf", {}).update(conf)
+    lines[1] = json.dumps(meta, separators=(",", ":"))
+    return "\n".join(lines)
+
+
+def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> str:
+    info = {"operatorInfo": {"operatorId": op_id, "operatorName": name},
+            "stateStoreInfo": [{"storeName": s, "numColsPrefixKey": 0,
+                                "numPartitions": partitions} for s in stores]}
+    return "v1\n" + json.dumps(info, separators=(",", ":"))
+
+
+def _renumber_v2(text: str, new_root: str, new_id: int) -> str:
+    """Operator metadata v2 (transformWithState) for operator ``new_id`` of the checkpoint at
+    ``new_root``: its state schema paths are absolute and must point into the new one."""
+    lines = text.split("\n")
+    meta = json.loads(lines[1])
+    meta["operatorInfo"]["operatorId"] = new_id
+    for store in meta.get("stateStoreInfo", []):
+        store["stateSchemaFilePaths"] = [_relocate(p, new_root, new_id)
+                                         for p in store.get("stateSchemaFilePaths", [])]
+    lines[1] = json.dumps(meta, separators=(",", ":"))
+    return "\n".join(lines)
+
+
+_SCHEMA_PATH = re.compile(r"^.*/state/\d+/(_stateSchema/.*)$")
+
+
+def _relocate(path: str, new_root: str, new_id: int) -> str:
+    match = _SCHEMA_PATH.match(path)
+    if match is None:
+        raise SavepointError(f"unexpected state schema path {path} in operator metadata")
+    return f"{new_root}/state/{new_id}/{match.group(1)}"
+
+
+def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> None:
+    for path in sorted(p for p in src_op.rglob("*") if p.is_file()):
+        relative = path.relative_to(src_op)
+        target = dst_op / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if relative.parts[:1] == ("_metadata",) and relative.name == "metadata":
+            lines = path.read_text().split("\n")
+            meta = json.loads(lines[1])
+            meta["operatorInfo"]["operatorId"] = new_id
+            target.write_text(lines[0] + "\n" + json.dumps(meta, separators=(",", ":")))
+        elif relative.parts[:2] == ("_metadata", "v2"):
+            target.write_text(_renumber_v2(path.read_text(), new_root, new_id))
+        else:
+            shutil.copyfile(path, target)
+
+
+def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path, *,
+                 mode: RestoreMode = RestoreMode.NO_CLAIM, query_id: str | None = None,
+                 before_done: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write the new checkpoint at ``checkpoint`` as ``plan`` says; returns what was done.
+
+    The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``). A
+    marker in ``exactly-job/restore.json`` records the restore; a crash before it completes
+    leaves a marker the next attempt recognises and redoes from scratch. ``before_done``
+    runs last, before the marker says done (the sink's take-over); what it returns is
+    recorded.
+    """
+    from exactly.savepoints import state_writer
+
+    dest = Path(checkpoint)
+    marker = dest / "exactly-job" / RESTORE_MARKER
+    previous = read_json(marker) if marker.exists() else None
+    if isinstance(previous, dict) and previous.get("state") == "in-progress":
+        for name in ("metadata", "offsets", "commits", "state", "sources"):
+            target = dest / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+    if not _is_fresh(dest):
+        raise SavepointError(
+            f"{dest} already holds a query's checkpoint: a savepoint is restored into a new "
+            "checkpoint directory (give another --checkpoint)")
+    dest.mkdir(parents=True, exist_ok=True)
+    query_id = query_id or str(uuid.uuid4())
+    atomic_write_json(marker, {"state": "in-progress", "savepoint": str(plan.savepoint),
+                               "epoch": plan.manifest.epoch, "query_id": query_id})
+    manifest = plan.manifest
+    source = plan.savepoint / CHECKPOINT_DIR
+    epoch = manifest.epoch
+    claim = mode is RestoreMode.CLAIM
+    repartition = plan.spark_repartition
+    # Spark's repartition starts from the savepoint's own partitions and backend
+    partitions = manifest.shuffle_partitions if repartition else plan.partitions
+    conf = {SHUFFLE_KEY: str(partitions), PROVIDER_KEY: PROVIDERS[plan.backend]}
+    (dest / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+    for log in ("offsets", "commits"):
+        (dest / log).mkdir(exist_ok=True)
+        for n in (epoch - 1, epoch):
+            path = source / log / str(n)
+            if not path.is_file():
+                continue
+            text = path.read_text()
+            (dest / log / str(n)).write_text(_rewrite_offsets(text, conf) if log == "offsets"
+                                             else text)
+    if (source / "sources").is_dir():
+        shutil.copytree(source / "sources", dest / "sources")
+    state_conf = {**manifest.sql_conf, **conf}
+    new_root = "file:" + str(dest.absolute())
+    for move in plan.moves:
+        src_op = source / "state" / str(move.old.operator_id)
+        dst_op = dest / "state" / str(move.new.operator_id)
+        if move.method in (Method.COPY, Method.REPARTITION):
+            _copy_operator(src_op, dst_op, move.new.operator_id, new_root)
+            continue
+        store = move.old.stores[0].name
+        rows = (spark.read.format("statestore").option("batchId", epoch)
+                .option("operatorId", move.old.operator_id).option("storeName", store)
+                .load(str(source)))
+        written = state_writer.write_store(
+            spark, state_writer.with_partitions(rows, plan.partitions),
+            f"{new_root}/state", move.new.operator_id, store, epoch + 1, plan.partitions,
+            state_conf)
+        if written != move.old.stores[0].rows:
+            raise SavepointError(f"operator {move.old.label}: wrote {written} state rows, the "
+                                 f"savepoint holds {move.old.stores[0].rows}")
+        (dst_op / "_metadata").mkdir(parents=True, exist_ok=True)
+        (dst_op / "_metadata" / "metadata").write_text(_v1_metadata(
+            move.new.operator_id, move.old.name, [store], plan.partitions))
+        schema = src_op / "0" / "_metadata" / "schema"
+        if schema.is_file():
+            (dst_op / "0" / "_metadata").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(schema, dst_op / "0" / "_metadata" / "schema")
+    version = epoch + 1
+    if repartition:
+        spark._streamingCheckpointManager.repartition(new_root, plan.partitions)
+        version = epoch + 2  # Spark's repartition batch N+1 holds state version N+2
+        state_conf = {**state_conf, SHUFFLE_KEY: str(plan.partitions)}
+        for op_dir in (dest / "state").iterdir():  # partitions the new count no longer has
+            for part in op_dir.iterdir():
+                if part.name.isdigit() and int(part.name) >= plan.partitions:
+                    shutil.rmtree(part)
+            v1 = op_dir / "_metadata" / "metadata"  # Spark updates only versioned metadata
+            if v1.is_file():
+                lines = v1.read_text().split("\n")
+                meta = json.loads(lines[1])
+                for store in meta.get("stateStoreInfo", []):
+                    store["numPartitions"] = plan.partitions
+                v1.write_text(lines[0] + "\n" + json.dumps(meta, separators=(",", ":")))
+    for op in plan.new:
+        state_writer.write_store(spark, state_writer.empty_rows(spark), f"{new_root}/state",
+                                 op.operator_id, "default", version, plan.partitions,
+                                 state_conf)
+        meta = dest / "state" / str(op.operator_id) / "_metadata"
+        meta.mkdir(parents=True, exist_ok=True)
+        (meta / "metadata").write_text(_v1_metadata(op.operator_id, _kind(op), ["default"],
+                                                    plan.partitions))
+    maybe_crash(fault_from(), RESTORED_STATE, epoch)
+    sink = before_done() if before_done is not None else {}
+    done = {"state": "done", "savepoint": str(plan.savepoint), "epoch": epoch,
+            "query_id": query_id, "savepoint_query_id": manifest.query_id,
+            "mode": mode.value, **plan.describe(), **sink}
+    atomic_write_json(marker, done)
+    if claim:  # the job has taken the savepoint over: it is not restored again
+        shutil.rmtree(plan.savepoint, ignore_errors=True)
+    log_event(logger, "savepoint_restored", checkpoint=str(dest), **plan.describe())
+    return done
+
+
+def restore(spark: SparkSession, savepoint: str | Path, checkpoint: str | Path,
+            job_ops: list[JobOperator], *, partitions: int | None, backend: str,
+            allow_non_restored_state: bool = False,
+            mode: RestoreMode = RestoreMode.NO_CLAIM) -> dict[str, Any]:
+    """Check the savepoint, plan the restore against the job's operators and write the new
+    checkpoint (the Python API of ``exactly run -s``)."""
+    path = Path(savepoint)
+    manifest = read_manifest(path)
+    plan = plan_restore(manifest, path, job_ops, partitions=partitions, backend=backend,
+                        allow_non_restored_state=allow_non_restored_state)
+    return restore_into(spark, plan, checkpoint, mode=mode)

@@ -1,0 +1,137 @@
+"""Writing state rows into a checkpoint through Spark's own state store providers.
+
+Spark can read any operator's state (``format("statestore")``) but writes it back only for
+RocksDB and only in place (its offline repartition). Restoring a savepoint into another
+number of partitions or another state backend needs a writer for both providers; it is the
+small Java class ``jvm/StateWriter.java`` (shipped with this package, compiled against the
+installed PySpark's jars on first use and cached), which hands every row to Spark's provider
+(``put`` and ``commit``), so the files are Spark's own format:
+
+* RocksDB: an empty store at version N, the rows, ``commit`` -> version N+1;
+* hashmap (HDFS-backed): the provider's version 0 plus the rows, ``commit`` -> ``1.delta``
+  holding puts only, which is byte for byte the layout of a snapshot, renamed to
+  ``<N+1>.snapshot``.
+
+Rows go to partition ``pmod(hash(key fields), n)``: Spark's hash partitioning of a stateful
+operator's keys (Murmur3, seed 42), so every key lands where the restarted query looks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exactly.cache import user_cache
+from exactly.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SOURCE = Path(__file__).parent / "jvm" / "StateWriter.java"
+CLASS = "dev.exactly.state.StateWriter"
+
+
+def cache_dir() -> Path:
+    return user_cache("jvm")
+
+
+def _pyspark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def jar_path() -> Path:
+    """Where the compiled writer for this source and this PySpark lives."""
+    import pyspark
+
+    digest = hashlib.sha256(SOURCE.read_bytes() + pyspark.__version__.encode()).hexdigest()
+    return cache_dir() / f"exactly-state-{digest[:16]}.jar"
+
+
+def ensure_jar() -> Path | None:
+    """The writer's jar, compiled now if needed; None when no ``javac`` is installed (only
+    restores that rewrite state need it; they then fail naming the fix)."""
+    target = jar_path()
+    if target.is_file():
+        return target
+    javac = shutil.which("javac")
+    if javac is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="exactly-javac-") as tmp:
+        classes = Path(tmp) / "classes"
+        classes.mkdir()
+        result = subprocess.run(
+            [javac, "-nowarn", "-cp", str(_pyspark_jars() / "*"), "-d", str(classes),
+             str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise ConfigError(f"compiling {SOURCE.name} against PySpark's jars failed:\n"
+                              f"{result.stdout}{result.stderr}")
+        staged = Path(tmp) / target.name
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
+            for path in sorted(classes.rglob("*.class")):
+                jar.write(path, path.relative_to(classes).as_posix())
+        shutil.move(str(staged), target)
+    return target
+
+
+def _jvm(spark: SparkSession) -> Any:
+    jvm = spark._jvm
+    if jvm is None:
+        raise ConfigError("the state writer needs a classic (non-Connect) Spark session")
+    return jvm
+
+
+def writer_class(spark: SparkSession) -> Any:
+    """The JVM class, or a ConfigError naming the fix when the session lacks it."""
+    from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+    cls = _jvm(spark).dev.exactly.state.StateWriter
+    if not isinstance(cls, JavaClass):
+        raise ConfigError(
+            "this Spark session lacks exactly's state writer (needed to rescale or switch the "
+            "state backend of a savepoint): start the session with exactly.spark_session() "
+            f"or add {jar_path()} to spark.jars (it is compiled on first use; a JDK with "
+            "javac is needed once)")
+    return cls
+
+
+def with_partitions(state: DataFrame, partitions: int) -> DataFrame:
+    """``state`` (columns key, value as ``format("statestore")`` reads them) with the
+    partition Spark's hash partitioning gives each key for ``partitions`` partitions."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    key_type = state.schema["key"].dataType
+    assert isinstance(key_type, StructType)
+    fields = [F.col(f"key.`{f.name}`") for f in key_type.fields]
+    partition = F.pmod(F.hash(*fields), F.lit(partitions)).cast("int")
+    return state.select(partition.alias("partition_id"), "key", "value")
+
+
+def write_store(spark: SparkSession, rows: DataFrame, state_root: str, operator_id: int,
+                store_name: str, version: int, partitions: int,
+                state_conf: dict[str, str]) -> int:
+    """Write ``rows`` (partition_id, key, value) as ``version`` of one store; every one of
+    the ``partitions`` partitions gets that version, empty or not. Returns the row count.
+    ``state_conf`` are the SQL settings of the target checkpoint's offsets entry (provider,
+    compression, format versions)."""
+    cls = writer_class(spark)
+    conf = _jvm(spark).java.util.HashMap()
+    for key, value in state_conf.items():
+        conf.put(key, value)
+    return int(cls.write(rows._jdf, state_root, operator_id, store_name, version, partitions,
+                         conf))
+
+
+def empty_rows(spark: SparkSession) -> DataFrame:
+    """No rows, for a store that starts empty (an operator new in a restored job): the
+    schemas do not matter for a store without rows."""
+    return spark.createDataFrame(
+        [], "partition_id int, key struct<k: int>, value struct<v: int>")

@@ -1,0 +1,285 @@
+"""Taking a savepoint: a self-contained copy of a checkpoint's last completed epoch.
+
+What is copied for epoch N (the newest epoch with a ``commits/N`` entry):
+
+* ``metadata``, ``offsets/`` and ``commits/`` N-1 and N (Spark restarts from the last two
+  offsets entries), ``sources/`` entries up to N;
+* for every stateful operator and state store, the files that load state version N+1 (the
+  state after epoch N) and nothing newer: for the hashmap provider the newest snapshot at or
+  below N+1 and the deltas after it; for RocksDB ``N+1.zip`` (or the newest zip below it and
+  the changelogs after it) and the SST files those versions list; the operator's metadata
+  and schema files.
+
+Checksum files (``.crc``) are not copied: the manifest's SHA-256 of every file replaces them.
+Files of a completed epoch never change, so this runs while the job keeps running; Spark
+deletes old versions only after ``minBatchesToRetain`` (100) newer epochs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exactly.errors import SavepointError
+from exactly.logs import log_event
+from exactly.protocol.faults import fault_from, maybe_crash, register_point
+from exactly.savepoints.manifest import (
+    CHECKPOINT_DIR,
+    Manifest,
+    OperatorInfo,
+    SinkInfo,
+    StoreInfo,
+    inprogress_dir,
+    publish,
+    write_manifest,
+)
+from exactly.spark.checkpoint import batch_numbers, local_checkpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from exactly.savepoints.operators import JobOperator
+
+logger = logging.getLogger("exactly.savepoints")
+
+#: crash points (``EXACTLY_FAULT``) of taking a savepoint, for the crash tests
+COPIED = register_point("savepoint.copied", on_driver=True,
+                        description="savepoint files copied, no manifest yet")
+WRITTEN = register_point("savepoint.written", on_driver=True,
+                         description="manifest written, not yet renamed to its final name")
+
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+SHUFFLE_KEY = "spark.sql.shuffle.partitions"
+FORMAT_VERSION_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+_VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
+
+
+def backend_name(provider: str) -> str:
+    return "rocksdb" if "RocksDB" in provider else "hashmap"
+
+
+def last_completed_epoch(checkpoint: Path) -> int | None:
+    """The newest epoch with both an ``offsets`` and a ``commits`` entry."""
+    commits = set(batch_numbers(str(checkpoint), "commits"))
+    offsets = set(batch_numbers(str(checkpoint), "offsets"))
+    done = sorted(commits & offsets)
+    return done[-1] if done else None
+
+
+def offsets_entry(checkpoint: Path, epoch: int) -> tuple[dict[str, Any], list[Any]]:
+    """(metadata, source offsets) of ``offsets/<epoch>``."""
+    lines = (checkpoint / "offsets" / str(epoch)).read_text().split("\n")
+    meta = json.loads(lines[1])
+    sources = [None if line == "-" else json.loads(line) for line in lines[2:] if line]
+    return meta, sources
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _data_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.endswith(".crc")
+                  and not p.name.startswith("."))
+
+
+def _store_dirs(partition: Path) -> list[Path]:
+    """The directories holding version files of a partition (the partition itself for the
+    default store, a sub-directory per named store, e.g. a join's four stores)."""
+    dirs = [partition] if any(_VERSION_FILE.match(p.name) for p in partition.iterdir()) else []
+    for sub in sorted(p for p in partition.iterdir() if p.is_dir()):
+        if sub.name not in ("_metadata", "SSTs") and any(
+                _VERSION_FILE.match(p.name) for p in sub.iterdir()):
+            dirs.append(sub)
+    return dirs
+
+
+def _versions(store: Path) -> dict[int, dict[str, Path]]:
+    found: dict[int, dict[str, Path]] = {}
+    for path in store.iterdir():
+        match = _VERSION_FILE.match(path.name)
+        if match:
+            found.setdefault(int(match.group(1)), {})[match.group(2)] = path
+    return found
+
+
+def _needed_files(store: Path, version: int) -> list[Path]:
+    """The files of ``store`` that load ``version`` and nothing newer."""
+    versions = _versions(store)
+    if any("zip" in kinds or "changelog" in kinds for kinds in versions.values()):
+        return _rocksdb_files(store, versions, version)
+    snapshots = [v for v, kinds in versions.items() if "snapshot" in kinds and v <= version]
+    base = max(snapshots) if snapshots else 0
+    files = [versions[base]["snapshot"]] if snapshots else []
+    for v in range(base + 1, version + 1):
+        delta = versions.get(v, {}).get("delta")
+        if delta is None:
+            raise SavepointError(f"state version {version} of {store} cannot be loaded: "
+                                 f"{v}.delta is missing (deleted by Spark's retention?)")
+        files.append(delta)
+    return files
+
+
+def _rocksdb_files(store: Path, versions: dict[int, dict[str, Path]],
+                   version: int) -> list[Path]:
+    zips = [v for v, kinds in versions.items() if "zip" in kinds and v <= version]
+    if not zips:
+        raise SavepointError(f"state version {version} of {store} cannot be loaded: no "
+                             "RocksDB snapshot (.zip) at or below it")
+    base = max(zips)
+    files = [versions[base]["zip"]]
+    for v in range(base + 1, version + 1):
+        changelog = versions.get(v, {}).get("changelog")
+        if changelog is None:
+            raise SavepointError(f"state version {version} of {store} cannot be loaded: "
+                                 f"{v}.changelog is missing")
+        files.append(changelog)
+    with zipfile.ZipFile(versions[base]["zip"]) as archive:
+        lines = archive.read("metadata").decode().split("\n")
+    listed = json.loads(lines[1]).get("sstFiles", [])
+    for sst in listed:
+        path = store / "SSTs" / sst["dfsSstFileName"]
+        if not path.is_file():
+            raise SavepointError(f"state version {version} of {store} lists {path.name}, "
+                                 "which is missing")
+        files.append(path)
+    return files
+
+
+def copy_epoch(checkpoint: Path, epoch: int, dest: Path, partitions: int) -> None:
+    """Copy what Spark needs to restart after ``epoch`` from ``checkpoint`` to ``dest``
+    (state partitions 0..``partitions``-1: a rescaled checkpoint keeps stale higher ones)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    _copy(checkpoint / "metadata", dest / "metadata")
+    for log in ("offsets", "commits"):
+        for n in (epoch - 1, epoch):
+            if n >= 0 and (checkpoint / log / str(n)).is_file():
+                _copy(checkpoint / log / str(n), dest / log / str(n))
+    sources = checkpoint / "sources"
+    if sources.is_dir():
+        for path in _data_files(sources):
+            if not path.name.isdigit() or int(path.name) <= epoch:
+                _copy(path, dest / path.relative_to(checkpoint))
+    state = checkpoint / "state"
+    if not state.is_dir():
+        return
+    version = epoch + 1
+    for op_dir in sorted(p for p in state.iterdir() if p.is_dir() and p.name.isdigit()):
+        for meta_name in ("_metadata", "_stateSchema"):
+            meta = op_dir / meta_name
+            if meta.is_dir():
+                for path in _data_files(meta):
+                    if meta_name == "_metadata" and path.parent.name == "v2" and (
+                            path.name.isdigit() and int(path.name) > epoch):
+                        continue
+                    _copy(path, dest / path.relative_to(checkpoint))
+        for part in sorted(p for p in op_dir.iterdir() if p.is_dir() and p.name.isdigit()
+                           and int(p.name) < partitions):
+            schema_dir = part / "_metadata"
+            if schema_dir.is_dir():
+                for path in _data_files(schema_dir):
+                    _copy(path, dest / path.relative_to(checkpoint))
+            for store in _store_dirs(part):
+                for path in _needed_files(store, version):
+                    _copy(path, dest / path.relative_to(checkpoint))
+
+
+def operator_infos(spark: SparkSession, location: Path, epoch: int,
+                   operators: list[JobOperator] | None) -> list[OperatorInfo]:
+    """The stateful operators of the checkpoint at ``location`` (a savepoint's copy), with
+    row counts and sizes read back from it (reading proves the copy loads)."""
+    if not (location / "state").is_dir():
+        return []
+    uids = {op.operator_id: op.uid for op in operators or []}
+    meta = spark.read.format("state-metadata").option("batchId", epoch).load(str(location))
+    infos: dict[int, OperatorInfo] = {}
+    for row in meta.collect():
+        op_id = int(row["operatorId"])
+        info = infos.setdefault(op_id, OperatorInfo(
+            operator_id=op_id, name=str(row["operatorName"]),
+            partitions=int(row["numPartitions"]), uid=uids.get(op_id),
+            metadata_version=2 if row["operatorProperties"] else 1))
+        store = StoreInfo(name=str(row["stateStoreName"]))
+        op_path = location / "state" / str(op_id)
+        store.bytes = sum(p.stat().st_size for p in op_path.rglob("*") if p.is_file())
+        if info.metadata_version == 1:
+            df = (spark.read.format("statestore").option("batchId", epoch)
+                  .option("operatorId", op_id).option("storeName", store.name)
+                  .load(str(location)))
+            store.key_schema = df.schema["key"].dataType.json()
+            store.value_schema = df.schema["value"].dataType.json()
+            store.rows = df.count()
+        else:
+            store.rows = _rocksdb_keys(op_path, epoch + 1)
+        info.stores.append(store)
+    return [infos[k] for k in sorted(infos)]
+
+
+def _rocksdb_keys(op_path: Path, version: int) -> int:
+    total = 0
+    for archive_path in op_path.rglob(f"{version}.zip"):
+        with zipfile.ZipFile(archive_path) as archive:
+            lines = archive.read("metadata").decode().split("\n")
+        total += int(json.loads(lines[1]).get("numKeys", 0))
+    return total
+
+
+def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLike[str], *,
+                   operators: list[JobOperator] | None = None,
+                   sinks: list[SinkInfo] | None = None, trigger: str = "savepoint",
+                   job: dict[str, Any] | None = None) -> Path:
+    """Take a savepoint of ``checkpoint``'s last completed epoch under ``target``; returns
+    its directory (``target/savepoint-<epoch>-<id>``).
+
+    Safe while the query runs. Raises SavepointError when no epoch has completed yet, the
+    checkpoint is not local, or a state version cannot be copied. A crash leaves only a
+    ``.inprogress`` directory, which restores refuse.
+    """
+    local = local_checkpoint(checkpoint)
+    if local is None or not local.is_dir():
+        raise SavepointError(f"savepoints need a local checkpoint directory; {checkpoint} is "
+                             "not one")
+    epoch = last_completed_epoch(local)
+    if epoch is None:
+        raise SavepointError(f"the job on {checkpoint} has not completed an epoch yet: a "
+                             "savepoint holds a completed epoch; try again after the first")
+    meta, sources = offsets_entry(local, epoch)
+    conf = {str(k): str(v) for k, v in meta.get("conf", {}).items()}
+    if conf.get(FORMAT_VERSION_KEY, "1") != "1":
+        raise SavepointError("savepoints support state checkpoint format version 1 (Spark's "
+                             f"default); this checkpoint uses {conf[FORMAT_VERSION_KEY]}")
+    savepoint_id = uuid.uuid4().hex[:12]
+    root = Path(target)
+    root.mkdir(parents=True, exist_ok=True)
+    work = inprogress_dir(root, epoch, savepoint_id)
+    work.mkdir()
+    copy_epoch(local, epoch, work / CHECKPOINT_DIR, int(conf.get(SHUFFLE_KEY, "200")))
+    fault = fault_from()
+    maybe_crash(fault, COPIED, epoch)
+    infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
+    query_id = json.loads((local / "metadata").read_text())["id"]
+    provider = conf.get(PROVIDER_KEY, "HDFSBackedStateStoreProvider")
+    manifest = Manifest(
+        savepoint_id=savepoint_id, epoch=epoch,
+        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+        query_id=query_id, trigger=trigger, spark_version=spark.version,
+        shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
+        state_backend=backend_name(provider), sql_conf=conf,
+        sources=[{"index": i, "offset": s} for i, s in enumerate(sources)],
+        operators=infos, sinks=list(sinks or []), job=dict(job or {}))
+    write_manifest(work, manifest)
+    maybe_crash(fault, WRITTEN, epoch)
+    final = publish(work)
+    log_event(logger, "savepoint_taken", path=str(final), epoch=epoch,
+              operators=len(infos), rows=sum(s.rows for o in infos for s in o.stores),
+              bytes=sum(f["size"] for f in manifest.files))
+    return final

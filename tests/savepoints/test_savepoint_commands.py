@@ -1,0 +1,121 @@
+"""The savepoint commands end to end, as a user runs them: ``exactly savepoint`` while the job
+runs, ``exactly stop --savepoint``, ``exactly savepoint --inspect``, ``exactly run -s`` with a
+new version of the job; and SIGKILLs of the driver while one is restored and while one is
+taken. Real Spark under ``exactly run``, real files; the audit counts every id."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exactly.audit import audit_ids, file_ids
+from exactly.savepoints.manifest import INPROGRESS_SUFFIX, read_manifest
+from exactly.testing.supervised import SupervisedRun
+
+JOB = Path(__file__).parent / "jobs" / "stateful_job.py"
+
+
+def env_for(out: Path, **extra: str) -> dict[str, str]:
+    """Input that keeps coming (200 rows/s of 10^6) in epochs of at most 400 rows."""
+    return {"JOB_KIND": "tws", "JOB_BACKEND": "rocksdb", "JOB_OUT": str(out),
+            "JOB_ROWS": "1000000", "JOB_RATE": "200", "JOB_MAX_ROWS": "400", "JOB_KEYS": "10",
+            **extra}
+
+
+def savepoint_path(stdout: str) -> Path:
+    match = re.search(r"savepoint (/\S+)", stdout)
+    assert match, stdout
+    return Path(match.group(1))
+
+
+def assert_prefix_once(out: Path) -> int:
+    """The ids written are 0..n-1, each once (epochs commit in order); returns n."""
+    ids = file_ids(out)[0]
+    assert len(ids) > 0
+    report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
+    assert report.ok, report.rows()
+    return len(ids)
+
+
+def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_through_a_crash(
+        tmp_path):
+    ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
+    run = SupervisedRun(JOB, ck, env_for(out), log=tmp_path / "run1.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        taken = run.command("savepoint", str(ck), str(target))
+        assert taken.returncode == 0, taken.stderr
+        running_sp = savepoint_path(taken.stdout)
+        at = read_manifest(running_sp).epoch
+        run.wait_for(lambda: max(run.committed_epochs()) > at + 1, "epochs after it")
+        stopped = run.command("stop", "--savepoint", str(target), str(ck))
+        assert stopped.returncode == 0, stopped.stderr
+        assert run.wait(timeout=120) == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    final_sp = savepoint_path(stopped.stdout)
+    manifest = read_manifest(final_sp)
+    assert manifest.trigger == "stop" and manifest.epoch == max(run.committed_epochs())
+    assert read_manifest(running_sp).trigger == "savepoint"
+    before = assert_prefix_once(out)  # everything up to the savepoint, once
+    inspected = run.command("savepoint", "--inspect", str(final_sp))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "complete" in inspected.stdout and "running" in inspected.stdout
+
+    # a new version (a dedup step before the running totals, 3 state partitions) goes on
+    # from the savepoint; its first driver is killed after writing the restored state, and
+    # the next one restores again from scratch
+    ck2 = tmp_path / "ck2"
+    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
+                  EXACTLY_FAULT_MARKER=str(tmp_path / "fired"))
+    again = SupervisedRun(JOB, ck2, env, "-s", str(final_sp), log=tmp_path / "run2.log")
+    try:
+        again.wait_for(lambda: max(again.committed_epochs(), default=-1) > manifest.epoch + 2,
+                       "epochs after the restore", timeout=240)
+        assert (tmp_path / "fired").exists()
+        assert [e["kind"] for e in again.history() if e["event"] == "failure"] == ["process"]
+        assert again.command("stop", str(ck2)).returncode == 0
+        assert again.wait(timeout=120) == 0, again.output()[-3000:]
+    finally:
+        again.close()
+    assert assert_prefix_once(out) > before  # went on from the savepoint: no gap, no repeat
+    restored = read_manifest(final_sp)  # no_claim: the savepoint is untouched
+    assert restored.files == manifest.files
+
+
+@pytest.mark.parametrize("point", [
+    "savepoint.copied",
+    pytest.param("savepoint.written", marks=pytest.mark.skipif(
+        not os.environ.get("EXACTLY_SLOW"), reason="second crash point: set EXACTLY_SLOW=1")),
+])
+def test_a_driver_killed_while_taking_a_savepoint_leaves_it_marked_incomplete(tmp_path, point):
+    ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
+    env = env_for(out, EXACTLY_FAULT=point, EXACTLY_FAULT_MARKER=str(tmp_path / "fired"))
+    run = SupervisedRun(JOB, ck, env, log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        first = run.status().driver.pid
+        # the driver dies mid-savepoint; the launcher starts a new one, which takes the
+        # still-pending request again
+        taken = run.command("savepoint", str(ck), str(target), timeout=300)
+        assert taken.returncode == 0, taken.stderr + run.output()[-3000:]
+        assert (tmp_path / "fired").exists() and run.status().driver.pid != first
+        assert run.command("stop", str(ck)).returncode == 0
+        assert run.wait(timeout=120) == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    assert assert_prefix_once(out) >= 2  # the new driver went on where the old one died
+    broken = [p for p in target.iterdir() if p.name.endswith(INPROGRESS_SUFFIX)]
+    complete = [p for p in target.iterdir() if not p.name.startswith(".")]
+    assert len(broken) == 1 and complete == [savepoint_path(taken.stdout)]
+    read_manifest(complete[0])
+    inspected = run.command("savepoint", "--inspect", str(broken[0]))
+    assert inspected.returncode != 0 and "incomplete savepoint" in inspected.stderr
+    refused = run.command("run", str(JOB), "--checkpoint", str(tmp_path / "ck2"), "-s",
+                          str(broken[0]))
+    assert refused.returncode != 0 and "incomplete savepoint" in refused.stderr
+    assert not (tmp_path / "ck2").exists()
