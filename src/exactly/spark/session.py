@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pyspark.sql import SparkSession
 
 from exactly.errors import ConfigError
+from exactly.spark.class_archive import with_driver_options
 from exactly.spark.formats import register
 
 #: environment variable naming the default master
@@ -111,7 +112,8 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     other setting. Settings apply when this call creates the session; an existing session
     is returned as it is, except for the SQL settings ``getOrCreate`` applies to it. Python
     workers run the interpreter of this process (``PYSPARK_PYTHON``), so they see the same
-    installed packages, exactly included.
+    installed packages, exactly included. The driver loads its classes from exactly's class
+    archive when one is built (:mod:`exactly.spark.class_archive`).
     """
     master = master or default_master()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -121,6 +123,7 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
                             adaptive=adaptive, conf=conf)
+    settings = with_driver_options(settings)  # the class archive, when built: a faster start
     jars = _with_state_writer(settings.get("spark.jars", ""))
     if jars:
         settings["spark.jars"] = jars

@@ -1,0 +1,170 @@
+"""A class-data-sharing archive of the driver's classes: a Spark driver that starts faster.
+
+A PySpark driver JVM loads tens of thousands of classes from PySpark's jars before its
+first epoch, and it does so again on every start: after every crash, on every restart of
+``exactly run``, in every test. The JDK can map classes from an archive instead of loading
+them (application class-data sharing, JDK 13+: ``-XX:ArchiveClassesAtExit`` writes one,
+``-XX:SharedArchiveFile`` uses it). :func:`build` writes one archive per PySpark version and
+Java runtime into exactly's cache (``scripts/setup.sh`` does it once); :func:`driver_options`
+gives the option that uses it, which :func:`exactly.spark_session` adds to
+``spark.driver.extraJavaOptions``.
+
+Guarantees: the archive changes how classes are loaded, never which: the JDK checks the
+archive against the running JVM and classpath and ignores one that does not match (then the
+driver starts as it would without it; its messages are switched off). A missing archive or
+``EXACTLY_CLASS_ARCHIVE=off`` leaves the driver's options alone. Executors of a cluster
+master are not touched (their classpath differs).
+
+``python -m exactly.spark.class_archive`` builds the archive if it is missing and prints its
+path (``--force`` rebuilds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from exactly.cache import user_cache
+from exactly.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: ``off`` (or ``0``, ``false``, ``no``) disables the archive
+ENV = "EXACTLY_CLASS_ARCHIVE"
+#: the JDK's messages about the archive stay out of the driver's stderr
+_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+_DISABLED = {"0", "off", "false", "no"}
+
+
+def java_binary() -> Path | None:
+    """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = Path(home) / "bin" / "java" if home else None
+    if found is None or not found.is_file():
+        which = shutil.which("java")
+        found = Path(which) if which else None
+    return found.resolve() if found else None
+
+
+def archive_path() -> Path | None:
+    """Where the archive for this PySpark and this Java runtime lives (None without java)."""
+    import pyspark
+
+    java = java_binary()
+    if java is None:
+        return None
+    stat = java.stat()
+    key = f"{pyspark.__version__}|{java}|{stat.st_size}|{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return user_cache("jvm") / f"spark-driver-{pyspark.__version__}-{digest}.jsa"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() not in _DISABLED
+
+
+def driver_options() -> str | None:
+    """The JVM options that load the driver's classes from the archive; None when it is
+    disabled or not built."""
+    if not enabled():
+        return None
+    path = archive_path()
+    if path is None or not path.is_file():
+        return None
+    return f"-XX:SharedArchiveFile={path} {_QUIET}"
+
+
+def with_driver_options(settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` with the archive's options appended to ``spark.driver.extraJavaOptions``
+    (a user's own options stay first; one that already names an archive is left alone)."""
+    options = driver_options()
+    current = settings.get("spark.driver.extraJavaOptions", "")
+    if options is None or "SharedArchiveFile" in current or "ArchiveClassesAtExit" in current:
+        return settings
+    return {**settings, "spark.driver.extraJavaOptions": f"{current} {options}".strip()}
+
+
+def build(*, force: bool = False, timeout: float = 600) -> Path | None:
+    """Write the archive (if missing, or ``force``) by running a short representative
+    workload in a driver that dumps its loaded classes at exit; returns its path, or None
+    without java. Written to a temporary name and renamed: a killed build leaves no archive.
+    Raises ConfigError naming the driver's output when the build fails."""
+    target = archive_path()
+    if target is None:
+        return None
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="exactly-cds-", dir=target.parent) as tmp:
+        staged = Path(tmp) / target.name
+        env = {**os.environ, ENV: "off", "PYSPARK_PYTHON": sys.executable}
+        result = subprocess.run(
+            [sys.executable, "-m", "exactly.spark.class_archive", "--workload", str(staged)],
+            capture_output=True, text=True, timeout=timeout, env=env)
+        if result.returncode != 0 or not staged.is_file():
+            raise ConfigError(f"building the driver's class archive failed (exit "
+                              f"{result.returncode}); run with {ENV}=off to do without it:\n"
+                              f"{result.stderr[-3000:]}")
+        os.replace(staged, target)
+    for old in target.parent.glob("spark-driver-*.jsa"):
+        if old != target:
+            old.unlink(missing_ok=True)  # other PySpark or Java versions: rebuilt when needed
+    return target
+
+
+def _workload(archive: Path) -> None:
+    """Run what a driver of exactly runs (a batch job with Arrow, a streaming aggregation on
+    RocksDB state from exactly's source into exactly's file sink), then end the JVM so that
+    it writes the archive of every class it loaded."""
+    from pyspark.sql import functions as F
+
+    from exactly.spark.session import spark_session
+
+    with tempfile.TemporaryDirectory(prefix="exactly-cds-run-") as tmp:
+        spark = spark_session(conf={
+            "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={archive} {_QUIET}",
+            "spark.sql.streaming.stateStore.providerClass":
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
+        spark.range(1000).groupBy((F.col("id") % 7).alias("k")).count().toPandas()
+        events = (spark.readStream.format("exactly.datagen")
+                  .option("rowsPerSecond", "0").option("totalRows", "2000").load())
+        written = (events.dropDuplicates(["id"]).writeStream.format("exactly.files")
+                   .option("path", f"{tmp}/out").option("checkpointLocation", f"{tmp}/ck1")
+                   .trigger(availableNow=True).start())
+        counted = (events.groupBy("key").agg(F.count("*").alias("n")).writeStream
+                   .format("noop").outputMode("update")
+                   .option("checkpointLocation", f"{tmp}/ck2")
+                   .trigger(availableNow=True).start())
+        written.awaitTermination()
+        counted.awaitTermination()
+        spark.stop()
+        gateway = spark.sparkContext._gateway
+        proc = getattr(gateway, "proc", None)
+        if proc is not None and proc.stdin is not None:
+            proc.stdin.close()  # the gateway JVM exits when its stdin closes, writing the archive
+            proc.wait(timeout=300)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exactly.spark.class_archive",
+                                     description="Build the Spark driver's class archive.")
+    parser.add_argument("--force", action="store_true", help="rebuild it even if it exists")
+    parser.add_argument("--workload", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.workload is not None:
+        _workload(args.workload)
+        return 0
+    path = build(force=args.force)
+    print(path if path is not None else "no java: no class archive")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
