@@ -278,8 +278,8 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="How long a stop waits for the epoch in flight before cancelling it.")
 @click.option("-s", "--from-savepoint", "savepoint", default=None,
               type=click.Path(exists=True, file_okay=False),
-              help="Restore this savepoint (or a savepoint-format directory) into the new "
-                   "checkpoint first.")
+              help="Restore this savepoint, or the last completed epoch of this retained "
+                   "checkpoint, into the new checkpoint first.")
 @click.option("--allow-non-restored-state", is_flag=True,
               help="Drop the savepoint's state of operators the job no longer has.")
 @click.option("--restore-mode", type=click.Choice(["no_claim", "claim"]), default="no_claim",
@@ -309,7 +309,7 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
     from exactly.ops.driver import DriverSpec
     from exactly.ops.launcher import launch
     from exactly.ops.restart import parse_option_pairs
-    from exactly.savepoints.job import RestoreRequest
+    from exactly.savepoints.job import RestoreRequest, is_checkpoint
     from exactly.savepoints.manifest import read_manifest
     from exactly.savepoints.restore import RestoreMode
     from exactly.savepoints.sinks import SinkRollback
@@ -318,7 +318,11 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     restore = None
     if savepoint is not None:
-        read_manifest(savepoint)  # a damaged or incomplete savepoint fails before Spark starts
+        if not is_checkpoint(Path(savepoint)):
+            read_manifest(savepoint)  # a damaged or incomplete one fails before Spark starts
+        elif restore_mode == "claim":
+            raise click.UsageError(f"{savepoint} is a checkpoint, which a restore only reads: "
+                                   "--restore-mode claim applies to savepoints")
         restore = RestoreRequest(str(Path(savepoint).absolute()), allow_non_restored_state,
                                  RestoreMode(restore_mode), parallelism,
                                  SinkRollback(sink_rollback)).to_json()

@@ -81,6 +81,23 @@ def test_transform_with_state_survives_every_restore_of_the_upgrade_path(
     done, _ = stage("ck5", sp4, 6 * STEP, allow_non_restored_state=True)
     assert done["dropped"] == ["dedup"]
 
+    # a retained checkpoint restores like a savepoint (-s CHECKPOINT) and is only read; ck5
+    # was not written by `exactly run`, so no uids were recorded: Spark's numbers map state
+    retained = tmp_path / "ck5"
+    listing = list_files(retained)
+    job = StatefulJob(spark, tmp_path / "ck6", **env)
+    with pytest.raises(SavepointError, match="restore-mode claim"):
+        job.restore(retained, 7 * STEP, mode=RestoreMode.CLAIM)
+    with pytest.raises(SavepointError, match="into a new checkpoint directory"):
+        StatefulJob(spark, retained, **env).restore(retained, 7 * STEP)
+    done = job.restore(retained, 7 * STEP)
+    assert done["savepoint"] == str(retained) and done["restored"] == [
+        "#0 (transformWithStateInPandasExec): #0->#0 (copy)"]
+    assert list_files(retained) == listing
+    assert not (tmp_path / "ck6" / "exactly-job" / "retained").exists()
+    job.run(7 * STEP)
+    assert_exactly_once(out, 7 * STEP)
+
 
 def test_one_savepoint_restored_twice_gives_equal_outputs_and_stays_unchanged(
         spark, tmp_path, savepoints):

@@ -5,6 +5,7 @@ taken. Real Spark under ``exactly run``, real files; the audit counts every id."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -82,9 +83,27 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
         assert again.wait(timeout=120) == 0, again.output()[-3000:]
     finally:
         again.close()
-    assert assert_prefix_once(out) > before  # went on from the savepoint: no gap, no repeat
+    after = assert_prefix_once(out)
+    assert after > before  # went on from the savepoint: no gap, no repeat
     restored = read_manifest(final_sp)  # no_claim: the savepoint is untouched
     assert restored.files == manifest.files
+
+    # the stopped job's checkpoint restores like a savepoint (-s CHECKPOINT), its state
+    # mapped by the uids its last driver recorded
+    ck3, last = tmp_path / "ck3", max(again.committed_epochs())
+    third = SupervisedRun(JOB, ck3, env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3"),
+                          "-s", str(ck2), log=tmp_path / "run3.log")
+    try:
+        third.wait_for(lambda: max(third.committed_epochs(), default=-1) > last + 1,
+                       "epochs after the restore of the checkpoint", timeout=240)
+        assert third.command("stop", str(ck3)).returncode == 0
+        assert third.wait(timeout=120) == 0, third.output()[-3000:]
+    finally:
+        third.close()
+    record = json.loads((ck3 / "exactly-job" / "restore.json").read_text())
+    assert record["savepoint"] == str(ck2) and record["epoch"] == last
+    assert sorted(record["restored"]) == ["dedup: #1->#1 (copy)", "running: #0->#0 (copy)"]
+    assert assert_prefix_once(out) > after
 
 
 @pytest.mark.parametrize("point", [

@@ -72,6 +72,13 @@ def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused
                                    "-s", str(incomplete)])
     assert refused.exit_code == 3 and "incomplete savepoint" in refused.output
     assert not (tmp_path / "ck").exists()  # refused before anything started
+    retained = tmp_path / "old-ck"
+    (retained / "offsets").mkdir(parents=True)
+    (retained / "metadata").write_text('{"id": "q"}\n')
+    claimed = runner.invoke(main, ["run", str(job), "--checkpoint", str(tmp_path / "ck"),
+                                   "-s", str(retained), "--restore-mode", "claim"])
+    assert claimed.exit_code == 2 and "a restore only reads" in claimed.output
+    assert not (tmp_path / "ck").exists()
     nothing = runner.invoke(main, ["savepoint"])
     assert nothing.exit_code == 2 and "give CHECKPOINT [TARGET]" in nothing.output
     other = runner.invoke(main, ["savepoint", "--dispose", str(tmp_path)])

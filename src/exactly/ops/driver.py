@@ -110,7 +110,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     supervisor does, SavepointError when the savepoint cannot be restored."""
     from exactly.ops.pacing import Pacer
     from exactly.savepoints.job import restore_job
-    from exactly.savepoints.operators import job_operators
+    from exactly.savepoints.operators import job_operators, record_operators
 
     job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint)
     if job.checkpoint.is_memory_storage:
@@ -123,8 +123,9 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
             log_event(logger, "restored", savepoint=restore.savepoint,
                       epoch=done.get("epoch"), restored=done.get("restored"),
                       dropped=done.get("dropped"), new=done.get("new"))
-    chosen = strategy or job.restart_strategy or default_strategy()
     directory = job_dir(job.checkpoint.storage)
+    record_operators(directory, operators)  # the uids a later `-s CHECKPOINT` maps state by
+    chosen = strategy or job.restart_strategy or default_strategy()
     # tell the launcher which strategy counts process restarts, and who the driver is
     _merge(directory, {"strategy": strategy_to_json(chosen),
                        "driver": current_process().to_json()})

@@ -8,6 +8,7 @@ The supervisor calls :func:`take_job_savepoint` for ``exactly savepoint`` and ``
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.errors import SavepointError
 from exactly.fsutil import read_json
-from exactly.savepoints.manifest import Manifest, read_manifest
+from exactly.savepoints.manifest import MANIFEST, Manifest, read_manifest
+from exactly.savepoints.operators import recorded_operators
 from exactly.savepoints.restore import (
     RESTORE_MARKER,
     RestoreMode,
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from exactly.ops.job import Job
     from exactly.savepoints.operators import JobOperator
 
+#: where a restore from a retained checkpoint stages its savepoint (in the new checkpoint's
+#: job directory)
+RETAINED_DIR = "retained"
+
 
 def default_target(checkpoint: str) -> Path:
     """Where savepoints go without a TARGET: ``<checkpoint>.savepoints`` beside the
@@ -37,20 +43,60 @@ def default_target(checkpoint: str) -> Path:
     return path.parent / f"{path.name}.savepoints"
 
 
+def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
+    """What a manifest records of the job a savepoint is taken from."""
+    from exactly.spark.runner import source_names
+
+    return {"checkpoint": str(Path(checkpoint.removeprefix("file:")).absolute()),
+            "query_name": job.query_name, "sink_format": job.sink_format,
+            "output_mode": job.output_mode, "sources": source_names(job.df)}
+
+
 def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
                        operators: list[JobOperator] | None) -> Path:
     """A savepoint of ``job``'s last completed epoch under ``target``."""
-    from exactly.spark.runner import source_names
-
     checkpoint = job.checkpoint.storage
-    spark = job.df.sparkSession
-    info: dict[str, Any] = {"checkpoint": str(Path(checkpoint.removeprefix("file:"))
-                                              .absolute()),
-                            "query_name": job.query_name, "sink_format": job.sink_format,
-                            "output_mode": job.output_mode,
-                            "sources": source_names(job.df)}
-    return take_savepoint(spark, checkpoint, target, operators=operators,
-                          sinks=[sink_info(job, checkpoint)], trigger=trigger, job=info)
+    return take_savepoint(job.df.sparkSession, checkpoint, target, operators=operators,
+                          sinks=[sink_info(job, checkpoint)], trigger=trigger,
+                          job=_job_info(job, checkpoint))
+
+
+def is_checkpoint(path: Path) -> bool:
+    """True for a Spark checkpoint directory (``metadata`` and ``offsets/``, no manifest):
+    ``-s`` restores a retained checkpoint as well as a savepoint."""
+    return (not (path / MANIFEST).exists() and (path / "metadata").is_file()
+            and (path / "offsets").is_dir())
+
+
+def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
+                            mode: RestoreMode) -> Path:
+    """A savepoint of the retained checkpoint's last completed epoch, staged inside the new
+    ``checkpoint`` (``exactly-job/retained``), which the restore then takes over. The
+    retained checkpoint is only read. Its operators get the uids the last ``exactly run`` on
+    it recorded (else Spark's numbers map them). Refused: ``claim`` mode, restoring a
+    checkpoint into itself, and a checkpoint an ``exactly run`` is still running on."""
+    from exactly.ops.control import JobStatus, job_dir
+
+    if mode is RestoreMode.CLAIM:
+        raise SavepointError(f"--restore-mode claim takes over a savepoint; {retained} is a "
+                             "checkpoint, which a restore only reads: restore it without "
+                             "claim and delete it once the restored job runs")
+    if retained.resolve() == checkpoint.resolve():
+        raise SavepointError(f"{retained} is the job's own checkpoint: restore a retained "
+                             "checkpoint into a new checkpoint directory")
+    status = JobStatus.read(job_dir(retained))
+    if status is not None and status.alive():
+        raise SavepointError(
+            f"an `exactly run` is still running on {retained} (run {status.run_id}): its "
+            f"checkpoint moves on; stop it first (exactly stop {retained}) or take a "
+            f"savepoint of it (exactly savepoint {retained})")
+    staging = job_dir(checkpoint) / RETAINED_DIR
+    if staging.exists():
+        shutil.rmtree(staging)  # an earlier attempt died before the restore was done
+    return take_savepoint(job.df.sparkSession, str(retained), staging,
+                          operators=recorded_operators(job_dir(retained)),
+                          sinks=[sink_info(job, str(retained))], trigger="checkpoint",
+                          job=_job_info(job, str(retained)))
 
 
 @dataclass(frozen=True)
@@ -96,6 +142,11 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     query_id = (previous.get("query_id") if isinstance(previous, dict) else None) or \
         str(uuid.uuid4())
     path = Path(request.savepoint)
+    mode = request.mode
+    retained = is_checkpoint(path)
+    if retained:
+        path = savepoint_of_checkpoint(job, path, checkpoint, mode)
+        mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
     manifest = read_manifest(path)
     spark = job.df.sparkSession
     plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
@@ -103,9 +154,12 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
                         allow_non_restored_state=request.allow_non_restored_state)
     _check_sources(manifest, job)
     state = decide(job, manifest, request.sink_rollback, query_id)
-    done = restore_into(spark, plan, checkpoint, mode=request.mode, query_id=query_id,
+    done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
+                        origin=request.savepoint,
                         before_done=lambda: hand_over(job, manifest, state,
                                                       request.sink_rollback, query_id))
+    if retained:
+        shutil.rmtree(path.parent, ignore_errors=True)  # the staging directory, now empty
     return done
 
 

@@ -22,10 +22,12 @@ guessing.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.errors import ConfigError
+from exactly.fsutil import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -188,3 +190,29 @@ def job_operators(df: DataFrame) -> list[JobOperator]:
                 for op_id, phys, node in physical]
     return [JobOperator(op_id, phys, lnode.nodeName(), u, *_schemas(pnode))
             for lnode, (op_id, phys, pnode), u in zip(logical, physical, uids, strict=True)]
+
+
+#: the operators of the job last started on a checkpoint (``exactly-job/operators.json``):
+#: the uids a restore from that checkpoint (``-s CHECKPOINT``) maps state by
+RECORD = "operators.json"
+
+
+def record_operators(directory: Path, operators: list[JobOperator]) -> None:
+    """Keep ``operators`` in the job directory of a checkpoint (written at every start)."""
+    atomic_write_json(directory / RECORD, {"operators": [asdict(op) for op in operators]})
+
+
+def recorded_operators(directory: Path) -> list[JobOperator] | None:
+    """The operators :func:`record_operators` kept, or None when there is no readable record
+    (a checkpoint not written by ``exactly run``: its operators have no uids)."""
+    path = directory / RECORD
+    if not path.is_file():
+        return None
+    data = read_json(path, repair="delete it: the restore then maps state by Spark's operator "
+                     "numbers")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return [JobOperator(**op) for op in data["operators"]]
+    except (KeyError, TypeError):
+        return None

@@ -290,14 +290,15 @@ def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> No
 
 def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path, *,
                  mode: RestoreMode = RestoreMode.NO_CLAIM, query_id: str | None = None,
-                 before_done: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+                 before_done: Callable[[], dict[str, Any]] | None = None,
+                 origin: str | None = None) -> dict[str, Any]:
     """Write the new checkpoint at ``checkpoint`` as ``plan`` says; returns what was done.
 
     The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``). A
     marker in ``exactly-job/restore.json`` records the restore; a crash before it completes
     leaves a marker the next attempt recognises and redoes from scratch. ``before_done``
     runs last, before the marker says done (the sink's take-over); what it returns is
-    recorded.
+    recorded. ``origin`` is what the marker names as restored (default: the savepoint).
     """
     from exactly.savepoints import state_writer
 
@@ -317,7 +318,8 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             "checkpoint directory (give another --checkpoint)")
     dest.mkdir(parents=True, exist_ok=True)
     query_id = query_id or str(uuid.uuid4())
-    atomic_write_json(marker, {"state": "in-progress", "savepoint": str(plan.savepoint),
+    atomic_write_json(marker, {"state": "in-progress",
+                               "savepoint": origin or str(plan.savepoint),
                                "epoch": plan.manifest.epoch, "query_id": query_id})
     manifest = plan.manifest
     source = plan.savepoint / CHECKPOINT_DIR
@@ -391,9 +393,10 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                                                     plan.partitions))
     maybe_crash(fault_from(), RESTORED_STATE, epoch)
     sink = before_done() if before_done is not None else {}
-    done = {"state": "done", "savepoint": str(plan.savepoint), "epoch": epoch,
+    done = {"state": "done", "epoch": epoch,
             "query_id": query_id, "savepoint_query_id": manifest.query_id,
-            "mode": mode.value, **plan.describe(), **sink}
+            "mode": mode.value, **plan.describe(), **sink,
+            "savepoint": origin or str(plan.savepoint)}
     atomic_write_json(marker, done)
     if claim:  # the job has taken the savepoint over: it is not restored again
         shutil.rmtree(plan.savepoint, ignore_errors=True)
