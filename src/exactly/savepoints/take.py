@@ -117,33 +117,32 @@ def _needed_files(store: Path, version: int) -> list[Path]:
     versions = _versions(store)
     if any("zip" in kinds or "changelog" in kinds for kinds in versions.values()):
         return _rocksdb_files(store, versions, version)
-    snapshots = [v for v, kinds in versions.items() if "snapshot" in kinds and v <= version]
-    base = max(snapshots) if snapshots else 0
-    files = [versions[base]["snapshot"]] if snapshots else []
+    return _chain(store, versions, version, "snapshot", "delta")
+
+
+def _chain(store: Path, versions: dict[int, dict[str, Path]], version: int, base_kind: str,
+           step_kind: str) -> list[Path]:
+    """The newest ``base_kind`` file at or below ``version`` (none: the chain starts at
+    version 0) and the ``step_kind`` file of every version after it up to ``version``."""
+    bases = [v for v, kinds in versions.items() if base_kind in kinds and v <= version]
+    base = max(bases) if bases else 0
+    files = [versions[base][base_kind]] if bases else []
     for v in range(base + 1, version + 1):
-        delta = versions.get(v, {}).get("delta")
-        if delta is None:
+        step = versions.get(v, {}).get(step_kind)
+        if step is None:
             raise SavepointError(f"state version {version} of {store} cannot be loaded: "
-                                 f"{v}.delta is missing (deleted by Spark's retention?)")
-        files.append(delta)
+                                 f"{v}.{step_kind} is missing (deleted by Spark's retention?)")
+        files.append(step)
     return files
 
 
 def _rocksdb_files(store: Path, versions: dict[int, dict[str, Path]],
                    version: int) -> list[Path]:
-    zips = [v for v, kinds in versions.items() if "zip" in kinds and v <= version]
-    if not zips:
+    if not any("zip" in kinds and v <= version for v, kinds in versions.items()):
         raise SavepointError(f"state version {version} of {store} cannot be loaded: no "
                              "RocksDB snapshot (.zip) at or below it")
-    base = max(zips)
-    files = [versions[base]["zip"]]
-    for v in range(base + 1, version + 1):
-        changelog = versions.get(v, {}).get("changelog")
-        if changelog is None:
-            raise SavepointError(f"state version {version} of {store} cannot be loaded: "
-                                 f"{v}.changelog is missing")
-        files.append(changelog)
-    with zipfile.ZipFile(versions[base]["zip"]) as archive:
+    files = _chain(store, versions, version, "zip", "changelog")
+    with zipfile.ZipFile(files[0]) as archive:
         lines = archive.read("metadata").decode().split("\n")
     listed = json.loads(lines[1]).get("sstFiles", [])
     for sst in listed:
