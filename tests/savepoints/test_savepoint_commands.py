@@ -89,13 +89,17 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     assert restored.files == manifest.files
 
     # the stopped job's checkpoint restores like a savepoint (-s CHECKPOINT), its state
-    # mapped by the uids its last driver recorded
+    # mapped by the uids its last driver recorded; the first driver is killed after writing
+    # the restored state, and the next one stages and restores the checkpoint again
     ck3, last = tmp_path / "ck3", max(again.committed_epochs())
-    third = SupervisedRun(JOB, ck3, env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3"),
-                          "-s", str(ck2), log=tmp_path / "run3.log")
+    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
+                  EXACTLY_FAULT_MARKER=str(tmp_path / "fired3"))
+    third = SupervisedRun(JOB, ck3, env, "-s", str(ck2), log=tmp_path / "run3.log")
     try:
         third.wait_for(lambda: max(third.committed_epochs(), default=-1) > last + 1,
                        "epochs after the restore of the checkpoint", timeout=240)
+        assert (tmp_path / "fired3").exists()
+        assert [e["kind"] for e in third.history() if e["event"] == "failure"] == ["process"]
         assert third.command("stop", str(ck3)).returncode == 0
         assert third.wait(timeout=120) == 0, third.output()[-3000:]
     finally:
@@ -103,6 +107,7 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     record = json.loads((ck3 / "exactly-job" / "restore.json").read_text())
     assert record["savepoint"] == str(ck2) and record["epoch"] == last
     assert sorted(record["restored"]) == ["dedup: #1->#1 (copy)", "running: #0->#0 (copy)"]
+    assert not (ck3 / "exactly-job" / "retained").exists()  # the staged copy was taken over
     assert assert_prefix_once(out) > after
 
 

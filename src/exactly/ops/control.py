@@ -57,6 +57,12 @@ class NoRunningJob(ExactlyError):
     """A command names a checkpoint no live ``exactly run`` serves."""
 
 
+def running_job(checkpoint: str | os.PathLike[str]) -> JobStatus | None:
+    """The status of the live ``exactly run`` on ``checkpoint``, or None when none is alive."""
+    status = JobStatus.read(job_dir(checkpoint))
+    return status if status is not None and status.alive() else None
+
+
 class ControlChannel:
     """Both ends of one job's control channel."""
 
@@ -70,8 +76,7 @@ class ControlChannel:
         """Write a request for the job's driver; raises NoRunningJob when none is alive."""
         if action not in ACTIONS:
             raise ConfigError(f"unknown control action {action!r}; one of {', '.join(ACTIONS)}")
-        status = JobStatus.read(self.directory)
-        if status is None or not status.alive():
+        if running_job(self.directory.parent) is None:
             where = self.directory.parent
             raise NoRunningJob(f"no running job on checkpoint {where} (no live `exactly run` "
                                "has it); start it with `exactly run JOB --checkpoint "

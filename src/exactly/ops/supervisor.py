@@ -340,6 +340,7 @@ class Supervisor:
 
         target = request.params.get("savepoint") or request.params.get("target") or \
             str(default_target(self.config.storage))
+        prefix = f"{detail}; " if detail else ""
         try:
             path = take_job_savepoint(self.job, target,
                                       trigger="stop" if stopping else "savepoint",
@@ -347,11 +348,9 @@ class Supervisor:
         except Exception as exc:
             cause = root_cause("".join(_format(exc)))
             log_event(logger, "savepoint_failed", logging.WARNING, cause=cause)
-            prefix = f"{detail}; " if detail else ""
             self._answer(request, "failed", f"{prefix}savepoint failed: {cause}",
                          last_epoch=self.last_epoch)
             return
-        prefix = f"{detail}; " if detail else ""
         self._answer(request, "done", f"{prefix}savepoint {path}", savepoint=str(path),
                      last_epoch=self.last_epoch)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.errors import SavepointError
 from exactly.fsutil import read_json
+from exactly.ops.control import job_dir, running_job
 from exactly.savepoints.manifest import MANIFEST, Manifest, read_manifest
 from exactly.savepoints.operators import recorded_operators
 from exactly.savepoints.restore import (
@@ -75,8 +76,6 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
     retained checkpoint is only read. Its operators get the uids the last ``exactly run`` on
     it recorded (else Spark's numbers map them). Refused: ``claim`` mode, restoring a
     checkpoint into itself, and a checkpoint an ``exactly run`` is still running on."""
-    from exactly.ops.control import JobStatus, job_dir
-
     if mode is RestoreMode.CLAIM:
         raise SavepointError(f"--restore-mode claim takes over a savepoint; {retained} is a "
                              "checkpoint, which a restore only reads: restore it without "
@@ -84,8 +83,8 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
     if retained.resolve() == checkpoint.resolve():
         raise SavepointError(f"{retained} is the job's own checkpoint: restore a retained "
                              "checkpoint into a new checkpoint directory")
-    status = JobStatus.read(job_dir(retained))
-    if status is not None and status.alive():
+    status = running_job(retained)
+    if status is not None:
         raise SavepointError(
             f"an `exactly run` is still running on {retained} (run {status.run_id}): its "
             f"checkpoint moves on; stop it first (exactly stop {retained}) or take a "
@@ -131,7 +130,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     checkpoint = local_checkpoint(job.checkpoint.storage)
     if checkpoint is None:
         raise SavepointError("restoring a savepoint needs a local checkpoint directory")
-    marker = checkpoint / "exactly-job" / RESTORE_MARKER
+    marker = job_dir(checkpoint) / RESTORE_MARKER
     previous = read_json(marker) if marker.exists() else None
     if isinstance(previous, dict) and previous.get("state") == "done":
         if Path(previous.get("savepoint", "")) != Path(request.savepoint):

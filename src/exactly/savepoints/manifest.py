@@ -87,7 +87,9 @@ class Manifest:
     epoch: int
     created_at: str
     query_id: str
-    trigger: str  # "savepoint" (job kept running) | "stop" (stop-with-savepoint)
+    #: "savepoint" (the job kept running) | "stop" (stop-with-savepoint) | "checkpoint" (staged
+    #: from a retained checkpoint by ``-s CHECKPOINT``)
+    trigger: str
     spark_version: str
     shuffle_partitions: int
     state_backend: str  # hashmap | rocksdb

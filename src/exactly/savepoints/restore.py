@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_json, read_json
 from exactly.logs import log_event
+from exactly.ops.control import job_dir
 from exactly.protocol.faults import fault_from, maybe_crash, register_point
-from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo, read_manifest
+from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.operators import JobOperator
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
 
@@ -234,12 +235,18 @@ def _is_fresh(directory: Path) -> bool:
                    for p in directory.iterdir())
 
 
-def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
+def _edit_meta(text: str, edit: Callable[[dict[str, Any]], object]) -> str:
+    """A Spark log or metadata file (a version line, then one JSON line, then any others)
+    with its JSON line changed by ``edit``."""
     lines = text.split("\n")
     meta = json.loads(lines[1])
-    meta.setdefault("conf", {}).update(conf)
+    edit(meta)
     lines[1] = json.dumps(meta, separators=(",", ":"))
     return "\n".join(lines)
+
+
+def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
+    return _edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
 
 
 def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> str:
@@ -252,14 +259,13 @@ def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> s
 def _renumber_v2(text: str, new_root: str, new_id: int) -> str:
     """Operator metadata v2 (transformWithState) for operator ``new_id`` of the checkpoint at
     ``new_root``: its state schema paths are absolute and must point into the new one."""
-    lines = text.split("\n")
-    meta = json.loads(lines[1])
-    meta["operatorInfo"]["operatorId"] = new_id
-    for store in meta.get("stateStoreInfo", []):
-        store["stateSchemaFilePaths"] = [_relocate(p, new_root, new_id)
-                                         for p in store.get("stateSchemaFilePaths", [])]
-    lines[1] = json.dumps(meta, separators=(",", ":"))
-    return "\n".join(lines)
+    def edit(meta: dict[str, Any]) -> None:
+        meta["operatorInfo"]["operatorId"] = new_id
+        for store in meta.get("stateStoreInfo", []):
+            store["stateSchemaFilePaths"] = [_relocate(p, new_root, new_id)
+                                             for p in store.get("stateSchemaFilePaths", [])]
+
+    return _edit_meta(text, edit)
 
 
 _SCHEMA_PATH = re.compile(r"^.*/state/\d+/(_stateSchema/.*)$")
@@ -278,10 +284,8 @@ def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> No
         target = dst_op / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if relative.parts[:1] == ("_metadata",) and relative.name == "metadata":
-            lines = path.read_text().split("\n")
-            meta = json.loads(lines[1])
-            meta["operatorInfo"]["operatorId"] = new_id
-            target.write_text(lines[0] + "\n" + json.dumps(meta, separators=(",", ":")))
+            target.write_text(_edit_meta(path.read_text(), lambda meta: meta[
+                "operatorInfo"].update(operatorId=new_id)))
         elif relative.parts[:2] == ("_metadata", "v2"):
             target.write_text(_renumber_v2(path.read_text(), new_root, new_id))
         else:
@@ -303,7 +307,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     from exactly.savepoints import state_writer
 
     dest = Path(checkpoint)
-    marker = dest / "exactly-job" / RESTORE_MARKER
+    marker = job_dir(dest) / RESTORE_MARKER
     previous = read_json(marker) if marker.exists() else None
     if isinstance(previous, dict) and previous.get("state") == "in-progress":
         for name in ("metadata", "offsets", "commits", "state", "sources"):
@@ -378,11 +382,9 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                     shutil.rmtree(part)
             v1 = op_dir / "_metadata" / "metadata"  # Spark updates only versioned metadata
             if v1.is_file():
-                lines = v1.read_text().split("\n")
-                meta = json.loads(lines[1])
-                for store in meta.get("stateStoreInfo", []):
-                    store["numPartitions"] = plan.partitions
-                v1.write_text(lines[0] + "\n" + json.dumps(meta, separators=(",", ":")))
+                v1.write_text(_edit_meta(v1.read_text(), lambda meta: [
+                    store.update(numPartitions=plan.partitions)
+                    for store in meta.get("stateStoreInfo", [])]))
     for op in plan.new:
         state_writer.write_store(spark, state_writer.empty_rows(spark), f"{new_root}/state",
                                  op.operator_id, "default", version, plan.partitions,
@@ -403,15 +405,3 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     log_event(logger, "savepoint_restored", checkpoint=str(dest), **plan.describe())
     return done
 
-
-def restore(spark: SparkSession, savepoint: str | Path, checkpoint: str | Path,
-            job_ops: list[JobOperator], *, partitions: int | None, backend: str,
-            allow_non_restored_state: bool = False,
-            mode: RestoreMode = RestoreMode.NO_CLAIM) -> dict[str, Any]:
-    """Check the savepoint, plan the restore against the job's operators and write the new
-    checkpoint (the Python API of ``exactly run -s``)."""
-    path = Path(savepoint)
-    manifest = read_manifest(path)
-    plan = plan_restore(manifest, path, job_ops, partitions=partitions, backend=backend,
-                        allow_non_restored_state=allow_non_restored_state)
-    return restore_into(spark, plan, checkpoint, mode=mode)

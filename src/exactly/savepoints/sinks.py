@@ -21,7 +21,6 @@ checkpoint: two live queries must not share a target.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ if TYPE_CHECKING:
     from exactly.ops.job import Job
 
 logger = logging.getLogger("exactly.savepoints")
+#: sinks that can take back the output of epochs newer than a savepoint (--sink-rollback retract)
+RETRACTABLE = ("exactly.files", "exactly.postgres")
 
 
 class SinkRollback(str, Enum):
@@ -142,16 +143,12 @@ def _files_state(job: Job, manifest: Manifest, target: str | None) -> SinkState:
     return SinkState("exactly.files", target, owner_id, progress)
 
 
-def _postgres(job: Job) -> Any:
-    return _built(job).sink
-
-
 def _postgres_state(job: Job, manifest: Manifest, target: str | None) -> SinkState:
     from psycopg import sql
 
     from exactly.connectors.sql import pg_connect
 
-    sink = _postgres(job)
+    sink = _built(job).sink
     with pg_connect(sink.dsn, application="exactly-restore", autocommit=True) as conn:
         exists = conn.execute("SELECT to_regclass(%s), to_regclass(%s)",
                               (sink.table.sql().as_string(conn),
@@ -228,7 +225,7 @@ def decide(job: Job, manifest: Manifest, policy: SinkRollback, new_query_id: str
             "target (another path, table or topic)")
     if state.progress is not None and state.progress > manifest.epoch:
         if policy is SinkRollback.REFUSE:
-            retract = state.format in ("exactly.files", "exactly.postgres")
+            retract = state.format in RETRACTABLE
             raise SavepointError(
                 f"the {where} already holds epochs {manifest.epoch + 1}..{state.progress} of "
                 f"the savepoint's query, newer than the savepoint (epoch {manifest.epoch}): "
@@ -236,21 +233,17 @@ def decide(job: Job, manifest: Manifest, policy: SinkRollback, new_query_id: str
                 + ("--sink-rollback retract (remove their output first), " if retract else "")
                 + "--sink-rollback keep (leave it; an appending sink then holds those epochs "
                 "twice), or restore into a fresh target")
-        if policy is SinkRollback.RETRACT and state.format not in ("exactly.files",
-                                                                   "exactly.postgres"):
+        if policy is SinkRollback.RETRACT and state.format not in RETRACTABLE:
             raise SavepointError(f"--sink-rollback retract: the {where} cannot take back "
                                  "committed output; choose keep or a fresh target")
     return state
 
 
 def _source_job_alive(manifest: Manifest) -> bool:
-    from exactly.ops.control import JobStatus, job_dir
+    from exactly.ops.control import running_job
 
     checkpoint = manifest.job.get("checkpoint")
-    if not checkpoint:
-        return False
-    status = JobStatus.read(job_dir(checkpoint))
-    return bool(status is not None and status.alive())
+    return bool(checkpoint) and running_job(str(checkpoint)) is not None
 
 
 def hand_over(job: Job, manifest: Manifest, state: SinkState, policy: SinkRollback,
@@ -318,7 +311,7 @@ def _postgres_hand_over(job: Job, manifest: Manifest, new_query_id: str,
 
     from exactly.connectors.sql import pg_connect
 
-    sink = _postgres(job)
+    sink = _built(job).sink
     aborted = 0
     for handle in sink.list_pre_commits(manifest.query_id):
         sink.abort(handle)  # the old query's leftovers would hold row locks for ever
@@ -355,6 +348,3 @@ def _kafka_hand_over(job: Job, manifest: Manifest) -> dict[str, Any]:
     producer.flush(5)
     return {"fenced_transactional_id": sink.options.transactional_id(manifest.query_id)}
 
-
-def describe(states: list[SinkState]) -> str:
-    return json.dumps([s.__dict__ for s in states])

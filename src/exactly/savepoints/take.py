@@ -41,7 +41,7 @@ from exactly.savepoints.manifest import (
     publish,
     write_manifest,
 )
-from exactly.spark.checkpoint import batch_numbers, local_checkpoint
+from exactly.spark.checkpoint import batch_numbers, local_checkpoint, read_offsets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,14 +72,6 @@ def last_completed_epoch(checkpoint: Path) -> int | None:
     offsets = set(batch_numbers(str(checkpoint), "offsets"))
     done = sorted(commits & offsets)
     return done[-1] if done else None
-
-
-def offsets_entry(checkpoint: Path, epoch: int) -> tuple[dict[str, Any], list[Any]]:
-    """(metadata, source offsets) of ``offsets/<epoch>``."""
-    lines = (checkpoint / "offsets" / str(epoch)).read_text().split("\n")
-    meta = json.loads(lines[1])
-    sources = [None if line == "-" else json.loads(line) for line in lines[2:] if line]
-    return meta, sources
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -142,16 +134,20 @@ def _rocksdb_files(store: Path, versions: dict[int, dict[str, Path]],
         raise SavepointError(f"state version {version} of {store} cannot be loaded: no "
                              "RocksDB snapshot (.zip) at or below it")
     files = _chain(store, versions, version, "zip", "changelog")
-    with zipfile.ZipFile(files[0]) as archive:
-        lines = archive.read("metadata").decode().split("\n")
-    listed = json.loads(lines[1]).get("sstFiles", [])
-    for sst in listed:
+    for sst in _zip_metadata(files[0]).get("sstFiles", []):
         path = store / "SSTs" / sst["dfsSstFileName"]
         if not path.is_file():
             raise SavepointError(f"state version {version} of {store} lists {path.name}, "
                                  "which is missing")
         files.append(path)
     return files
+
+
+def _zip_metadata(archive_path: Path) -> dict[str, Any]:
+    """The JSON of a RocksDB snapshot's ``metadata`` entry (line 2: SST files, key count)."""
+    with zipfile.ZipFile(archive_path) as archive:
+        lines = archive.read("metadata").decode().split("\n")
+    return dict(json.loads(lines[1]))
 
 
 def copy_epoch(checkpoint: Path, epoch: int, dest: Path, partitions: int) -> None:
@@ -208,8 +204,6 @@ def operator_infos(spark: SparkSession, location: Path, epoch: int,
             partitions=int(row["numPartitions"]), uid=uids.get(op_id),
             metadata_version=2 if row["operatorProperties"] else 1))
         store = StoreInfo(name=str(row["stateStoreName"]))
-        op_path = location / "state" / str(op_id)
-        store.bytes = sum(p.stat().st_size for p in op_path.rglob("*") if p.is_file())
         if info.metadata_version == 1:
             df = (spark.read.format("statestore").option("batchId", epoch)
                   .option("operatorId", op_id).option("storeName", store.name)
@@ -218,18 +212,25 @@ def operator_infos(spark: SparkSession, location: Path, epoch: int,
             store.value_schema = df.schema["value"].dataType.json()
             store.rows = df.count()
         else:
-            store.rows = _rocksdb_keys(op_path, epoch + 1)
+            store.rows = sum(int(_zip_metadata(path).get("numKeys", 0)) for path in
+                             (location / "state" / str(op_id)).rglob(f"{epoch + 1}.zip"))
         info.stores.append(store)
+    for info in infos.values():
+        _store_sizes(location / "state" / str(info.operator_id), info.stores)
     return [infos[k] for k in sorted(infos)]
 
 
-def _rocksdb_keys(op_path: Path, version: int) -> int:
-    total = 0
-    for archive_path in op_path.rglob(f"{version}.zip"):
-        with zipfile.ZipFile(archive_path) as archive:
-            lines = archive.read("metadata").decode().split("\n")
-        total += int(json.loads(lines[1]).get("numKeys", 0))
-    return total
+def _store_sizes(op_path: Path, stores: list[StoreInfo]) -> None:
+    """Bytes on disk per store: the whole operator for a single store, else the files of
+    each named store's directories (``<partition>/<store>/``, e.g. a join's four)."""
+    def size(paths) -> int:
+        return sum(p.stat().st_size for p in paths if p.is_file())
+
+    if len(stores) == 1:
+        stores[0].bytes = size(op_path.rglob("*"))
+        return
+    for store in stores:
+        store.bytes = size(op_path.glob(f"*/{store.name}/**/*"))
 
 
 def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLike[str], *,
@@ -251,8 +252,11 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     if epoch is None:
         raise SavepointError(f"the job on {checkpoint} has not completed an epoch yet: a "
                              "savepoint holds a completed epoch; try again after the first")
-    meta, sources = offsets_entry(local, epoch)
-    conf = {str(k): str(v) for k, v in meta.get("conf", {}).items()}
+    entry = read_offsets(str(local), epoch)
+    if entry is None:
+        raise SavepointError(f"offsets/{epoch} of {checkpoint} vanished while taking the "
+                             "savepoint (the checkpoint was deleted or cleaned)")
+    conf = {str(k): str(v) for k, v in entry.metadata.get("conf", {}).items()}
     if conf.get(FORMAT_VERSION_KEY, "1") != "1":
         raise SavepointError("savepoints support state checkpoint format version 1 (Spark's "
                              f"default); this checkpoint uses {conf[FORMAT_VERSION_KEY]}")
@@ -273,7 +277,7 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
         query_id=query_id, trigger=trigger, spark_version=spark.version,
         shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
         state_backend=backend_name(provider), sql_conf=conf,
-        sources=[{"index": i, "offset": s} for i, s in enumerate(sources)],
+        sources=[{"index": i, "offset": s} for i, s in enumerate(entry.input.sources)],
         operators=infos, sinks=list(sinks or []), job=dict(job or {}))
     write_manifest(work, manifest)
     maybe_crash(fault, WRITTEN, epoch)
