@@ -14,6 +14,10 @@ from exactly.demos.files import write_events
 #: ``broker``, ``topic``...): shared by tests/postgres, tests/kafka and tests/contract
 pytest_plugins = ["exactly.testing.pytest_plugin"]
 
+#: every Spark driver of the tests (in this process and in the jobs they start) lives
+#: seconds: JIT compiler C1 only, ~20% less CPU on 2 cores (exactly.spark.session)
+os.environ.setdefault("EXACTLY_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 
 @pytest.fixture(scope="session")
 def spark():

@@ -13,6 +13,7 @@ for ids from anywhere; the readers below give it the ids of a sink:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,13 +76,13 @@ def data_files(root: Path) -> list[Path]:
     if not root.is_dir():
         raise ConfigError(f"{root} does not exist")
     found = []
-    for path in sorted(root.rglob("*")):
-        parts = path.relative_to(root).parts
-        if any(p.startswith((".", "_")) for p in parts):
-            continue
-        if path.is_file() and path.suffix in DATA_SUFFIXES:
-            found.append(path)
-    return found
+    # os.walk skips directories that vanish while it lists (a sink's staging area being
+    # cleaned up); hidden and ``_`` directories are pruned, never entered
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
+        found += [Path(directory, f) for f in files
+                  if not f.startswith((".", "_")) and Path(f).suffix in DATA_SUFFIXES]
+    return sorted(found)
 
 
 def read_ids(path: Path, column: str) -> tuple[np.ndarray, int]:

@@ -3,6 +3,8 @@ computed without starting Spark; the archive at work is in tests/spark/test_clas
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from exactly.spark import class_archive
@@ -52,3 +54,22 @@ def test_the_archive_is_per_pyspark_version_and_java_runtime(built, tmp_path, mo
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
     other = class_archive.archive_path()
     assert other is not None and other != built and other.parent == built.parent
+
+
+def test_a_reinstalled_pyspark_gets_its_own_archive(built, tmp_path, monkeypatch):
+    """The JDK refuses an archive when a jar's path, size or modification time differs from
+    the build's (a fresh virtualenv): such an installation must not find the old archive."""
+    jars = tmp_path / "venv" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "spark-core.jar").write_bytes(b"jar")
+    monkeypatch.setattr(class_archive, "spark_jars", lambda: jars)
+    first = class_archive.archive_path()
+    assert first is not None and first != built
+    os.utime(jars / "spark-core.jar", ns=(1, 1))
+    assert class_archive.archive_path() != first
+    moved = tmp_path / "elsewhere" / "jars"
+    jars.rename(tmp_path / "venv" / "gone")
+    moved.mkdir(parents=True)
+    (moved / "spark-core.jar").write_bytes(b"jar")
+    monkeypatch.setattr(class_archive, "spark_jars", lambda: moved)
+    assert class_archive.archive_path() not in (first, built)

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from exactly.errors import ConfigError
+from exactly.spark import session, worker_daemon
 from exactly.spark.session import (
     MASTER_ENV,
     default_master,
@@ -81,3 +82,19 @@ def test_the_default_master_comes_from_the_environment(monkeypatch):
     assert default_master() == "local[2]"
     monkeypatch.setenv(MASTER_ENV, "local[3]")
     assert default_master() == "local[3]"
+
+
+def test_driver_java_options_from_the_environment_follow_the_given_ones(monkeypatch):
+    monkeypatch.setenv(session.DRIVER_JAVA_OPTIONS_ENV, "-XX:TieredStopAtLevel=1")
+    given = {session.DRIVER_JAVA_OPTIONS: "-Xss4m", "other": "x"}
+    assert session.with_env_java_options(given) == {
+        session.DRIVER_JAVA_OPTIONS: "-Xss4m -XX:TieredStopAtLevel=1", "other": "x"}
+    monkeypatch.setenv(session.DRIVER_JAVA_OPTIONS_ENV, " ")
+    assert session.with_env_java_options(given) == given
+
+
+def test_python_workers_run_exactlys_daemon_unless_switched_off(monkeypatch):
+    monkeypatch.delenv(worker_daemon.ENV, raising=False)
+    assert session_conf("local[2]")["spark.python.daemon.module"] == worker_daemon.MODULE
+    monkeypatch.setenv(worker_daemon.ENV, "off")
+    assert "spark.python.daemon.module" not in session_conf("local[2]")

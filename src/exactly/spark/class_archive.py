@@ -53,16 +53,37 @@ def java_binary() -> Path | None:
     return found.resolve() if found else None
 
 
+def spark_jars() -> Path:
+    """The directory of PySpark's jars: the driver's classpath."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def _file_identity(path: Path) -> str:
+    stat = path.stat()
+    return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
 def archive_path() -> Path | None:
-    """Where the archive for this PySpark and this Java runtime lives (None without java)."""
+    """Where the archive for this PySpark installation and this Java runtime lives (None
+    without java).
+
+    The JDK ignores an archive whose classpath differs from the running one: another
+    directory, or a jar of another size or modification time (a reinstalled virtualenv, a
+    new clone). The name is therefore a digest of the java binary and of every jar's path,
+    size and modification time, so that such an installation builds its own archive instead
+    of finding one the JVM would silently refuse."""
     import pyspark
 
     java = java_binary()
     if java is None:
         return None
-    stat = java.stat()
-    key = f"{pyspark.__version__}|{java}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    parts = [pyspark.__version__, _file_identity(java)]
+    jars = spark_jars()
+    if jars.is_dir():
+        parts += [_file_identity(jar) for jar in sorted(jars.glob("*.jar"))]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return user_cache("jvm") / f"spark-driver-{pyspark.__version__}-{digest}.jsa"
 
 

@@ -18,9 +18,13 @@ from urllib.parse import urlsplit
 from pyspark.sql import SparkSession
 
 from exactly.errors import ConfigError
+from exactly.spark import worker_daemon
 from exactly.spark.class_archive import with_driver_options
 from exactly.spark.formats import register
 
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: environment variable: JVM options added to every driver spark_session starts
+DRIVER_JAVA_OPTIONS_ENV = "EXACTLY_DRIVER_JAVA_OPTIONS"
 #: environment variable naming the default master
 MASTER_ENV = "EXACTLY_SPARK_MASTER"
 DEFAULT_MASTER = "local[2]"
@@ -85,6 +89,8 @@ def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | Non
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
     }
+    if worker_daemon.enabled():  # Python workers load PySpark's cached bytecode
+        settings["spark.python.daemon.module"] = worker_daemon.MODULE
     local = on_this_machine(master)
     if local:
         settings["spark.driver.host"] = LOOPBACK
@@ -123,6 +129,7 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
                             adaptive=adaptive, conf=conf)
+    settings = with_env_java_options(settings)
     settings = with_driver_options(settings)  # the class archive, when built: a faster start
     jars = _with_state_writer(settings.get("spark.jars", ""))
     if jars:
@@ -133,6 +140,21 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))
     register(spark)
     return spark
+
+
+def with_env_java_options(settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` with ``EXACTLY_DRIVER_JAVA_OPTIONS`` appended to
+    ``spark.driver.extraJavaOptions`` (after the options given in ``conf``).
+
+    For drivers whose JVM lives seconds, not days -- test suites, one-shot commands --
+    ``-XX:TieredStopAtLevel=1`` (JIT compiler C1 only) saves the CPU the optimizing compiler
+    spends on code that never runs long; exactly's test suite sets it. JVM options change how
+    Spark runs, never what it computes."""
+    extra = os.environ.get(DRIVER_JAVA_OPTIONS_ENV, "").strip()
+    if not extra:
+        return settings
+    current = settings.get(DRIVER_JAVA_OPTIONS, "")
+    return {**settings, DRIVER_JAVA_OPTIONS: f"{current} {extra}".strip()}
 
 
 def _with_state_writer(jars: str) -> str:

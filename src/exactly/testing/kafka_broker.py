@@ -128,7 +128,9 @@ class KafkaBroker:
 
     def _java(self, main: str, *args: str) -> list[str]:
         jars = broker_jars_dir()
-        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+        # a test broker lives minutes: C1 only spares the CPU the optimizing JIT would take
+        return ["java", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self._log4j()}",
                 "-cp", f"{jars}/*", main, *args]
 

@@ -1,0 +1,65 @@
+"""PySpark's Python worker daemon, importing PySpark from its installed package.
+
+Spark starts every Python process it needs through a daemon (``pyspark.daemon``): one per
+worker module -- data source lookup, creation, read planning, write planning, the streaming
+sink's commits, the tasks -- and it puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on
+their ``PYTHONPATH``. Python cannot cache compiled bytecode for modules in a zip file, so each
+of these processes compiles PySpark from source: ~0.35 s of CPU per process here, six or more
+processes before a streaming query's first epoch, on every driver start.
+
+When PySpark is installed as a package (``pip install pyspark``), the zip is a copy of that
+very package, whose compiled bytecode is cached. This module (Spark's
+``spark.python.daemon.module``, set by :func:`exactly.spark_session`) moves PySpark's own zip
+files behind the installed package on ``sys.path`` and runs PySpark's daemon unchanged; the
+workers it forks inherit that path. Where PySpark is not an installed package (a Spark
+distribution's ``python`` directory), the path is left as Spark set it.
+
+Guarantees: the same PySpark code runs, only loaded from the installed package; the daemon's
+protocol with the JVM is PySpark's own. ``EXACTLY_WORKER_DAEMON=off`` in the driver's
+environment keeps Spark's daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+MODULE = "exactly.spark.worker_daemon"
+#: ``off`` (or ``0``, ``false``, ``no``) keeps Spark's own daemon module
+ENV = "EXACTLY_WORKER_DAEMON"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() not in {"0", "off", "false", "no"}
+
+
+def _installed_pyspark_zips(path: list[str]) -> list[str]:
+    """The entries of ``path`` that are the zip files inside an installed PySpark package
+    (``<site>/pyspark/python/lib/*.zip`` next to ``<site>/pyspark/__init__.py``)."""
+    found = []
+    for entry in path:
+        if not entry.endswith(".zip"):
+            continue
+        lib = os.path.dirname(entry)
+        package = os.path.dirname(os.path.dirname(lib))
+        if (os.path.basename(lib) == "lib" and os.path.basename(package) == "pyspark"
+                and os.path.isfile(os.path.join(package, "__init__.py"))):
+            found.append(entry)
+    return found
+
+
+def prefer_installed_pyspark(path: list[str]) -> list[str]:
+    """``path`` with an installed PySpark's own zip files moved to its end."""
+    zips = _installed_pyspark_zips(path)
+    return [p for p in path if p not in zips] + zips
+
+
+def main() -> None:
+    sys.path[:] = prefer_installed_pyspark(sys.path)
+    from pyspark.daemon import manager
+
+    manager()
+
+
+if __name__ == "__main__":
+    main()
