@@ -42,6 +42,28 @@ def assert_prefix_once(out: Path) -> int:
     return len(ids)
 
 
+def restore_v2_through_a_kill(tmp_path: Path, out: Path, ck: Path, source: Path, *,
+                              beyond: int) -> SupervisedRun:
+    """``exactly run`` version 2 of the job (a dedup step, 3 state partitions) with ``-s
+    source`` into ``ck``; its first driver is SIGKILLed after writing the restored state
+    (``restore.state``), the launcher's next driver restores again. Returns the stopped run,
+    once it committed past epoch ``beyond`` after exactly that one process failure."""
+    marker = tmp_path / f"fired-{ck.name}"
+    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
+                  EXACTLY_FAULT_MARKER=str(marker))
+    run = SupervisedRun(JOB, ck, env, "-s", str(source), log=tmp_path / f"run-{ck.name}.log")
+    try:
+        run.wait_for(lambda: max(run.committed_epochs(), default=-1) > beyond,
+                     f"epochs after the restore of {source.name}", timeout=240)
+        assert marker.exists()
+        assert [e["kind"] for e in run.history() if e["event"] == "failure"] == ["process"]
+        assert run.command("stop", str(ck)).returncode == 0
+        assert run.wait(timeout=120) == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    return run
+
+
 def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_through_a_crash(
         tmp_path):
     ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
@@ -71,18 +93,7 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     # from the savepoint; its first driver is killed after writing the restored state, and
     # the next one restores again from scratch
     ck2 = tmp_path / "ck2"
-    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
-                  EXACTLY_FAULT_MARKER=str(tmp_path / "fired"))
-    again = SupervisedRun(JOB, ck2, env, "-s", str(final_sp), log=tmp_path / "run2.log")
-    try:
-        again.wait_for(lambda: max(again.committed_epochs(), default=-1) > manifest.epoch + 2,
-                       "epochs after the restore", timeout=240)
-        assert (tmp_path / "fired").exists()
-        assert [e["kind"] for e in again.history() if e["event"] == "failure"] == ["process"]
-        assert again.command("stop", str(ck2)).returncode == 0
-        assert again.wait(timeout=120) == 0, again.output()[-3000:]
-    finally:
-        again.close()
+    again = restore_v2_through_a_kill(tmp_path, out, ck2, final_sp, beyond=manifest.epoch + 2)
     after = assert_prefix_once(out)
     assert after > before  # went on from the savepoint: no gap, no repeat
     restored = read_manifest(final_sp)  # no_claim: the savepoint is untouched
@@ -92,18 +103,7 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     # mapped by the uids its last driver recorded; the first driver is killed after writing
     # the restored state, and the next one stages and restores the checkpoint again
     ck3, last = tmp_path / "ck3", max(again.committed_epochs())
-    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
-                  EXACTLY_FAULT_MARKER=str(tmp_path / "fired3"))
-    third = SupervisedRun(JOB, ck3, env, "-s", str(ck2), log=tmp_path / "run3.log")
-    try:
-        third.wait_for(lambda: max(third.committed_epochs(), default=-1) > last + 1,
-                       "epochs after the restore of the checkpoint", timeout=240)
-        assert (tmp_path / "fired3").exists()
-        assert [e["kind"] for e in third.history() if e["event"] == "failure"] == ["process"]
-        assert third.command("stop", str(ck3)).returncode == 0
-        assert third.wait(timeout=120) == 0, third.output()[-3000:]
-    finally:
-        third.close()
+    restore_v2_through_a_kill(tmp_path, out, ck3, ck2, beyond=last + 1)
     record = json.loads((ck3 / "exactly-job" / "restore.json").read_text())
     assert record["savepoint"] == str(ck2) and record["epoch"] == last
     assert sorted(record["restored"]) == ["dedup: #1->#1 (copy)", "running: #0->#0 (copy)"]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from exactly.cache import user_cache
 from exactly.errors import ConfigError
+from exactly.switches import switched_on
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 ENV = "EXACTLY_CLASS_ARCHIVE"
 #: the JDK's messages about the archive stay out of the driver's stderr
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-_DISABLED = {"0", "off", "false", "no"}
 
 
 def java_binary() -> Path | None:
@@ -88,7 +88,7 @@ def archive_path() -> Path | None:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in _DISABLED
+    return switched_on(ENV)
 
 
 def driver_options() -> str | None:

@@ -24,13 +24,15 @@ from __future__ import annotations
 import os
 import sys
 
+from exactly.switches import switched_on
+
 MODULE = "exactly.spark.worker_daemon"
 #: ``off`` (or ``0``, ``false``, ``no``) keeps Spark's own daemon module
 ENV = "EXACTLY_WORKER_DAEMON"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in {"0", "off", "false", "no"}
+    return switched_on(ENV)
 
 
 def _installed_pyspark_zips(path: list[str]) -> list[str]:
