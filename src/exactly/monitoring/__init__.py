@@ -1,0 +1,2 @@
+"""Checkpoint monitoring: a durable per-epoch history in checkpoint storage, its views
+(``exactly checkpoints``, ``exactly ui``, a REST API, Prometheus metrics)."""

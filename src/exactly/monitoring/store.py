@@ -1,0 +1,229 @@
+"""The checkpoint history store: JSON lines in rotating segments under the checkpoint.
+
+Layout under ``<checkpoint>/exactly-job/history/``::
+
+    segment-000000000001.jsonl   oldest kept
+    segment-000000000002.jsonl   ...
+    segment-000000000007.jsonl   being appended to
+    append.lock                  writers take it for one append (and its rotation)
+
+One record is one line: a JSON object with at least ``kind`` (a string) and ``at`` (a Unix
+time). Records of every writer of a job go here: the driver's listener (epochs, failures,
+runs), ``exactly run``'s launcher (driver process deaths), savepoints and restores.
+
+Guarantees:
+
+* **Atomic appends.** A record is written with one ``write`` of the whole line under the
+  lock and fsynced before the lock is released. Readers take no lock: they see whole lines,
+  and ignore a last line without its newline (an append in progress).
+* **A crash mid-append loses that record only.** A line left without its newline by a
+  killed writer is cut off by the next append, under the lock; every complete line stays.
+* **Bounded.** A segment is closed when the next line would take it over
+  ``max_segment_bytes``; the oldest segments are deleted so that at most ``max_segments``
+  remain. Readers skip a segment deleted while they read.
+* **Damage is reported, not fatal.** A line that is not a JSON object with ``kind`` and
+  ``at`` is skipped; :meth:`HistoryStore.read` returns it as a :class:`SkippedLine` (segment,
+  line number, reason) for the caller to show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exactly.errors import ConfigError
+from exactly.fsutil import file_lock, fsync_dir
+
+#: defaults: 8 segments of 1 MiB, ~10,000 epochs of a job with a few stateful operators
+MAX_SEGMENT_BYTES = 1 << 20
+MAX_SEGMENTS = 8
+_SEGMENT = re.compile(r"^segment-(\d{12})\.jsonl$")
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A line of the history that could not be read as a record."""
+
+    segment: str
+    line: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.segment} line {self.line}: {self.reason}"
+
+
+@dataclass
+class HistoryRead:
+    """What one read of the history found: the records in append order, and the lines it
+    skipped."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[SkippedLine] = field(default_factory=list)
+
+
+class HistoryStore:
+    """Append-only, bounded history of one job, in ``directory``."""
+
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 max_segment_bytes: int = MAX_SEGMENT_BYTES,
+                 max_segments: int = MAX_SEGMENTS) -> None:
+        if max_segment_bytes < 1024:
+            raise ConfigError(f"history: max_segment_bytes must be at least 1024, got "
+                              f"{max_segment_bytes}")
+        if max_segments < 1:
+            raise ConfigError(f"history: max_segments must be at least 1, got {max_segments}")
+        self.directory = Path(directory)
+        self.max_segment_bytes = max_segment_bytes
+        self.max_segments = max_segments
+
+    # -- segments -------------------------------------------------------------------
+    def segments(self) -> list[Path]:
+        """The segment files, oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        numbered = sorted((int(m.group(1)), n) for n in names if (m := _SEGMENT.match(n)))
+        return [self.directory / name for _, name in numbered]
+
+    @staticmethod
+    def _segment_name(number: int) -> str:
+        return f"segment-{number:012d}.jsonl"
+
+    # -- writing --------------------------------------------------------------------
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record (a JSON object with ``kind`` and ``at``) durably.
+
+        Raises ConfigError for a record that is not one, or not serializable as JSON; an
+        OSError of the file system propagates (the caller decides whether history is worth
+        failing for: exactly's listener logs it and goes on)."""
+        _check_record(record)
+        try:
+            line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"history: record is not JSON-serializable: {exc}") from None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.directory / "append.lock"):
+            segments = self.segments()
+            current = segments[-1] if segments else None
+            size = _cut_torn_tail(current) if current is not None else 0
+            created = current is None or (size > 0 and
+                                           size + len(line) > self.max_segment_bytes)
+            if created:
+                # the oldest go first: a crash in between leaves fewer segments, never more
+                for old in segments[:max(0, len(segments) - self.max_segments + 1)]:
+                    old.unlink(missing_ok=True)
+                number = _number(current) + 1 if current is not None else 1
+                current = self.directory / self._segment_name(number)
+            fd = os.open(current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if created:
+                fsync_dir(self.directory)
+
+    # -- reading --------------------------------------------------------------------
+    def read(self) -> HistoryRead:
+        """Every record still kept, oldest first, and the lines skipped as damaged."""
+        result = HistoryRead()
+        for segment in self.segments():
+            for number, line in _lines(segment):
+                record, reason = _parse(line)
+                if record is None:
+                    result.skipped.append(SkippedLine(segment.name, number, reason))
+                else:
+                    result.records.append(record)
+        return result
+
+    def size_bytes(self) -> int:
+        total = 0
+        for segment in self.segments():
+            try:
+                total += segment.stat().st_size
+            except FileNotFoundError:
+                continue
+        return total
+
+
+def _check_record(record: Any) -> None:
+    if not isinstance(record, dict):
+        raise ConfigError(f"history: a record is a dict, got {type(record).__name__}")
+    if not isinstance(record.get("kind"), str) or not record["kind"]:
+        raise ConfigError("history: a record needs a non-empty string 'kind'")
+    at = record.get("at")
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        raise ConfigError("history: a record needs 'at', a Unix time in seconds")
+
+
+def _number(segment: Path) -> int:
+    match = _SEGMENT.match(segment.name)
+    assert match is not None
+    return int(match.group(1))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _cut_torn_tail(segment: Path) -> int:
+    """Truncate ``segment`` after its last newline (a line a killed writer left unfinished);
+    returns the size it keeps. Called under the append lock."""
+    try:
+        size = segment.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(segment, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return size
+        # scan back for the last complete line; lines are short, read in blocks
+        end = size
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            block = f.read(end - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return keep
+
+
+def _lines(segment: Path) -> Iterator[tuple[int, bytes]]:
+    """Complete lines of a segment with their numbers (a last line without newline -- an
+    append in progress -- is left out); nothing for a segment deleted meanwhile."""
+    try:
+        data = segment.read_bytes()
+    except FileNotFoundError:
+        return
+    # the part after the last newline is an append in progress (or nothing)
+    yield from enumerate(data.split(b"\n")[:-1], start=1)
+
+
+def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"not JSON ({exc.__class__.__name__}: {str(exc)[:80]})"
+    try:
+        _check_record(record)
+    except ConfigError as exc:
+        return None, str(exc).removeprefix("history: ")
+    return record, ""
