@@ -138,6 +138,10 @@ class CheckpointConfig:
     checkpoints_after_tasks_finish:
         A final checkpoint when bounded input ends. Spark always commits the last epoch of
         a bounded (``availableNow``) run, so only ``True`` is accepted.
+    history:
+        Record every epoch, failure, restart, savepoint and restore in the checkpoint's
+        history (``<storage>/exactly-job/history``, bounded): what ``exactly checkpoints``
+        and ``exactly ui`` show. Written in the background, never on an epoch's commit path.
 
     Raises
     ------
@@ -161,6 +165,7 @@ class CheckpointConfig:
     incremental: bool
     checkpoints_after_tasks_finish: bool
     target_epoch_duration: str | float | None
+    history: bool
     interval_seconds: float = field(init=False, repr=False)
     timeout_seconds: float | None = field(init=False, repr=False)
     min_pause_seconds: float = field(init=False, repr=False)
@@ -180,7 +185,8 @@ class CheckpointConfig:
                  state_backend: StateBackend | str = StateBackend.HASHMAP,
                  incremental: bool = False,
                  checkpoints_after_tasks_finish: bool = True,
-                 target_epoch_duration: str | float | None = None) -> None:
+                 target_epoch_duration: str | float | None = None,
+                 history: bool = True) -> None:
         # strings are accepted on the way in; the attributes are always the enum members
         set_ = object.__setattr__
         set_(self, "interval", interval)
@@ -198,6 +204,9 @@ class CheckpointConfig:
         set_(self, "incremental", incremental)
         set_(self, "checkpoints_after_tasks_finish", checkpoints_after_tasks_finish)
         set_(self, "target_epoch_duration", target_epoch_duration)
+        if not isinstance(history, bool):
+            raise ConfigError(f"history: give True or False, got {history!r}")
+        set_(self, "history", history)
         set_(self, "interval_seconds", parse_duration(interval, name="interval"))
         if self.interval_seconds <= 0:
             raise ConfigError("interval: must be greater than 0, e.g. '1s'")

@@ -20,6 +20,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,7 +235,34 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     query = writer.start(path) if path and not via_foreach_batch else writer.start()
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
               checkpoint=location, mode=checkpoint.mode.value, output_mode=mode_name)
+    if checkpoint.history and local is not None:
+        record_history(spark, query, local, checkpoint, sink_format, path, options)
     return ExactlyQuery(query, location, checkpoint)
+
+
+def record_history(spark: Any, query: StreamingQuery, local: Path,
+                   checkpoint: CheckpointConfig,
+                   sink_format: str, path: str | None, options: dict[str, str]) -> None:
+    """Start recording ``query``'s epochs in its checkpoint's history
+    (:mod:`exactly.monitoring.recorder`), with a ``run`` record of this start."""
+    import exactly
+    from exactly.monitoring import recorder
+    from exactly.monitoring.records import config_summary
+    from exactly.spark.checkpoint import batch_numbers
+
+    log_dir = sink_log_directory(sink_format, path, options)
+    committed = batch_numbers(str(local), "commits")
+    run = {"kind": "run", "at": time.time(), "query_id": str(query.id),
+           "spark_run_id": str(query.runId), "name": query.name,
+           "resumed_after_epoch": committed[-1] if committed else None,
+           "config": config_summary(checkpoint),
+           "sink": {"format": sink_format, "path": path,
+                    "log_dir": str(log_dir) if log_dir else None},
+           "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+           "versions": {"spark": spark.version, "exactly": exactly.__version__}}
+    recorder.watch(spark, query, checkpoint=local, run_record=run,
+                   sink_log=log_dir,
+                   backend=checkpoint.state_backend.value)
 
 
 def warn_memory_storage(sink_format: str, location: str) -> None:

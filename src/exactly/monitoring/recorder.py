@@ -1,0 +1,242 @@
+"""Records every epoch of the queries exactly starts into their checkpoint's history.
+
+:func:`watch` is called by :func:`exactly.spark.runner.start_query` for every query with a
+local checkpoint. It registers one :class:`~pyspark.sql.streaming.StreamingQueryListener`
+per session. Spark calls the listener from its listener bus, after the epoch's commit log
+entry is written, never from the thread that runs the epoch; the listener only puts the
+event on a queue. One background thread per driver process turns events into records --
+joining Spark's progress with the sink's completion record and the checkpoint's size on
+disk -- and appends them to the history (:mod:`exactly.monitoring.store`). So recording
+adds no step to an epoch's commit path, and a slow or failing history (a full disk) costs
+records, never epochs: errors are logged once per kind and the job goes on.
+
+What a driver killed with SIGKILL had not yet written is lost from the history (at most
+the records of its last moments); the epochs themselves are in Spark's and the sink's logs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from exactly.causes import root_cause
+from exactly.logs import log_event
+from exactly.monitoring import records
+from exactly.monitoring.sizes import CheckpointSizes
+from exactly.monitoring.store import HistoryStore
+
+logger = logging.getLogger("exactly.monitoring")
+
+#: ``<checkpoint>/exactly-job/history``
+HISTORY_DIR = "history"
+#: events kept for a query not (yet) watched: Spark may report before start() returned
+_PENDING_MAX = 100
+
+
+def history_dir(checkpoint: str | os.PathLike[str]) -> Path:
+    from exactly.ops.control import job_dir
+
+    return job_dir(checkpoint) / HISTORY_DIR
+
+
+@dataclass
+class Watched:
+    """A query whose epochs are recorded."""
+
+    query_id: str
+    checkpoint: Path
+    store: HistoryStore
+    sink_log: Path | None
+    backend: str | None
+    sizes: CheckpointSizes
+    last_epoch: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Recorder:
+    """The process's queue and writer thread."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.watched: dict[str, Watched] = {}
+        self.pending: dict[str, list[tuple[Any, ...]]] = {}
+        self._errors: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="exactly-history",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, *event: Any) -> None:
+        self.events.put(event)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event submitted so far is written (True) or ``timeout``."""
+        done = threading.Event()
+        self.submit("flush", done)
+        return done.wait(timeout)
+
+    # -- the writer thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            event = self.events.get()
+            try:
+                self._handle(event)
+            except Exception as exc:  # never let the history stop the thread
+                self._error(type(exc).__name__, exc)
+
+    def _handle(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "flush":
+            event[1].set()
+        elif kind == "watch":
+            watched: Watched = event[1]
+            self.watched[watched.query_id] = watched
+            watched.store.append(event[2])
+            for pending in self.pending.pop(watched.query_id, []):
+                self._handle(pending)
+        elif kind in ("progress", "terminated"):
+            watched_or_none = self.watched.get(event[1])
+            if watched_or_none is None:
+                stash = self.pending.setdefault(event[1], [])
+                if len(stash) < _PENDING_MAX:
+                    stash.append(event)
+                return
+            if kind == "progress":
+                self._progress(watched_or_none, event[2], event[3])
+            else:
+                self._terminated(watched_or_none, event[2], event[3])
+        elif kind == "record":
+            store: HistoryStore = event[1]
+            store.append(event[2])
+
+    def _progress(self, watched: Watched, progress_json: str, at: float) -> None:
+        progress = json.loads(progress_json)
+        epoch = int(progress.get("batchId", -1))
+        if not records.ran(progress) or epoch <= watched.last_epoch:
+            return  # an idle report, or one already recorded
+        watched.last_epoch = epoch
+        trigger_at = records.parse_spark_time(progress.get("timestamp"))
+        duration_ms = (progress.get("durationMs") or {}).get("triggerExecution")
+        if trigger_at is not None and duration_ms is not None:
+            at = trigger_at + duration_ms / 1000  # when the epoch ended, not when Spark told
+        sample = watched.sizes.measure(since=trigger_at)
+        record = records.epoch_record(progress, ended_at=at,
+                                      completion=self._completion(watched, epoch),
+                                      new_bytes=sample.new_bytes,
+                                      full_bytes=sample.full_bytes, backend=watched.backend)
+        watched.store.append({**record, **watched.extra})
+
+    def _completion(self, watched: Watched, epoch: int) -> dict[str, Any] | None:
+        if watched.sink_log is None:
+            return None
+        from exactly.protocol.commitlog import CommitLog
+
+        try:
+            return CommitLog(watched.sink_log).completion(epoch)
+        except Exception as exc:  # a damaged completion is the sink's to report
+            self._error("completion", exc)
+            return None
+
+    def _terminated(self, watched: Watched, exception: str | None, at: float) -> None:
+        self.watched.pop(watched.query_id, None)
+        if exception:
+            watched.store.append({"kind": "epoch_failed", "at": at,
+                                  "query_id": watched.query_id,
+                                  "epoch": epoch_in_flight(watched.checkpoint),
+                                  "failure": "query", "cause": root_cause(exception),
+                                  **watched.extra})
+        watched.store.append({"kind": "run_end", "at": at, "query_id": watched.query_id,
+                              "outcome": "failed" if exception else "stopped",
+                              "last_epoch": watched.last_epoch if watched.last_epoch >= 0
+                              else None, **watched.extra})
+
+    def _error(self, key: str, exc: BaseException) -> None:
+        if key in self._errors:
+            return
+        self._errors.add(key)
+        log_event(logger, "history_not_recorded", logging.WARNING, error=type(exc).__name__,
+                  detail=str(exc)[:300],
+                  effect="the job goes on; the checkpoint history misses records")
+
+
+_recorder: _Recorder | None = None
+_lock = threading.Lock()
+
+
+def _the_recorder() -> _Recorder:
+    global _recorder
+    with _lock:
+        if _recorder is None:
+            _recorder = _Recorder()
+            atexit.register(_recorder.flush, 5.0)  # what a clean exit has left to write
+        return _recorder
+
+
+class HistoryListener(StreamingQueryListener):
+    """Puts Spark's query events on the recorder's queue; nothing else."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        self.recorder.submit("progress", str(progress.id), progress.json, time.time())
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.recorder.submit("terminated", str(event.id), event.exception, time.time())
+
+
+def epoch_in_flight(checkpoint: Path) -> int:
+    """The epoch a failure interrupted: the newest in ``offsets/`` without a ``commits/``
+    entry, else the one after the last committed epoch."""
+    from exactly.spark.checkpoint import batch_numbers
+
+    offsets = batch_numbers(str(checkpoint), "offsets")
+    commits = batch_numbers(str(checkpoint), "commits")
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        return offsets[-1]
+    return commits[-1] + 1 if commits else 0
+
+
+def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any],
+          sink_log: Path | None, backend: str | None,
+          extra: dict[str, Any] | None = None) -> None:
+    """Record ``query``'s epochs into ``<checkpoint>/exactly-job/history``, starting with
+    ``run_record``. Registers the listener on ``spark`` once."""
+    recorder = _the_recorder()
+    if getattr(spark, "_exactly_history_listener", None) is None:
+        listener = HistoryListener(recorder)
+        spark.streams.addListener(listener)
+        spark._exactly_history_listener = listener
+    store = HistoryStore(history_dir(checkpoint))
+    sizes = CheckpointSizes(checkpoint, exclude=(f"exactly-job/{HISTORY_DIR}",))
+    watched = Watched(str(query.id), checkpoint, store, sink_log, backend, sizes,
+                      extra=dict(extra or {}))
+    recorder.submit("watch", watched, run_record)
+
+
+def record(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> None:
+    """Append ``entry`` (a record with ``kind``) to a checkpoint's history in the background:
+    savepoints, restores, failures seen by the supervisor or the launcher."""
+    _the_recorder().submit("record", HistoryStore(history_dir(checkpoint)),
+                           {"at": time.time(), **entry})
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Wait until the records submitted so far are written (True), at most ``timeout`` s."""
+    return _recorder.flush(timeout) if _recorder is not None else True

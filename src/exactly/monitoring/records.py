@@ -1,0 +1,140 @@
+"""The records of a job's checkpoint history, built from what Spark and the sinks report.
+
+Kinds (every record also has ``at``, a Unix time, and ``query_id``):
+
+``run``
+    A start of the query: Spark's ``run_id``, the epoch it resumes after, the job's
+    checkpoint configuration, the sink, the Spark and exactly versions.
+``epoch``
+    A completed epoch (checkpoint): its id, trigger and end times, end-to-end duration and
+    its parts, rows in and out, rates, state per operator, checkpoint size on disk (new this
+    epoch and full), the sink's commit statistics.
+``epoch_failed``
+    An epoch that did not complete: its id, the cause (one line) and the failure's kind
+    (``query``, ``checkpoint-timeout``, ``process``).
+``run_end``
+    The query stopped (``outcome``: ``stopped`` or ``failed``) after its last epoch.
+``savepoint`` / ``restore``
+    A savepoint taken of this checkpoint; a restore into it (from a savepoint or a retained
+    checkpoint).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+#: Spark's parts of an epoch (``durationMs``) under the names the history uses
+SPARK_PARTS = {"queryPlanning": "planning", "latestOffset": "source_offsets",
+               "getBatch": "source_batch", "walCommit": "offsets_log",
+               "commitOffsets": "commit_log"}
+#: state metrics that measure bytes on disk or in memory, per backend
+_STATE_BYTES = ("stateOnCurrentVersionSizeBytes", "rocksdbTotalSizeSstFiles",
+                "rocksdbSstFileSize")
+
+
+def parse_spark_time(text: str | None) -> float | None:
+    """Spark's progress ``timestamp`` (ISO 8601, UTC, ``Z``) as a Unix time."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def ran(progress: dict[str, Any]) -> bool:
+    """Whether a progress report is of an epoch that ran (idle reports carry the next
+    epoch's id and no ``addBatch`` time)."""
+    return "addBatch" in (progress.get("durationMs") or {})
+
+
+def state_operators(progress: dict[str, Any], backend: str | None) -> list[dict[str, Any]]:
+    """One entry per stateful operator: rows, bytes, partitions, backend."""
+    found = []
+    for index, op in enumerate(progress.get("stateOperators") or []):
+        metrics = op.get("customMetrics") or {}
+        state_bytes = next((int(metrics[k]) for k in _STATE_BYTES if k in metrics), None)
+        found.append({
+            "index": index, "operator": op.get("operatorName"),
+            "rows": op.get("numRowsTotal"), "rows_updated": op.get("numRowsUpdated"),
+            "rows_removed": op.get("numRowsRemoved"),
+            "rows_dropped_by_watermark": op.get("numRowsDroppedByWatermark"),
+            "memory_bytes": op.get("memoryUsedBytes"), "state_bytes": state_bytes,
+            "commit_ms": op.get("commitTimeMs"), "partitions": op.get("numStateStoreInstances"),
+            "backend": backend,
+        })
+    return found
+
+
+def epoch_record(progress: dict[str, Any], *, ended_at: float,
+                 completion: dict[str, Any] | None, new_bytes: int | None,
+                 full_bytes: int | None, backend: str | None) -> dict[str, Any]:
+    """The ``epoch`` record of a completed epoch from Spark's progress report, the sink's
+    completion record (or None for a sink without a commit log) and the checkpoint's sizes.
+
+    ``parts_ms`` splits ``duration_ms`` (Spark's ``triggerExecution``): planning, the
+    sources' offsets and batch, the offsets log, processing (the tasks: read, transform,
+    state, write and pre-commit), the sink's commit (from the sink's own log) and Spark's
+    commit log; ``state_commit_ms`` is the tasks' state-store commit time, summed."""
+    durations = {k: int(v) for k, v in (progress.get("durationMs") or {}).items()}
+    sink_commit = None
+    if completion is not None and completion.get("commit_ms") is not None:
+        sink_commit = float(completion["commit_ms"])
+    parts: dict[str, float] = {name: durations[key] for key, name in SPARK_PARTS.items()
+                               if key in durations}
+    add_batch = durations.get("addBatch")
+    if add_batch is not None:
+        parts["processing"] = max(0.0, add_batch - (sink_commit or 0.0))
+    if sink_commit is not None:
+        parts["sink_commit"] = round(sink_commit, 3)
+    state = state_operators(progress, backend)
+    sink = (progress.get("sink") or {})
+    record: dict[str, Any] = {
+        "kind": "epoch", "at": ended_at, "status": "completed",
+        "epoch": int(progress["batchId"]),
+        "query_id": progress.get("id"), "spark_run_id": progress.get("runId"),
+        "trigger_at": parse_spark_time(progress.get("timestamp")), "end_at": ended_at,
+        "duration_ms": durations.get("triggerExecution"),
+        "parts_ms": parts,
+        "state_commit_ms": sum(op["commit_ms"] or 0 for op in state) if state else None,
+        "rows_in": progress.get("numInputRows"),
+        "rows_out": sink.get("numOutputRows") if sink.get("numOutputRows", -1) >= 0 else None,
+        "input_rate": _finite(progress.get("inputRowsPerSecond")),
+        "processing_rate": _finite(progress.get("processedRowsPerSecond")),
+        "state": state,
+        "checkpoint": {"new_bytes": new_bytes, "full_bytes": full_bytes},
+        "sources": [{"description": s.get("description"), "rows": s.get("numInputRows"),
+                     "end_offset": s.get("endOffset")}
+                    for s in progress.get("sources") or []],
+    }
+    if completion is not None:
+        record["sink"] = {k: completion.get(k) for k in
+                          ("rows", "handles", "already_committed", "commit_ms", "run_id")}
+        if record["rows_out"] is None:
+            record["rows_out"] = completion.get("rows")
+    return record
+
+
+def config_summary(config: Any) -> dict[str, Any]:
+    """A :class:`~exactly.config.CheckpointConfig` as the history keeps it (JSON values)."""
+    return {
+        "interval": str(config.interval), "interval_s": config.interval_seconds,
+        "mode": config.mode.value, "timeout": None if config.timeout is None
+        else str(config.timeout), "min_pause_between_checkpoints":
+        str(config.min_pause_between_checkpoints),
+        "max_concurrent_checkpoints": config.max_concurrent_checkpoints,
+        "tolerable_failed_checkpoints": config.tolerable_failed_checkpoints,
+        "externalized_cleanup": config.externalized_cleanup.value,
+        "unaligned": config.unaligned, "target_epoch_s": config.epoch_target_seconds,
+        "state_backend": config.state_backend.value, "incremental": config.incremental,
+        "storage": config.storage,
+    }
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
