@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -379,6 +380,66 @@ def cancel(checkpoint: str, wait: str) -> None:
     With externalized_cleanup='delete_on_cancellation' the checkpoint is deleted.
     """
     _control(checkpoint, "cancel", wait)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the overview as one JSON object (with --follow: every history "
+                   "record as a JSON line, old ones first, then new ones as they come).")
+@click.option("--follow", is_flag=True, help="Keep watching the job; Ctrl-C ends.")
+@click.option("--rows", default=10, type=click.IntRange(1), help="History rows shown.")
+@reports_failure("checkpoints")
+def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None:
+    """A job's checkpoints: counts, latest, history, summary, restarts, configuration.
+
+    Reads the history exactly records in CHECKPOINT/exactly-job/history while the job runs;
+    works as well after the job stopped. A damaged history line is skipped with a warning.
+    """
+    from exactly.monitoring import overview, terminal
+
+    loaded = overview.load(checkpoint)
+    console = Console()
+    if follow and as_json:
+        _follow_records(checkpoint, terminal.follow_interval(loaded.overview))
+        return
+    if as_json:
+        click.echo(json.dumps(loaded.overview.to_json()))
+        return
+    if not follow:
+        console.print(terminal.render(loaded.overview, rows=rows))
+        return
+    from rich.live import Live
+
+    with Live(terminal.render(loaded.overview, rows=rows), console=console,
+              refresh_per_second=2, screen=False) as live:
+        while True:
+            time.sleep(terminal.follow_interval(loaded.overview))
+            loaded = overview.load(checkpoint)
+            live.update(terminal.render(loaded.overview, rows=rows))
+
+
+def _follow_records(checkpoint: str, interval: float) -> None:
+    """Print every history record of ``checkpoint`` as a JSON line, then new ones as they are
+    appended, until Ctrl-C."""
+    from exactly.monitoring.recorder import history_dir
+    from exactly.monitoring.store import HistoryStore
+
+    store = HistoryStore(history_dir(checkpoint))
+    printed: list[str] = []
+    while True:
+        lines = [json.dumps(r, sort_keys=True) for r in store.read().records]
+        # the records already printed are a prefix of what is kept, minus rotated-out ones
+        start = 0
+        if printed:
+            last = printed[-1]
+            start = len(lines) - lines[::-1].index(last) if last in lines else 0
+        for line in lines[start:]:
+            click.echo(line)
+            printed.append(line)
+        del printed[:-1]
+        sys.stdout.flush()
+        time.sleep(interval)
 
 
 @main.command(context_settings={"show_default": True})

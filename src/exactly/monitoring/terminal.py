@@ -1,0 +1,150 @@
+"""``exactly checkpoints``: a job's checkpoint overview, history and summary as terminal
+tables (rich), or JSON for scripts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from exactly.monitoring.overview import Overview
+
+
+def when(at: float | None) -> str:
+    """``HH:MM:SS`` today, ``YYYY-MM-DD HH:MM:SS`` otherwise (local time)."""
+    if at is None:
+        return "-"
+    moment = datetime.fromtimestamp(at)
+    today = moment.date() == datetime.now().date()
+    return moment.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S")
+
+
+def size(value: float | None) -> str:
+    if value is None:
+        return "-"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(amount) < 1024 or unit == "GiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{amount:.1f} TiB"  # pragma: no cover
+
+
+def millis(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
+
+
+def number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value.is_integer() or abs(value) >= 100 else f"{value:.2f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def render(view: Overview, *, rows: int = 10) -> Group:
+    """The overview card, the latest checkpoints, the history (newest ``rows``), the summary,
+    the restarts, the configuration and any warning, as one printable group."""
+    parts: list[Any] = []
+    counts = view.counts
+    head = Table.grid(padding=(0, 2))
+    head.add_row(Text(f"job {view.job_id}", style="bold"), f"status: {view.status}",
+                 f"checkpoint: {view.checkpoint}")
+    parts.append(head)
+    tally = Table(title="checkpoint counts", title_justify="left")
+    for column in ("triggered", "in progress", "completed", "failed", "restored",
+                   "restarts", "savepoints"):
+        tally.add_column(column, justify="right")
+    tally.add_row(*(str(counts.get(k.replace(" ", "_"), 0)) for k in
+                    ("triggered", "in progress", "completed", "failed", "restored",
+                     "restarts", "savepoints")))
+    parts.append(tally)
+
+    latest = Table(title="latest", title_justify="left")
+    latest.add_column("what")
+    latest.add_column("epoch", justify="right")
+    latest.add_column("at")
+    latest.add_column("detail")
+    completed, failed = view.latest.get("completed"), view.latest.get("failed")
+    if completed:
+        latest.add_row("completed", str(completed["epoch"]), when(completed["end_at"]),
+                       f"{millis(completed['duration_ms'])}, "
+                       f"{size(completed['full_bytes'])} full")
+    if failed:
+        latest.add_row("failed", str(failed["epoch"]), when(failed["end_at"]),
+                       f"{failed.get('failure') or ''}: {failed.get('cause') or ''}")
+    savepoint, restore = view.latest.get("savepoint"), view.latest.get("restore")
+    if savepoint:
+        latest.add_row("savepoint", number(savepoint.get("epoch")), when(savepoint.get("at")),
+                       str(savepoint.get("path") or ""))
+    if restore:
+        detail = f"from {restore['source']} {restore.get('path') or ''}".strip()
+        if restore.get("after_failure"):
+            detail += f" after: {restore['after_failure']}"
+        latest.add_row("restore", number(restore.get("epoch")), when(restore.get("at")),
+                       detail)
+    parts.append(latest)
+
+    history = Table(title=f"history (newest {min(rows, len(view.history))} of "
+                          f"{len(view.history)})", title_justify="left")
+    for column, justify in (("epoch", "right"), ("status", "left"), ("trigger", "left"),
+                            ("duration", "right"), ("new", "right"), ("full", "right"),
+                            ("rows in", "right"), ("rows out", "right"), ("cause", "left")):
+        history.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in view.history[:rows]:
+        style = {"failed": "red", "in_progress": "yellow"}.get(row.status)
+        status = row.status.replace("_", " ") + (" *" if row.restored else "")
+        history.add_row(str(row.epoch), status,
+                        when(row.trigger_at), millis(row.duration_ms), size(row.new_bytes),
+                        size(row.full_bytes), number(row.rows_in), number(row.rows_out),
+                        row.cause or "", style=style)
+    parts.append(history)
+    if any(row.restored for row in view.history[:rows]):
+        parts.append(Text("* the first epoch after a restore", style="dim"))
+
+    summary = Table(title="summary (completed checkpoints)", title_justify="left")
+    for column in ("", "min", "avg", "max"):
+        summary.add_column(column, justify="right" if column else "left")
+    for label, key, fmt in (("end-to-end duration", "duration_ms", millis),
+                            ("checkpointed size (new)", "new_bytes", size),
+                            ("full checkpoint size", "full_bytes", size),
+                            ("rows processed", "rows_in", number)):
+        stats = view.summary.get(key) or {}
+        summary.add_row(label, *(fmt(stats.get(k)) for k in ("min", "avg", "max")))
+    parts.append(summary)
+
+    if view.restarts:
+        restarts = Table(title="restarts and failures", title_justify="left")
+        for column in ("at", "event", "kind", "action", "cause"):
+            restarts.add_column(column)
+        for entry in view.restarts[-rows:]:
+            restarts.add_row(when(entry.get("at")), str(entry.get("event")),
+                             str(entry.get("kind") or ""), str(entry.get("action") or ""),
+                             str(entry.get("cause") or entry.get("recovery_s") or ""))
+        parts.append(restarts)
+
+    config = Table(title="configuration", title_justify="left")
+    config.add_column("setting")
+    config.add_column("value")
+    for key, value in view.config.items():
+        if isinstance(value, dict):
+            for inner, inner_value in value.items():
+                config.add_row(f"{key}.{inner}", number(inner_value))
+        else:
+            config.add_row(key, number(value))
+    parts.append(config)
+    for warning in view.warnings:
+        parts.append(Text(f"warning: {warning}", style="yellow"))
+    parts.append(Text(f"read {when(view.updated_at)}", style="dim"))
+    return Group(*parts)
+
+
+def follow_interval(view: Overview) -> float:
+    """How often ``--follow`` re-reads: the job's trigger interval, between 0.5 and 5 s."""
+    interval = float(view.config.get("interval_s") or 1.0)
+    return min(5.0, max(0.5, interval))
