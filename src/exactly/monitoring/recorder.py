@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.streaming import StreamingQueryListener
-
 from exactly.causes import root_cause
 from exactly.logs import log_event
 from exactly.monitoring import records
@@ -54,6 +52,7 @@ class Watched:
     """A query whose epochs are recorded."""
 
     query_id: str
+    run_id: str  # Spark's runId: new at every start of the same query
     checkpoint: Path
     store: HistoryStore
     sink_log: Path | None
@@ -69,7 +68,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.watched: dict[str, Watched] = {}
-        self.pending: dict[str, list[tuple[Any, ...]]] = {}
+        self.pending: dict[str, tuple[float, list[tuple[Any, ...]]]] = {}
         self._errors: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="exactly-history",
                                         daemon=True)
@@ -99,16 +98,15 @@ class _Recorder:
             event[1].set()
         elif kind == "watch":
             watched: Watched = event[1]
-            self.watched[watched.query_id] = watched
+            self.watched[watched.run_id] = watched
+            self._backfill(watched)
             watched.store.append(event[2])
-            for pending in self.pending.pop(watched.query_id, []):
+            for pending in self.pending.pop(watched.run_id, (0.0, []))[1]:
                 self._handle(pending)
         elif kind in ("progress", "terminated"):
             watched_or_none = self.watched.get(event[1])
             if watched_or_none is None:
-                stash = self.pending.setdefault(event[1], [])
-                if len(stash) < _PENDING_MAX:
-                    stash.append(event)
+                self._stash(event)
                 return
             if kind == "progress":
                 self._progress(watched_or_none, event[2], event[3])
@@ -117,6 +115,17 @@ class _Recorder:
         elif kind == "record":
             store: HistoryStore = event[1]
             store.append(event[2])
+
+    def _stash(self, event: tuple[Any, ...]) -> None:
+        """Keep an event of a run not watched (yet): Spark may report before ``watch``
+        registered it. Events of runs nobody watches (queries not started by exactly) are
+        dropped after a minute."""
+        now = time.monotonic()
+        for run_id in [r for r, (since, _) in self.pending.items() if now - since > 60.0]:
+            del self.pending[run_id]
+        stash = self.pending.setdefault(event[1], (now, []))[1]
+        if len(stash) < _PENDING_MAX:
+            stash.append(event)
 
     def _progress(self, watched: Watched, progress_json: str, at: float) -> None:
         progress = json.loads(progress_json)
@@ -135,6 +144,34 @@ class _Recorder:
                                       full_bytes=sample.full_bytes, backend=watched.backend)
         watched.store.append({**record, **watched.extra})
 
+    def _backfill(self, watched: Watched) -> None:
+        """Record the epochs Spark's commit log holds past the newest recorded one: those a
+        driver completed but was killed before recording (``recovered_from``:
+        ``commit-log``; times from the log files, rows from the sink's completion)."""
+        from exactly.spark.checkpoint import batch_numbers
+
+        recorded = [r["epoch"] for r in watched.store.read().records
+                    if r["kind"] == "epoch" and isinstance(r.get("epoch"), int)]
+        newest = max(recorded, default=-1)
+        for epoch in batch_numbers(str(watched.checkpoint), "commits"):
+            if epoch <= newest:
+                continue
+            trigger_at = _mtime(watched.checkpoint / "offsets" / str(epoch))
+            end_at = _mtime(watched.checkpoint / "commits" / str(epoch))
+            completion = self._completion(watched, epoch)
+            sink = {k: completion.get(k) for k in ("rows", "handles", "already_committed",
+                                                   "commit_ms", "run_id")} if completion else None
+            watched.store.append({
+                "kind": "epoch", "at": end_at or time.time(), "status": "completed",
+                "epoch": epoch, "query_id": watched.query_id, "recovered_from": "commit-log",
+                "trigger_at": trigger_at, "end_at": end_at,
+                "duration_ms": round((end_at - trigger_at) * 1000, 1)
+                if end_at and trigger_at else None,
+                "rows_in": None, "rows_out": (completion or {}).get("rows"),
+                "sink": sink, "checkpoint": {"new_bytes": None, "full_bytes": None},
+                **watched.extra})
+            watched.last_epoch = max(watched.last_epoch, epoch)
+
     def _completion(self, watched: Watched, epoch: int) -> dict[str, Any] | None:
         if watched.sink_log is None:
             return None
@@ -147,7 +184,7 @@ class _Recorder:
             return None
 
     def _terminated(self, watched: Watched, exception: str | None, at: float) -> None:
-        self.watched.pop(watched.query_id, None)
+        self.watched.pop(watched.run_id, None)
         if exception:
             watched.store.append({"kind": "epoch_failed", "at": at,
                                   "query_id": watched.query_id,
@@ -181,24 +218,34 @@ def _the_recorder() -> _Recorder:
         return _recorder
 
 
-class HistoryListener(StreamingQueryListener):
-    """Puts Spark's query events on the recorder's queue; nothing else."""
+def history_listener(recorder: _Recorder) -> Any:
+    """A :class:`~pyspark.sql.streaming.StreamingQueryListener` that puts Spark's query
+    events on the recorder's queue and does nothing else (PySpark is imported here, so that
+    processes without Spark -- ``exactly run``'s launcher -- can record without it)."""
+    from pyspark.sql.streaming import StreamingQueryListener
 
-    def __init__(self, recorder: _Recorder) -> None:
-        self.recorder = recorder
+    class HistoryListener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
 
-    def onQueryStarted(self, event: Any) -> None:
-        pass
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            recorder.submit("progress", str(progress.runId), progress.json, time.time())
 
-    def onQueryProgress(self, event: Any) -> None:
-        progress = event.progress
-        self.recorder.submit("progress", str(progress.id), progress.json, time.time())
+        def onQueryIdle(self, event: Any) -> None:
+            pass
 
-    def onQueryIdle(self, event: Any) -> None:
-        pass
+        def onQueryTerminated(self, event: Any) -> None:
+            recorder.submit("terminated", str(event.runId), event.exception, time.time())
 
-    def onQueryTerminated(self, event: Any) -> None:
-        self.recorder.submit("terminated", str(event.id), event.exception, time.time())
+    return HistoryListener()
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def epoch_in_flight(checkpoint: Path) -> int:
@@ -220,14 +267,29 @@ def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any
     ``run_record``. Registers the listener on ``spark`` once."""
     recorder = _the_recorder()
     if getattr(spark, "_exactly_history_listener", None) is None:
-        listener = HistoryListener(recorder)
+        listener = history_listener(recorder)
         spark.streams.addListener(listener)
         spark._exactly_history_listener = listener
     store = HistoryStore(history_dir(checkpoint))
     sizes = CheckpointSizes(checkpoint, exclude=(f"exactly-job/{HISTORY_DIR}",))
-    watched = Watched(str(query.id), checkpoint, store, sink_log, backend, sizes,
+    watched = Watched(str(query.id), str(query.runId), checkpoint, store, sink_log, backend,
+                      sizes,
                       extra=dict(extra or {}))
     recorder.submit("watch", watched, run_record)
+
+
+def append_now(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> bool:
+    """Append ``entry`` to a checkpoint's history at once, from the calling thread: for
+    events off the epoch path (savepoints, restores, failures seen by the supervisor or the
+    launcher). A history that cannot be written is logged and skipped (False); the caller's
+    work goes on."""
+    try:
+        HistoryStore(history_dir(checkpoint)).append({"at": time.time(), **entry})
+        return True
+    except Exception as exc:
+        log_event(logger, "history_not_recorded", logging.WARNING, error=type(exc).__name__,
+                  detail=str(exc)[:300], kind=entry.get("kind"))
+        return False
 
 
 def record(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> None:

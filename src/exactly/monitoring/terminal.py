@@ -92,17 +92,20 @@ def render(view: Overview, *, rows: int = 10) -> Group:
 
     history = Table(title=f"history (newest {min(rows, len(view.history))} of "
                           f"{len(view.history)})", title_justify="left")
+    shown = view.history[:rows]
+    causes = any(row.cause for row in shown)
     for column, justify in (("epoch", "right"), ("status", "left"), ("trigger", "left"),
                             ("duration", "right"), ("new", "right"), ("full", "right"),
-                            ("rows in", "right"), ("rows out", "right"), ("cause", "left")):
-        history.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for row in view.history[:rows]:
+                            ("rows in", "right"), ("rows out", "right"),
+                            *((("cause", "left"),) if causes else ())):
+        history.add_column(column, justify=justify, no_wrap=column != "cause")  # type: ignore[arg-type]
+    for row in shown:
         style = {"failed": "red", "in_progress": "yellow"}.get(row.status)
         status = row.status.replace("_", " ") + (" *" if row.restored else "")
         history.add_row(str(row.epoch), status,
                         when(row.trigger_at), millis(row.duration_ms), size(row.new_bytes),
                         size(row.full_bytes), number(row.rows_in), number(row.rows_out),
-                        row.cause or "", style=style)
+                        *((row.cause or "",) if causes else ()), style=style)
     parts.append(history)
     if any(row.restored for row in view.history[:rows]):
         parts.append(Text("* the first epoch after a restore", style="dim"))

@@ -92,6 +92,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             action = "restart" if delay is not None else "give-up"
             history.append("failure", kind="process", cause=cause, action=action, delay=delay,
                            strategy=strategy.describe(), ran_s=round(now - started, 3))
+            _record_epoch_lost(checkpoint, cause)
             log_event(logger, "process_restart" if delay is not None else "gave_up",
                       logging.WARNING, cause=cause, delay_s=delay,
                       restarts=history.restarts())
@@ -171,3 +172,19 @@ def _set_state(directory: Path, state: str, detail: str) -> None:
         status.state = state
         status.detail = detail
         status.write(directory)
+
+
+def _record_epoch_lost(checkpoint: str, cause: str) -> None:
+    """A driver that died with an epoch in flight (offsets logged, no commit) failed that
+    epoch: record it in the checkpoint's history."""
+    from exactly.monitoring.recorder import append_now, epoch_in_flight
+    from exactly.spark.checkpoint import batch_numbers, local_checkpoint
+
+    local = local_checkpoint(checkpoint)
+    if local is None:
+        return
+    offsets = batch_numbers(str(local), "offsets")
+    commits = batch_numbers(str(local), "commits")
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        append_now(local, {"kind": "epoch_failed", "epoch": epoch_in_flight(local),
+                           "failure": "process", "cause": cause})

@@ -43,6 +43,7 @@ from exactly.causes import root_cause
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
+from exactly.monitoring.recorder import append_now
 from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
 from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
@@ -252,6 +253,11 @@ class Supervisor:
                     log_event(logger, "checkpoint_timeout", logging.WARNING, epoch=epoch,
                               timeout_s=timeout)
                     query.stop()
+                    append_now(self.config.storage, {
+                        "kind": "epoch_failed", "epoch": epoch, "failure": "checkpoint-timeout",
+                        "query_id": str(query.id), "trigger_at": time.time() - (now - active_since),
+                        "cause": f"CheckpointTimeout: epoch {epoch} did not complete within "
+                                 f"timeout={self.config.timeout!r}; it was cancelled"})
                     return _Watch("checkpoint-timeout",
                                   f"CheckpointTimeout: epoch {epoch} did not complete within "
                                   f"timeout={self.config.timeout!r}; it was cancelled",

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_json, read_json
 from exactly.logs import log_event
+from exactly.monitoring.recorder import append_now
 from exactly.ops.control import job_dir
 from exactly.protocol.faults import fault_from, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
@@ -400,6 +401,9 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             "mode": mode.value, **plan.describe(), **sink,
             "savepoint": origin or str(plan.savepoint)}
     atomic_write_json(marker, done)
+    append_now(dest, {"kind": "restore", "source": "checkpoint" if origin else "savepoint",
+                      "path": done["savepoint"], "epoch": epoch, "mode": mode.value,
+                      "query_id": query_id, "plan": plan.describe()})
     if claim:  # the job has taken the savepoint over: it is not restored again
         shutil.rmtree(plan.savepoint, ignore_errors=True)
     log_event(logger, "savepoint_restored", checkpoint=str(dest), **plan.describe())

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.errors import SavepointError
 from exactly.logs import log_event
+from exactly.monitoring.recorder import append_now
 from exactly.protocol.faults import fault_from, maybe_crash, register_point
 from exactly.savepoints.manifest import (
     CHECKPOINT_DIR,
@@ -244,6 +246,7 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     checkpoint is not local, or a state version cannot be copied. A crash leaves only a
     ``.inprogress`` directory, which restores refuse.
     """
+    started = time.monotonic()
     local = local_checkpoint(checkpoint)
     if local is None or not local.is_dir():
         raise SavepointError(f"savepoints need a local checkpoint directory; {checkpoint} is "
@@ -282,7 +285,12 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     write_manifest(work, manifest)
     maybe_crash(fault, WRITTEN, epoch)
     final = publish(work)
+    size = sum(f["size"] for f in manifest.files)
     log_event(logger, "savepoint_taken", path=str(final), epoch=epoch,
               operators=len(infos), rows=sum(s.rows for o in infos for s in o.stores),
-              bytes=sum(f["size"] for f in manifest.files))
+              bytes=size)
+    append_now(local, {"kind": "savepoint", "epoch": epoch, "path": str(final),
+                       "savepoint_id": savepoint_id, "trigger": trigger, "bytes": size,
+                       "query_id": query_id,
+                       "duration_ms": round((time.monotonic() - started) * 1000, 1)})
     return final
