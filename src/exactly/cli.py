@@ -419,6 +419,27 @@ def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None
             live.update(terminal.render(loaded.overview, rows=rows))
 
 
+@main.command(context_settings={"show_default": True})
+@click.argument("checkpoints_", nargs=-1, required=True, metavar="CHECKPOINT...",
+                type=click.Path(file_okay=False))
+@click.option("--port", default=8081, type=click.IntRange(1, 65535),
+              help="Port to listen on (Flink's web UI uses 8081 too).")
+@click.option("--host", default="127.0.0.1",
+              help="Address to listen on; the default keeps the dashboard on this machine.")
+@reports_failure("ui")
+def ui(checkpoints_: tuple[str, ...], port: int, host: str) -> None:
+    """Serve the checkpoint dashboard, its REST API (/jobs, /jobs/<id>/checkpoints,
+    .../details/<epoch>, .../config) and Prometheus metrics (/metrics) for one or several
+    jobs, until Ctrl-C. Works while the jobs run and after they stopped."""
+    from exactly.monitoring.server import serve
+
+    def ready(url: str) -> None:
+        click.echo(f"exactly ui: dashboard on {url} ({len(checkpoints_)} job(s)); Ctrl-C "
+                   "stops it")
+
+    serve(list(checkpoints_), host=host, port=port, ready=ready)
+
+
 def _follow_records(checkpoint: str, interval: float) -> None:
     """Print every history record of ``checkpoint`` as a JSON line, then new ones as they are
     appended, until Ctrl-C."""

@@ -3,6 +3,7 @@ launcher, both as the restart strategy says, with every id exactly once in the o
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -65,6 +66,34 @@ def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_p
     print(f"recovery seconds: in-process {recoveries[:2]}, process {recoveries[2:]}")
     _audit(tmp_path / "out", rows)
     assert run.status().state == "stopped"
+    _check_checkpoint_history(run, tmp_path / "ck", rows)
+
+
+def _check_checkpoint_history(run: SupervisedRun, ck: Path, rows: int) -> None:
+    """``exactly checkpoints --json`` after the run agrees with Spark's commit log, the
+    restart history and the audited output: every committed epoch completed once in the
+    history, its rows add up to the audited rows, both UDF failures are failed epochs with
+    their cause, every restart is a restore."""
+    shown = run.command("checkpoints", str(ck), "--json")
+    assert shown.returncode == 0, shown.stderr
+    view = json.loads(shown.stdout)
+    completed = [r for r in view["history"] if r["status"] == "completed"]
+    assert sorted(r["epoch"] for r in completed) == run.committed_epochs()
+    assert sum(r["rows_out"] for r in completed) == rows
+    failed = [r for r in view["history"] if r["status"] == "failed"]
+    query_failures = [r for r in failed if r["failure"] == "query"]
+    assert len(query_failures) == 2
+    assert all("injected UDF failure" in r["cause"] for r in query_failures)
+    # a failed epoch is retried: each failed one completed later
+    assert {r["epoch"] for r in failed} <= {r["epoch"] for r in completed}
+    assert [r["failure"] for r in failed if r["failure"] != "query"] in ([], ["process"])
+    restarts = [e for e in run.history() if e["event"] == "failure"]
+    assert view["counts"]["restarts"] == len(restarts) == 3
+    assert view["counts"]["restored"] == 3  # two query restarts, one new driver process
+    assert view["counts"]["completed"] == len(run.committed_epochs())
+    assert view["counts"]["failed"] == len(failed)
+    assert view["status"] == "stopped" and view["warnings"] == []
+    assert view["latest"]["restore"]["source"] == "checkpoint"
 
 
 def test_fixed_delay_with_two_attempts_fails_the_job_on_the_third_failure(tmp_path):
