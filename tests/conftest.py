@@ -47,6 +47,7 @@ FOLDER_LANES = {
     "chaos": ("chaos",),
     "ops": ("spark",),  # exactly run end to end; its server cases also carry ``server``
     "savepoints": ("spark",),  # its PostgreSQL and Kafka cases also carry ``server``
+    "monitoring": ("spark",),  # a live job, `exactly ui`, headless Chromium
 }
 
 

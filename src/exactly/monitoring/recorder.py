@@ -186,9 +186,11 @@ class _Recorder:
     def _terminated(self, watched: Watched, exception: str | None, at: float) -> None:
         self.watched.pop(watched.run_id, None)
         if exception:
+            epoch = epoch_in_flight(watched.checkpoint)
             watched.store.append({"kind": "epoch_failed", "at": at,
-                                  "query_id": watched.query_id,
-                                  "epoch": epoch_in_flight(watched.checkpoint),
+                                  "query_id": watched.query_id, "epoch": epoch,
+                                  "trigger_at": _mtime(watched.checkpoint / "offsets"
+                                                       / str(epoch)),
                                   "failure": "query", "cause": root_cause(exception),
                                   **watched.extra})
         watched.store.append({"kind": "run_end", "at": at, "query_id": watched.query_id,

@@ -186,5 +186,8 @@ def _record_epoch_lost(checkpoint: str, cause: str) -> None:
     offsets = batch_numbers(str(local), "offsets")
     commits = batch_numbers(str(local), "commits")
     if offsets and (not commits or offsets[-1] > commits[-1]):
-        append_now(local, {"kind": "epoch_failed", "epoch": epoch_in_flight(local),
-                           "failure": "process", "cause": cause})
+        epoch = epoch_in_flight(local)
+        started = local / "offsets" / str(epoch)
+        append_now(local, {"kind": "epoch_failed", "epoch": epoch, "failure": "process",
+                           "cause": cause, "trigger_at": started.stat().st_mtime
+                           if started.exists() else None})

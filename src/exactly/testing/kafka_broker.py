@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from exactly.connectors.kafka.jars import BROKER_ENV, jars_dir, missing
 from exactly.errors import ExactlyError
 from exactly.retry import retry_call
+from exactly.testing.ports import free_port
 
 BOOTSTRAP_ENV = "EXACTLY_KAFKA_BOOTSTRAP"
 
@@ -51,11 +51,6 @@ def quiet_conf(bootstrap: str) -> dict[str, str | int | float | bool]:
     """Client settings for helper clients that must not log connection retries."""
     return {"bootstrap.servers": bootstrap, "log_level": 2}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cluster_id() -> str:

@@ -18,12 +18,12 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 from exactly.errors import ConfigError
+from exactly.testing.ports import free_port
 
 SETUP_HINT = ("run scripts/setup.sh (it installs Debian's postgresql package), or set "
               "EXACTLY_PG_BIN to a directory holding initdb, pg_ctl and postgres")
@@ -45,11 +45,6 @@ def find_bin_dir() -> Path:
             return Path(directory)
     raise ConfigError(f"PostgreSQL server binaries (initdb, pg_ctl) not found: {SETUP_HINT}")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TempPostgres:

@@ -1,0 +1,132 @@
+"""The dashboard in headless Chromium (Debian's chromium and chromedriver, driven by Selenium)
+against a live ``exactly run`` job: the history table grows while the job runs, the duration
+chart has one point per completed epoch, a failed epoch shows its cause, the page keeps
+working after the job stopped, a damaged history line shows as a warning, and the browser
+logs no error. The REST API and ``exactly checkpoints --json`` give the same counts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from exactly.monitoring.recorder import history_dir
+from exactly.monitoring.store import HistoryStore
+from exactly.testing.supervised import SupervisedRun
+from exactly.testing.ui import get_json, ui_server
+
+JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(binary) is None:
+            pytest.fail(f"{binary} is missing: run scripts/browser-for-tests.sh (Debian "
+                        "chromium and chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1400,2000", "--disable-gpu"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(predicate, what: str, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the dashboard never showed {what}")
+        time.sleep(0.3)
+
+
+PAGE = """
+const rows = [...document.querySelectorAll('#history tbody tr')];
+const chart = (window.exactlyCharts || {})['chart-duration'];
+return {
+  updated: document.body.dataset.updated || null,
+  rows: rows.length,
+  completed: rows.filter(r => r.dataset.status === 'completed').length,
+  failed: rows.filter(r => r.dataset.status === 'failed')
+              .map(r => [Number(r.dataset.epoch), r.querySelector('.cause').textContent]),
+  points: chart ? chart.data.datasets[0].data.length : null,
+  status: document.getElementById('job-status').textContent,
+  warnings: document.getElementById('warnings').hidden ? ''
+            : document.getElementById('warnings').textContent,
+  cards: Object.fromEntries([...document.querySelectorAll('[data-count]')]
+            .map(c => [c.dataset.count, Number(c.querySelector('.n').textContent)])),
+};
+"""
+
+
+def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
+        browser, tmp_path):
+    ck = tmp_path / "ck"
+    env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": "100000", "JOB_RATE": "150",
+           "JOB_INTERVAL": "500ms", "JOB_FAIL_IDS": "200", "JOB_MARKERS": str(tmp_path)}
+    run = SupervisedRun(JOB, ck, env, log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        with ui_server(ck) as base:
+            browser.get(base + "/")
+            page = lambda: browser.execute_script(PAGE)  # noqa: E731
+            first = _wait(lambda: (p := page())["updated"] and p["rows"] and p, "a history")
+            grown = _wait(lambda: (p := page())["rows"] >= first["rows"] + 3 and p,
+                          "the history growing while the job runs")
+            assert grown["status"] == "running"
+            failed = _wait(lambda: page()["failed"], "a failed epoch")
+            assert "injected UDF failure at id 200" in failed[0][1], failed
+            now = page()
+            assert now["points"] == now["completed"] > 0, now
+            browser.save_screenshot(str(tmp_path / "dashboard.png"))
+            assert (tmp_path / "dashboard.png").stat().st_size > 20_000
+
+            stopped = run.command("stop", str(ck))
+            assert stopped.returncode == 0, stopped.stderr
+            assert run.wait(timeout=120) == 0, run.output()[-3000:]
+            after = _wait(lambda: (p := page())["status"] == "stopped" and p, "the stopped job")
+            time.sleep(2.5)  # one more refresh: the page goes on without a live job
+            after = page()
+            assert after["completed"] == after["points"] == len(run.committed_epochs())
+            assert after["cards"]["completed"] == len(run.committed_epochs())
+            assert after["cards"]["failed"] == len(after["failed"]) >= 1
+
+            (job,) = get_json(f"{base}/jobs")[1]["jobs"]
+            status, rest = get_json(f"{base}/jobs/{job['id']}/checkpoints")
+            assert status == 200
+            cli = run.command("checkpoints", str(ck), "--json")
+            assert cli.returncode == 0, cli.stderr
+            assert json.loads(cli.stdout)["counts"] == rest["counts"] == job["counts"]
+            epoch = rest["history"][0]["epoch"]
+            status, details = get_json(f"{base}/jobs/{job['id']}/checkpoints/details/{epoch}")
+            assert status == 200 and details["epoch"] == epoch
+            assert get_json(f"{base}/jobs/{job['id']}/checkpoints/details/999999")[0] == 404
+            assert get_json(f"{base}/jobs/nope/checkpoints")[0] == 404
+            assert get_json(f"{base}/jobs/{job['id']}/checkpoints/config")[1]["mode"] == \
+                "exactly_once"
+
+            segment = HistoryStore(history_dir(ck)).segments()[-1]
+            with open(segment, "ab") as f:
+                f.write(b'{"kind": "epoch", "at": 1, "epoch": \n')
+            damaged = _wait(lambda: page()["warnings"], "the damaged line's warning")
+            assert "skipped a damaged history line" in damaged and segment.name in damaged
+            assert page()["completed"] == after["completed"]  # the rest still shows
+            severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            assert severe == [], severe
+    finally:
+        run.close()
