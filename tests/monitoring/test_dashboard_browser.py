@@ -16,7 +16,7 @@ import pytest
 from exactly.monitoring.recorder import history_dir
 from exactly.monitoring.store import HistoryStore
 from exactly.testing.supervised import SupervisedRun
-from exactly.testing.ui import get_json, ui_server
+from exactly.testing.ui import get_json, get_text, ui_server
 
 JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -119,6 +119,11 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             assert get_json(f"{base}/jobs/nope/checkpoints")[0] == 404
             assert get_json(f"{base}/jobs/{job['id']}/checkpoints/config")[1]["mode"] == \
                 "exactly_once"
+            metrics = get_text(f"{base}/metrics")
+            completed_metric = (f'exactly_checkpoints{{checkpoint="{ck}",job="{job["id"]}",'
+                                f'status="completed"}} {float(rest["counts"]["completed"])}')
+            assert completed_metric in metrics, metrics
+            assert f'exactly_job_running{{checkpoint="{ck}",job="{job["id"]}"}} 0.0' in metrics
 
             segment = HistoryStore(history_dir(ck)).segments()[-1]
             with open(segment, "ab") as f:
