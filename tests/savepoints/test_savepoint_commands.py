@@ -110,6 +110,21 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     assert not (ck3 / "exactly-job" / "retained").exists()  # the staged copy was taken over
     assert assert_prefix_once(out) > after
 
+    # the checkpoint histories name the savepoints and the restores
+    views = {}
+    for name, checkpoint in (("ck", ck), ("ck2", ck2), ("ck3", ck3)):
+        shown = run.command("checkpoints", str(checkpoint), "--json")
+        assert shown.returncode == 0, shown.stderr
+        views[name] = json.loads(shown.stdout)
+    assert views["ck"]["counts"]["savepoints"] == 2
+    assert views["ck"]["latest"]["savepoint"]["path"] == str(final_sp)
+    assert views["ck"]["latest"]["savepoint"]["trigger"] == "stop"
+    for name, source, path, epoch in (("ck2", "savepoint", final_sp, manifest.epoch),
+                                      ("ck3", "checkpoint", ck2, last)):
+        latest = views[name]["latest"]["restore"]
+        assert (latest["source"], latest["path"], latest["epoch"]) == (source, str(path), epoch)
+        assert views[name]["counts"]["restored"] == 1, views[name]["counts"]
+
 
 @pytest.mark.parametrize("point", [
     "savepoint.copied",

@@ -133,9 +133,11 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
     restored_after: set[int] = set()
     last_failure: dict[str, Any] | None = None
     restore_events: list[dict[str, Any]] = []
+    prepared: Any = None  # the epoch a savepoint restore prepared: its first start is it
     for r in records:
         kind = r["kind"]
         if kind == "epoch" and isinstance(r.get("epoch"), int):
+            prepared = None
             ck = r.get("checkpoint") or {}
             rows[r["epoch"]] = EpochRow(
                 r["epoch"], "completed", r.get("trigger_at"), r.get("end_at"),
@@ -149,12 +151,16 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
             last_failure = r
         elif kind == "run" and r.get("resumed_after_epoch") is not None:
             restored_after.add(int(r["resumed_after_epoch"]) + 1)
+            if prepared is not None and prepared == r["resumed_after_epoch"]:
+                prepared = None  # the start of the restore recorded just before
+                continue
             restore_events.append({"at": r["at"], "source": "checkpoint",
                                    "epoch": r["resumed_after_epoch"],
                                    "after_failure": (last_failure or {}).get("cause"),
                                    "path": str(directory)})
             last_failure = None
         elif kind == "restore":
+            prepared = r.get("epoch")
             restore_events.append({"at": r["at"], "source": r.get("source", "savepoint"),
                                    "epoch": r.get("epoch"), "path": r.get("path"),
                                    "after_failure": None})

@@ -104,6 +104,8 @@ class _Recorder:
             for pending in self.pending.pop(watched.run_id, (0.0, []))[1]:
                 self._handle(pending)
         elif kind in ("progress", "terminated"):
+            if kind == "progress" and event[1] is None:  # the run id is in the JSON
+                event = ("progress", str(json.loads(event[2]).get("runId")), *event[2:])
             watched_or_none = self.watched.get(event[1])
             if watched_or_none is None:
                 self._stash(event)
@@ -220,27 +222,47 @@ def _the_recorder() -> _Recorder:
         return _recorder
 
 
-def history_listener(recorder: _Recorder) -> Any:
-    """A :class:`~pyspark.sql.streaming.StreamingQueryListener` that puts Spark's query
-    events on the recorder's queue and does nothing else (PySpark is imported here, so that
-    processes without Spark -- ``exactly run``'s launcher -- can record without it)."""
-    from pyspark.sql.streaming import StreamingQueryListener
+class _JavaListener:
+    """Spark's ``PythonStreamingQueryListener`` interface, implemented for Py4J.
 
-    class HistoryListener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
+    PySpark's own ``StreamingQueryListener`` converts every progress event field by field
+    (one Py4J round trip per field, per state operator, per source) before calling Python;
+    this listener asks the JVM for the progress as one JSON string and puts it on the
+    recorder's queue: two round trips per epoch on Spark's listener bus thread."""
 
-        def onQueryProgress(self, event: Any) -> None:
-            progress = event.progress
-            recorder.submit("progress", str(progress.runId), progress.json, time.time())
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
 
-        def onQueryIdle(self, event: Any) -> None:
-            pass
+    def onQueryStarted(self, jevent: Any) -> None:
+        pass
 
-        def onQueryTerminated(self, event: Any) -> None:
-            recorder.submit("terminated", str(event.runId), event.exception, time.time())
+    def onQueryProgress(self, jevent: Any) -> None:
+        self.recorder.submit("progress", None, jevent.progress().json(), time.time())
 
-    return HistoryListener()
+    def onQueryIdle(self, jevent: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        error = jevent.exception()
+        self.recorder.submit("terminated", jevent.runId().toString(),
+                             error.get() if error.isDefined() else None, time.time())
+
+    class Java:
+        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+def _add_listener(spark: Any, recorder: _Recorder) -> Any:
+    """Register a :class:`_JavaListener` on ``spark``'s streaming query manager (wrapped
+    in PySpark's ``PythonStreamingQueryListenerWrapper``, as PySpark's ``addListener``
+    does); returns the JVM listener."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    gateway = spark.sparkContext._gateway
+    ensure_callback_server_started(gateway)  # the JVM calls the listener back through it
+    wrapper = gateway.jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
+    jlistener = wrapper(_JavaListener(recorder))
+    spark._jsparkSession.streams().addListener(jlistener)
+    return jlistener
 
 
 def _mtime(path: Path) -> float | None:
@@ -269,9 +291,7 @@ def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any
     ``run_record``. Registers the listener on ``spark`` once."""
     recorder = _the_recorder()
     if getattr(spark, "_exactly_history_listener", None) is None:
-        listener = history_listener(recorder)
-        spark.streams.addListener(listener)
-        spark._exactly_history_listener = listener
+        spark._exactly_history_listener = _add_listener(spark, recorder)
     store = HistoryStore(history_dir(checkpoint))
     sizes = CheckpointSizes(checkpoint, exclude=(f"exactly-job/{HISTORY_DIR}",))
     watched = Watched(str(query.id), str(query.runId), checkpoint, store, sink_log, backend,
