@@ -43,7 +43,11 @@ def test_settled_directories_are_not_listed_again(tmp_path):
     os.utime(tmp_path / "a", (old, old))
     assert sizes.measure().full_bytes == 10
     _write(tmp_path / "a" / "g", 5)  # a new file changes the directory's time
-    assert sizes.measure().full_bytes == 99 + 5
+    assert sizes.measure().full_bytes == 10 + 5  # f was listed and settled: not stat'ed
+    replaced = tmp_path / "a" / ".f.tmp"  # how Spark and exactly rewrite: a rename over it
+    replaced.write_bytes(b"x" * 7)
+    os.replace(replaced, tmp_path / "a" / "f")
+    assert sizes.measure().full_bytes == 7 + 5
 
 
 def test_a_missing_checkpoint_measures_zero(tmp_path):

@@ -30,8 +30,8 @@ class SizeSample:
 @dataclass
 class _Dir:
     mtime_ns: int
-    #: file name -> (size, mtime in seconds)
-    files: dict[str, tuple[int, float]]
+    #: file name -> (size, mtime in seconds, inode)
+    files: dict[str, tuple[int, float, int]]
     subdirs: list[str]
 
 
@@ -56,7 +56,7 @@ class CheckpointSizes:
             entry = self._scan(directory)
             if entry is None:
                 continue
-            for size, mtime in entry.files.values():
+            for size, mtime, _ in entry.files.values():
                 full += size
                 files += 1
                 if since is not None and mtime >= since:
@@ -81,17 +81,25 @@ class CheckpointSizes:
         if (cached is not None and cached.mtime_ns == mtime_ns
                 and time.time() - mtime_ns / 1e9 > _SETTLED_S):
             return cached
-        files: dict[str, tuple[int, float]] = {}
+        files: dict[str, tuple[int, float, int]] = {}
         subdirs: list[str] = []
+        # a file listed before, with the same inode and settled, keeps its size: Spark and
+        # exactly write a file once and rename it into place (a rename over a name brings a
+        # new inode), so only new files are stat'ed
+        known = cached.files if cached is not None else {}
+        settled = time.time() - _SETTLED_S
         try:
             with os.scandir(directory) as entries:
                 for item in entries:
                     try:
                         if item.is_dir(follow_symlinks=False):
                             subdirs.append(item.name)
+                        elif (item.name in known and known[item.name][1] < settled
+                              and known[item.name][2] == item.inode()):
+                            files[item.name] = known[item.name]
                         elif item.is_file(follow_symlinks=False):
                             stat = item.stat(follow_symlinks=False)
-                            files[item.name] = (stat.st_size, stat.st_mtime)
+                            files[item.name] = (stat.st_size, stat.st_mtime, stat.st_ino)
                     except FileNotFoundError:
                         continue  # removed while listed (Spark's maintenance, a temp file)
         except FileNotFoundError:
