@@ -164,6 +164,16 @@ def test_records_that_are_not_records_are_refused(tmp_path):
     assert store.read().records == []
 
 
+def test_paths_and_enum_members_are_written_as_strings(tmp_path):
+    from exactly.config import Mode
+
+    store = HistoryStore(tmp_path / "h")
+    store.append({"kind": "restore", "at": 1.0, "path": tmp_path / "sp",
+                  "mode": Mode.AT_LEAST_ONCE})
+    (record,) = store.read().records
+    assert record["path"] == str(tmp_path / "sp") and record["mode"] == "at_least_once"
+
+
 def test_a_missing_directory_reads_as_an_empty_history(tmp_path):
     read = HistoryStore(tmp_path / "nowhere").read()
     assert read.records == [] and read.skipped == []

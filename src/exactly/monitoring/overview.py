@@ -133,11 +133,11 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
     restored_after: set[int] = set()
     last_failure: dict[str, Any] | None = None
     restore_events: list[dict[str, Any]] = []
-    prepared: Any = None  # the epoch a savepoint restore prepared: its first start is it
+    prepared = False  # a restore was recorded: the next start is that restore's start
     for r in records:
         kind = r["kind"]
         if kind == "epoch" and isinstance(r.get("epoch"), int):
-            prepared = None
+            prepared = False
             ck = r.get("checkpoint") or {}
             rows[r["epoch"]] = EpochRow(
                 r["epoch"], "completed", r.get("trigger_at"), r.get("end_at"),
@@ -151,8 +151,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
             last_failure = r
         elif kind == "run" and r.get("resumed_after_epoch") is not None:
             restored_after.add(int(r["resumed_after_epoch"]) + 1)
-            if prepared is not None and prepared == r["resumed_after_epoch"]:
-                prepared = None  # the start of the restore recorded just before
+            if prepared:
+                prepared = False  # the start of the restore recorded just before
                 continue
             restore_events.append({"at": r["at"], "source": "checkpoint",
                                    "epoch": r["resumed_after_epoch"],
@@ -160,7 +160,7 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                                    "path": str(directory)})
             last_failure = None
         elif kind == "restore":
-            prepared = r.get("epoch")
+            prepared = True
             restore_events.append({"at": r["at"], "source": r.get("source", "savepoint"),
                                    "epoch": r.get("epoch"), "path": r.get("path"),
                                    "after_failure": None})

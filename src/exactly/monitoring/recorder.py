@@ -69,6 +69,8 @@ class _Recorder:
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.watched: dict[str, Watched] = {}
         self.pending: dict[str, tuple[float, list[tuple[Any, ...]]]] = {}
+        #: Spark run id -> set once the run's end is recorded (see :func:`wait_ended`)
+        self.ended: dict[str, threading.Event] = {}
         self._errors: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="exactly-history",
                                         daemon=True)
@@ -130,6 +132,8 @@ class _Recorder:
             stash.append(event)
 
     def _progress(self, watched: Watched, progress_json: str, at: float) -> None:
+        if not watched.checkpoint.is_dir():
+            return  # deleted (a cancel with delete_on_cancellation): never recreate it
         progress = json.loads(progress_json)
         epoch = int(progress.get("batchId", -1))
         if not records.ran(progress) or epoch <= watched.last_epoch:
@@ -152,14 +156,20 @@ class _Recorder:
         ``commit-log``; times from the log files, rows from the sink's completion)."""
         from exactly.spark.checkpoint import batch_numbers
 
-        recorded = [r["epoch"] for r in watched.store.read().records
+        records = watched.store.read().records
+        recorded = [r["epoch"] for r in records
                     if r["kind"] == "epoch" and isinstance(r.get("epoch"), int)]
         newest = max(recorded, default=-1)
+        # epochs a restore wrote (copied from a savepoint, or Spark's repartition) are not
+        # this job's work: they are older than the restore's record
+        restored_at = max((r["at"] for r in records if r["kind"] == "restore"), default=0.0)
         for epoch in batch_numbers(str(watched.checkpoint), "commits"):
             if epoch <= newest:
                 continue
             trigger_at = _mtime(watched.checkpoint / "offsets" / str(epoch))
             end_at = _mtime(watched.checkpoint / "commits" / str(epoch))
+            if end_at is None or end_at <= restored_at:
+                continue
             completion = self._completion(watched, epoch)
             sink = {k: completion.get(k) for k in ("rows", "handles", "already_committed",
                                                    "commit_ms", "run_id")} if completion else None
@@ -187,6 +197,16 @@ class _Recorder:
 
     def _terminated(self, watched: Watched, exception: str | None, at: float) -> None:
         self.watched.pop(watched.run_id, None)
+        try:
+            self._record_end(watched, exception, at)
+        finally:
+            ended = self.ended.get(watched.run_id)
+            if ended is not None:
+                ended.set()
+
+    def _record_end(self, watched: Watched, exception: str | None, at: float) -> None:
+        if not watched.checkpoint.is_dir():
+            return
         if exception:
             epoch = epoch_in_flight(watched.checkpoint)
             watched.store.append({"kind": "epoch_failed", "at": at,
@@ -297,7 +317,23 @@ def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any
     watched = Watched(str(query.id), str(query.runId), checkpoint, store, sink_log, backend,
                       sizes,
                       extra=dict(extra or {}))
+    recorder.ended[watched.run_id] = threading.Event()
     recorder.submit("watch", watched, run_record)
+
+
+def wait_ended(run_id: str, timeout: float = 10.0) -> bool:
+    """Wait until the end of Spark run ``run_id`` (a stopped or failed query) is in its
+    history, at most ``timeout`` s; True when it is (or the run is not recorded). Spark
+    tells listeners asynchronously: a query's ``awaitTermination`` returns before."""
+    if _recorder is None:
+        return True
+    ended = _recorder.ended.get(run_id)
+    if ended is None:
+        return True
+    done = ended.wait(timeout)
+    if done:
+        _recorder.ended.pop(run_id, None)
+    return done
 
 
 def append_now(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> bool:

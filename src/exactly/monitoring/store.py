@@ -33,6 +33,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,8 @@ class HistoryStore:
         failing for: exactly's listener logs it and goes on)."""
         _check_record(record)
         try:
-            line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+            line = (json.dumps(record, separators=(",", ":"), allow_nan=False,
+                               default=_plain) + "\n").encode()
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"history: record is not JSON-serializable: {exc}") from None
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -150,6 +152,15 @@ class HistoryStore:
             except FileNotFoundError:
                 continue
         return total
+
+
+def _plain(value: Any) -> Any:
+    """JSON for the few non-JSON values records carry: paths and enum members."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _check_record(record: Any) -> None:

@@ -95,7 +95,7 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
     return take_savepoint(job.df.sparkSession, str(retained), staging,
                           operators=recorded_operators(job_dir(retained)),
                           sinks=[sink_info(job, str(retained))], trigger="checkpoint",
-                          job=_job_info(job, str(retained)))
+                          job=_job_info(job, str(retained)), record=False)
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     state = decide(job, manifest, request.sink_rollback, query_id)
     done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
                         origin=request.savepoint,
+                        restored_from="checkpoint" if retained else "savepoint",
                         before_done=lambda: hand_over(job, manifest, state,
                                                       request.sink_rollback, query_id))
     if retained:

@@ -296,15 +296,17 @@ def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> No
 def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path, *,
                  mode: RestoreMode = RestoreMode.NO_CLAIM, query_id: str | None = None,
                  before_done: Callable[[], dict[str, Any]] | None = None,
-                 origin: str | None = None) -> dict[str, Any]:
+                 origin: str | None = None,
+                 restored_from: str = "savepoint") -> dict[str, Any]:
     """Write the new checkpoint at ``checkpoint`` as ``plan`` says; returns what was done.
 
     The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``). A
     marker in ``exactly-job/restore.json`` records the restore; a crash before it completes
     leaves a marker the next attempt recognises and redoes from scratch. ``before_done``
     runs last, before the marker says done (the sink's take-over); what it returns is
-    recorded. ``origin`` is what the marker names as restored (default: the savepoint).
-    """
+    recorded. ``origin`` is what the marker names as restored (default: the savepoint);
+    ``restored_from`` (``savepoint`` or ``checkpoint``) what the history's ``restore`` record
+    calls it."""
     from exactly.savepoints import state_writer
 
     dest = Path(checkpoint)
@@ -401,7 +403,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             "mode": mode.value, **plan.describe(), **sink,
             "savepoint": origin or str(plan.savepoint)}
     atomic_write_json(marker, done)
-    append_now(dest, {"kind": "restore", "source": "checkpoint" if origin else "savepoint",
+    append_now(dest, {"kind": "restore", "source": restored_from,
                       "path": done["savepoint"], "epoch": epoch, "mode": mode.value,
                       "query_id": query_id, "plan": plan.describe()})
     if claim:  # the job has taken the savepoint over: it is not restored again

@@ -238,9 +238,11 @@ def _store_sizes(op_path: Path, stores: list[StoreInfo]) -> None:
 def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLike[str], *,
                    operators: list[JobOperator] | None = None,
                    sinks: list[SinkInfo] | None = None, trigger: str = "savepoint",
-                   job: dict[str, Any] | None = None) -> Path:
+                   job: dict[str, Any] | None = None, record: bool = True) -> Path:
     """Take a savepoint of ``checkpoint``'s last completed epoch under ``target``; returns
-    its directory (``target/savepoint-<epoch>-<id>``).
+    its directory (``target/savepoint-<epoch>-<id>``). ``record`` adds a ``savepoint``
+    record to the checkpoint's history (off where the checkpoint must stay unwritten: a
+    retained checkpoint being restored).
 
     Safe while the query runs. Raises SavepointError when no epoch has completed yet, the
     checkpoint is not local, or a state version cannot be copied. A crash leaves only a
@@ -289,8 +291,9 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     log_event(logger, "savepoint_taken", path=str(final), epoch=epoch,
               operators=len(infos), rows=sum(s.rows for o in infos for s in o.stores),
               bytes=size)
-    append_now(local, {"kind": "savepoint", "epoch": epoch, "path": str(final),
-                       "savepoint_id": savepoint_id, "trigger": trigger, "bytes": size,
-                       "query_id": query_id,
-                       "duration_ms": round((time.monotonic() - started) * 1000, 1)})
+    if record:
+        append_now(local, {"kind": "savepoint", "epoch": epoch, "path": str(final),
+                           "savepoint_id": savepoint_id, "trigger": trigger,
+                           "bytes": size, "query_id": query_id,
+                           "duration_ms": round((time.monotonic() - started) * 1000, 1)})
     return final

@@ -56,23 +56,37 @@ class ExactlyQuery:
     config: CheckpointConfig
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
-        """Wait for the query to end (at most ``timeout`` seconds); re-raises its failure."""
-        # pyspark's stub says int, but it takes seconds as any number (int(timeout * 1000))
-        return self.query.awaitTermination(cast(int | None, timeout))
+        """Wait for the query to end (at most ``timeout`` seconds); re-raises its failure.
+        When it ended, its end is in the checkpoint's history too."""
+        try:
+            # pyspark's stub says int, but it takes seconds as any number
+            return self.query.awaitTermination(cast(int | None, timeout))
+        finally:
+            self._history_ended()
 
     def stop(self) -> None:
         """Stop the query; the checkpoint stays, so a restart resumes where it stopped."""
         self.query.stop()
+        self._history_ended()
 
     def cancel(self) -> None:
         """Stop the query and apply ``externalized_cleanup`` to its checkpoint."""
         self.query.stop()
+        self._history_ended()
         if self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION:
             local = local_checkpoint(self.checkpoint_location)
             if local is None:
                 raise ConfigError(f"cannot delete non-local checkpoint {self.checkpoint_location}"
                                   "; remove it with the storage's own tools")
             shutil.rmtree(local, ignore_errors=True)
+
+    def _history_ended(self) -> None:
+        """Once the query is no longer active, wait (briefly) until the recorder wrote its
+        end: nothing is appended to the checkpoint after this returns."""
+        if not self.query.isActive:
+            from exactly.monitoring.recorder import wait_ended
+
+            wait_ended(str(self.query.runId), timeout=10.0)
 
 
 def source_names(df: DataFrame) -> list[str]:
