@@ -122,6 +122,7 @@ class HistoryStore:
                     old.unlink(missing_ok=True)
                 number = _number(current) + 1 if current is not None else 1
                 current = self.directory / self._segment_name(number)
+            assert current is not None
             fd = os.open(current, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 _write_all(fd, line)

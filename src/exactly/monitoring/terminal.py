@@ -98,7 +98,7 @@ def render(view: Overview, *, rows: int = 10) -> Group:
                             ("duration", "right"), ("new", "right"), ("full", "right"),
                             ("rows in", "right"), ("rows out", "right"),
                             *((("cause", "left"),) if causes else ())):
-        history.add_column(column, justify=justify, no_wrap=column != "cause")  # type: ignore[arg-type]
+        history.add_column(column, justify=justify, no_wrap=column != "cause")
     for row in shown:
         style = {"failed": "red", "in_progress": "yellow"}.get(row.status)
         status = row.status.replace("_", " ") + (" *" if row.restored else "")
