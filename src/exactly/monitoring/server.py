@@ -160,6 +160,23 @@ def create_app(jobs: Jobs) -> Starlette:
     return Starlette(routes=routes)
 
 
+#: per-job gauges: key -> (metric name, help text)
+_METRICS = {
+    "restored": ("exactly_checkpoints_restored", "Restores from a checkpoint or savepoint"),
+    "restarts": ("exactly_job_restarts", "Restarts after failures"),
+    "up": ("exactly_job_running", "1 while the job runs"),
+    "epoch": ("exactly_last_checkpoint_epoch", "Epoch of the latest completed checkpoint"),
+    "duration": ("exactly_last_checkpoint_duration_seconds",
+                 "End-to-end duration of the latest completed checkpoint"),
+    "full": ("exactly_last_checkpoint_size_bytes",
+             "Full checkpoint size on disk after the latest completed checkpoint"),
+    "new": ("exactly_last_checkpoint_new_bytes", "Bytes the latest completed checkpoint added"),
+    "rows": ("exactly_last_checkpoint_rows", "Input rows of the latest completed checkpoint"),
+    "age": ("exactly_last_checkpoint_end_timestamp_seconds",
+            "When the latest completed checkpoint ended (Unix time)"),
+}
+
+
 class _Collector:
     """Prometheus metrics of every job, computed at scrape time."""
 
@@ -168,36 +185,11 @@ class _Collector:
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         labels = ["job", "checkpoint"]
-        families = {
-            "checkpoints": GaugeMetricFamily(
-                "exactly_checkpoints", "Checkpoints (epochs) by status since the history "
-                "began", labels=[*labels, "status"]),
-            "restored": GaugeMetricFamily("exactly_checkpoints_restored",
-                                          "Restores from a checkpoint or savepoint",
-                                          labels=labels),
-            "restarts": GaugeMetricFamily("exactly_job_restarts",
-                                          "Restarts after failures", labels=labels),
-            "up": GaugeMetricFamily("exactly_job_running", "1 while the job runs",
-                                    labels=labels),
-            "epoch": GaugeMetricFamily("exactly_last_checkpoint_epoch",
-                                       "Epoch of the latest completed checkpoint",
-                                       labels=labels),
-            "duration": GaugeMetricFamily("exactly_last_checkpoint_duration_seconds",
-                                          "End-to-end duration of the latest completed "
-                                          "checkpoint", labels=labels),
-            "full": GaugeMetricFamily("exactly_last_checkpoint_size_bytes",
-                                      "Full checkpoint size on disk after the latest "
-                                      "completed checkpoint", labels=labels),
-            "new": GaugeMetricFamily("exactly_last_checkpoint_new_bytes",
-                                     "Bytes the latest completed checkpoint added",
-                                     labels=labels),
-            "rows": GaugeMetricFamily("exactly_last_checkpoint_rows",
-                                      "Input rows of the latest completed checkpoint",
-                                      labels=labels),
-            "age": GaugeMetricFamily("exactly_last_checkpoint_end_timestamp_seconds",
-                                     "When the latest completed checkpoint ended (Unix "
-                                     "time)", labels=labels),
-        }
+        families = {key: GaugeMetricFamily(name, text, labels=labels)
+                    for key, (name, text) in _METRICS.items()}
+        families["checkpoints"] = GaugeMetricFamily(
+            "exactly_checkpoints", "Checkpoints (epochs) by status since the history began",
+            labels=[*labels, "status"])
         for jid, loaded in self.jobs.all():
             view = loaded.overview
             values = [jid, view.checkpoint]
