@@ -115,6 +115,7 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             epoch = rest["history"][0]["epoch"]
             status, details = get_json(f"{base}/jobs/{job['id']}/checkpoints/details/{epoch}")
             assert status == 200 and details["epoch"] == epoch
+            _assert_duration_parts(base, job["id"], rest["history"])
             assert get_json(f"{base}/jobs/{job['id']}/checkpoints/details/999999")[0] == 404
             assert get_json(f"{base}/jobs/nope/checkpoints")[0] == 404
             assert get_json(f"{base}/jobs/{job['id']}/checkpoints/config")[1]["mode"] == \
@@ -135,3 +136,22 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             assert severe == [], severe
     finally:
         run.close()
+
+
+def _assert_duration_parts(base: str, job_id: str, history: list[dict]) -> None:
+    """An epoch that wrote rows splits its duration into Spark's parts, the processing and
+    the sink's pre-commit and commit, as measured by the sink (its completion record)."""
+    for row in history:
+        if row["status"] != "completed" or not row.get("rows_out"):
+            continue
+        record = get_json(f"{base}/jobs/{job_id}/checkpoints/details/{row['epoch']}")[1]["record"]
+        if "parts_ms" not in record:
+            continue  # recorded from the commit log after a restart: no Spark progress
+        parts = record["parts_ms"]
+        assert parts["sink_pre_commit"] == record["sink"]["pre_commit_ms"] > 0, record
+        assert parts["sink_commit"] == record["sink"]["commit_ms"] > 0, record
+        assert parts["processing"] > 0, record
+        # the parts are disjoint pieces of Spark's triggerExecution (whole milliseconds)
+        assert sum(parts.values()) <= record["duration_ms"] + 1, record
+        return
+    raise AssertionError(f"no completed epoch with rows and Spark's progress in {history}")

@@ -16,7 +16,9 @@ import pytest
 from exactly.audit import data_files
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import OwnershipError
+from exactly.protocol.contract import TaskInfo
 from exactly.protocol.faults import ACTION_ENV, FaultPoint, FaultSpec, maybe_crash
+from exactly.protocol.task import slowest, write_task
 from exactly.testing.harness import ProtocolHarness
 
 
@@ -71,3 +73,30 @@ def test_a_pause_action_stalls_at_the_point_until_its_file_is_removed(tmp_path, 
     hold.unlink()
     worker.join(timeout=10)
     assert passed.is_set()
+
+
+def test_the_completion_keeps_the_slowest_pre_commit_of_the_handles_it_committed(tmp_path):
+    """The history's ``sink_pre_commit`` part: each task times its pre-commit; the commit
+    keeps the slowest in the completion record, and a commit that finishes an earlier
+    call's intent (whose handles the new tasks are not) records none."""
+    sink = FileSink(str(tmp_path / "out"))
+    h = ProtocolHarness(sink)
+    batch = pa.record_batch({"id": list(range(1000))})
+
+    def tasks(epoch: int, first_attempt: int) -> list:
+        return [write_task(sink, TaskInfo(h.query_id, h.run_id, epoch, p, first_attempt + p),
+                           [batch]) for p in range(2)]
+
+    done = tasks(0, 0)
+    assert all(o.handle is not None and o.pre_commit_ms > 0 for o in done), done
+    h.committer.commit_epoch(0, [o.handle for o in done],
+                             pre_commit_ms=slowest(o.pre_commit_ms for o in done))
+    assert h.completion(0)["pre_commit_ms"] == max(o.pre_commit_ms for o in done)
+
+    first = tasks(1, 2)
+    with h.fail_at(FaultPoint.AFTER_INTENT, epoch=1):
+        h.committer.commit_epoch(1, [o.handle for o in first], pre_commit_ms=1.0)
+    retried = tasks(1, 4)  # Spark retries the epoch: new tasks, the intent still decides
+    h.committer.commit_epoch(1, [o.handle for o in retried], pre_commit_ms=2.0)
+    assert "pre_commit_ms" not in h.completion(1)
+    assert slowest([None, None]) is None

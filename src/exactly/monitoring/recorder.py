@@ -30,6 +30,7 @@ from typing import Any
 from exactly.causes import root_cause
 from exactly.logs import log_event
 from exactly.monitoring import records
+from exactly.monitoring.records import SINK_STATS
 from exactly.monitoring.sizes import CheckpointSizes
 from exactly.monitoring.store import HistoryStore
 
@@ -171,8 +172,7 @@ class _Recorder:
             if end_at is None or end_at <= restored_at:
                 continue
             completion = self._completion(watched, epoch)
-            sink = {k: completion.get(k) for k in ("rows", "handles", "already_committed",
-                                                   "commit_ms", "run_id")} if completion else None
+            sink = {k: completion.get(k) for k in SINK_STATS} if completion else None
             watched.store.append({
                 "kind": "epoch", "at": end_at or time.time(), "status": "completed",
                 "epoch": epoch, "query_id": watched.query_id, "recovered_from": "commit-log",

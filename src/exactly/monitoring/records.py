@@ -28,6 +28,8 @@ from typing import Any
 SPARK_PARTS = {"queryPlanning": "planning", "latestOffset": "source_offsets",
                "getBatch": "source_batch", "walCommit": "offsets_log",
                "commitOffsets": "commit_log"}
+#: the fields of the sink's completion record (its commit log) an epoch record keeps
+SINK_STATS = ("rows", "handles", "already_committed", "pre_commit_ms", "commit_ms", "run_id")
 #: state metrics that measure bytes on disk or in memory, per backend
 _STATE_BYTES = ("stateOnCurrentVersionSizeBytes", "rocksdbTotalSizeSstFiles",
                 "rocksdbSstFileSize")
@@ -75,17 +77,20 @@ def epoch_record(progress: dict[str, Any], *, ended_at: float,
 
     ``parts_ms`` splits ``duration_ms`` (Spark's ``triggerExecution``): planning, the
     sources' offsets and batch, the offsets log, processing (the tasks: read, transform,
-    state, write and pre-commit), the sink's commit (from the sink's own log) and Spark's
-    commit log; ``state_commit_ms`` is the tasks' state-store commit time, summed."""
+    state, write), the sink's pre-commit (the slowest task's) and commit (both from the
+    sink's own log) and Spark's commit log; ``state_commit_ms`` is the tasks' state-store
+    commit time, summed."""
     durations = {k: int(v) for k, v in (progress.get("durationMs") or {}).items()}
-    sink_commit = None
-    if completion is not None and completion.get("commit_ms") is not None:
-        sink_commit = float(completion["commit_ms"])
+    sink_pre_commit = _millis(completion, "pre_commit_ms")
+    sink_commit = _millis(completion, "commit_ms")
     parts: dict[str, float] = {name: durations[key] for key, name in SPARK_PARTS.items()
                                if key in durations}
     add_batch = durations.get("addBatch")
     if add_batch is not None:
-        parts["processing"] = max(0.0, add_batch - (sink_commit or 0.0))
+        parts["processing"] = max(0.0, round(
+            add_batch - (sink_pre_commit or 0.0) - (sink_commit or 0.0), 3))
+    if sink_pre_commit is not None:
+        parts["sink_pre_commit"] = round(sink_pre_commit, 3)
     if sink_commit is not None:
         parts["sink_commit"] = round(sink_commit, 3)
     state = state_operators(progress, backend)
@@ -110,10 +115,15 @@ def epoch_record(progress: dict[str, Any], *, ended_at: float,
     }
     if completion is not None:
         record["sink"] = {k: completion.get(k) for k in
-                          ("rows", "handles", "already_committed", "commit_ms", "run_id")}
+                          SINK_STATS}
         if record["rows_out"] is None:
             record["rows_out"] = completion.get("rows")
     return record
+
+
+def _millis(completion: dict[str, Any] | None, key: str) -> float | None:
+    value = None if completion is None else completion.get(key)
+    return None if value is None else float(value)
 
 
 def config_summary(config: Any) -> dict[str, Any]:

@@ -80,8 +80,12 @@ class Committer:
         return True
 
     # -- step 2 ----------------------------------------------------------------------
-    def commit_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
-        """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts."""
+    def commit_epoch(self, epoch: int, handles: Sequence[Handle], *,
+                     pre_commit_ms: float | None = None) -> None:
+        """Commit epoch ``epoch`` exactly once, whatever happened to earlier attempts.
+
+        ``pre_commit_ms`` (the slowest task's pre-commit) is kept in the completion record
+        for the checkpoint history; it changes nothing in the protocol."""
         started = time.perf_counter()
         if self.settings.mode is Mode.AT_LEAST_ONCE:
             # Data became visible inside the tasks; only the crash points remain, so the
@@ -116,12 +120,13 @@ class Committer:
             maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
         else:  # written by this run before a failed commit call: the intent wins
             new = [h for h in handles if h.key not in intent.keys]
+            pre_commit_ms = None  # these handles are not the ones the intent commits
             if same_input(intent.input, current) is False:
                 self._finish(intent, started)
                 self._check_replay(epoch, intent.input, current, new,
                                    self.log.intent_path(epoch))
             self._abort_all(new)
-        self._finish(intent, started)
+        self._finish(intent, started, pre_commit_ms)
         self._sweep_own_leftovers(query_id, run_id, epoch)
 
     def _check_replay(self, epoch: int, recorded: dict | None, current: dict | None,
@@ -151,7 +156,8 @@ class Committer:
                       detail=str(exc))
             raise
 
-    def _finish(self, intent: Intent, started: float | None = None) -> None:
+    def _finish(self, intent: Intent, started: float | None = None,
+                pre_commit_ms: float | None = None) -> None:
         """Steps 2c-2d: commit every handle of the intent, publish, record complete."""
         outcomes = []
         for i, handle in enumerate(intent.handles):
@@ -169,6 +175,8 @@ class Committer:
         }
         if started is not None:
             stats["commit_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        if pre_commit_ms is not None:
+            stats["pre_commit_ms"] = pre_commit_ms
         stats["input"] = intent.input
         self.log.mark_complete(intent.epoch, stats)
         log_event(logger, "epoch_complete", epoch=intent.epoch,

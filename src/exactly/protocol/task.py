@@ -16,13 +16,23 @@ through :func:`run_task`, so they agree on every detail:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from exactly.config import Mode
 from exactly.protocol.contract import Handle, TaskInfo, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultPoint, FaultSpec, SimulatedCrash, maybe_crash
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What one task attempt produced: its handle and how long its pre-commit took."""
+
+    handle: Handle | None  # None: the task had no rows and pre-committed nothing
+    pre_commit_ms: float | None  # None when nothing was pre-committed
 
 
 def run_task(sink: TwoPhaseCommitSink, task: TaskInfo, batches: Iterable[pa.RecordBatch], *,
@@ -34,6 +44,12 @@ def run_task(sink: TwoPhaseCommitSink, task: TaskInfo, batches: Iterable[pa.Reco
     even after every process involved crashed; when it raises, nothing of the task stays
     staged in the target.
     """
+    return write_task(sink, task, batches, mode=mode, fault=fault).handle
+
+
+def write_task(sink: TwoPhaseCommitSink, task: TaskInfo, batches: Iterable[pa.RecordBatch], *,
+               mode: Mode = Mode.EXACTLY_ONCE, fault: FaultSpec | None = None) -> TaskOutcome:
+    """:func:`run_task` that also reports the pre-commit's wall time (for the history)."""
     txn = sink.begin_transaction(task)
     try:
         wrote = False
@@ -47,8 +63,10 @@ def run_task(sink: TwoPhaseCommitSink, task: TaskInfo, batches: Iterable[pa.Reco
         if not wrote:
             maybe_crash(fault, FaultPoint.IN_WRITE, task.epoch)
             sink.abort_transaction(txn)
-            return None
+            return TaskOutcome(None, None)
+        started = time.perf_counter()
         payload = sink.pre_commit(txn)
+        pre_commit_ms = round((time.perf_counter() - started) * 1000, 3)
     except SimulatedCrash:
         raise
     except BaseException:
@@ -57,4 +75,10 @@ def run_task(sink: TwoPhaseCommitSink, task: TaskInfo, batches: Iterable[pa.Reco
     handle: Handle = Handle(task, payload)
     if mode is Mode.AT_LEAST_ONCE:
         sink.commit_visible(handle)
-    return handle
+    return TaskOutcome(handle, pre_commit_ms)
+
+
+def slowest(times: Iterable[float | None]) -> float | None:
+    """The longest of the tasks' pre-commit times, or None when no task pre-committed."""
+    known = [t for t in times if t is not None]
+    return max(known) if known else None

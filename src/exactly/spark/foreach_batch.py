@@ -37,9 +37,13 @@ from exactly.logs import log_event
 from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultSpec, SimulatedCrash
-from exactly.protocol.task import run_task
+from exactly.protocol.task import slowest, write_task
 
 logger = logging.getLogger("exactly.foreach_batch")
+
+
+#: what each task of ``mapInArrow`` returns: its handle (JSON) and its pre-commit time
+_HANDLE_ROWS = pa.schema([("handle", pa.string()), ("pre_commit_ms", pa.float64())])
 
 
 def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | None,
@@ -54,9 +58,11 @@ def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | N
             raise ExactlyError("TwoPhaseForeachBatch: the partition writer runs in Spark "
                                "tasks only")
         task = TaskInfo(query_id, run_id, epoch, ctx.partitionId(), ctx.taskAttemptId())
-        handle = run_task(sink, task, batches, mode=mode, fault=fault)
-        if handle is not None:
-            yield pa.RecordBatch.from_pydict({"handle": [json.dumps(handle.to_json())]})
+        outcome = write_task(sink, task, batches, mode=mode, fault=fault)
+        if outcome.handle is not None:
+            yield pa.RecordBatch.from_pydict({"handle": [json.dumps(outcome.handle.to_json())],
+                                              "pre_commit_ms": [outcome.pre_commit_ms]},
+                                             schema=_HANDLE_ROWS)
 
     return write_partition
 
@@ -115,11 +121,12 @@ class TwoPhaseForeachBatch:
             committer.begin_run(query_id, run_id)  # a new run recovers before its tasks write
         writer = _partition_writer(self.sink, self.settings.mode, self.fault, query_id, run_id,
                                    epoch)
-        rows = batch_df.mapInArrow(writer, "handle string").collect()
+        rows = batch_df.mapInArrow(writer, "handle string, pre_commit_ms double").collect()
         handles = [Handle.from_json(json.loads(r["handle"]), self.sink.payload_type)
                    for r in rows]
         try:
-            committer.commit_epoch(epoch, handles)
+            committer.commit_epoch(epoch, handles,
+                                   pre_commit_ms=slowest(r["pre_commit_ms"] for r in rows))
         except SimulatedCrash:
             raise
         except BaseException:

@@ -21,7 +21,7 @@ from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultSpec
 from exactly.protocol.recovery import recover_on_new_driver
-from exactly.protocol.task import run_task
+from exactly.protocol.task import slowest, write_task
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -31,6 +31,7 @@ class HandleMessage(WriterCommitMessage):
     """The commit message of one task: its handle."""
 
     handle: Handle | None  # None: the task had no rows and pre-committed nothing
+    pre_commit_ms: float | None = None
 
 
 def current_task() -> TaskInfo:
@@ -81,11 +82,14 @@ class TwoPhaseStreamWriter(DataSourceStreamArrowWriter):
             recover_on_new_driver(sink, settings, fault)
 
     def write(self, iterator: Iterator) -> HandleMessage:
-        return HandleMessage(run_task(self.sink, current_task(), iterator,
-                                      mode=self.settings.mode, fault=self.fault))
+        outcome = write_task(self.sink, current_task(), iterator, mode=self.settings.mode,
+                             fault=self.fault)
+        return HandleMessage(outcome.handle, outcome.pre_commit_ms)
 
     def commit(self, messages: list, batchId: int) -> None:
-        Committer(self.sink, self.settings, self.fault).commit_epoch(batchId, _handles(messages))
+        Committer(self.sink, self.settings, self.fault).commit_epoch(
+            batchId, _handles(messages), pre_commit_ms=slowest(
+                m.pre_commit_ms for m in messages if isinstance(m, HandleMessage)))
 
     def abort(self, messages: list, batchId: int) -> None:
         Committer(self.sink, self.settings, self.fault).abort_epoch(batchId, _handles(messages))
