@@ -15,8 +15,9 @@ differ only in ``CheckpointConfig(history=...)``:
 Per run: wall-clock seconds from ``start()`` to termination, rows/s, and per epoch Spark's
 ``triggerExecution`` (the epoch end to end, commit included) and the sink's ``commit_ms``
 (from ``OUT/_exactly/complete``): p50 and p99 over all epochs of the run (``--files`` >= 100).
-The variants alternate their order in every repetition, after a warm-up run of each. The
-ratios are per repetition pair (history / no_history): median and range. Every output is
+The variants alternate their order in every repetition, after a warm-up run of each
+(``--warmup-rows``, 200k in 40 epochs). The ratios are per repetition pair
+(history / no_history): median and range. Every output is
 read back: its rows and distinct ids must equal the input rows, and the history run's
 history must hold one completed record per epoch, else exit status 1.
 
@@ -100,20 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_200_000)
     parser.add_argument("--files", type=int, default=120)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--warmup-rows", type=int, default=200_000,
+                        help="rows of each variant's warm-up run (default 200000, in 40 epochs)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-history-"))
     input_dir = work / "input"
     write_input(input_dir, args.rows, args.files)
     warm_dir = work / "warm-input"
-    write_input(warm_dir, 20_000, 4)
+    write_input(warm_dir, args.warmup_rows, 40)
     # every epoch's progress kept (Spark keeps the last 100 by default): p99 over all epochs
     spark = spark_session(app_name="bench-history",
                           conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"})
     print(f"load average before: {os.getloadavg()}; {os.cpu_count()} cores; "
           f"{args.rows:,} rows in {args.files} epochs per run", flush=True)
     for variant in VARIANTS:  # warm-up: JVM, Python workers, the recorder's thread
-        run_once(spark, variant, warm_dir, 20_000, work / f"warm-{variant}")
+        run_once(spark, variant, warm_dir, args.warmup_rows, work / f"warm-{variant}")
     results: list[dict] = []
     for rep in range(args.repeat):
         order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
