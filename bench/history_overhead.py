@@ -47,7 +47,7 @@ from file_sink import read_stream, write_input
 
 from exactly.config import CheckpointConfig
 from exactly.monitoring import recorder
-from exactly.monitoring.store import HistoryStore
+from exactly.monitoring.store import HistoryStore, history_dir
 from exactly.protocol.commitlog import CommitLog
 from exactly.spark.runner import start_query
 from exactly.spark.session import spark_session
@@ -85,7 +85,7 @@ def run_once(spark, variant: str, input_dir: Path, rows: int, run_dir: Path) -> 
     recorded = None
     if variant == "history":
         recorder.flush(30)
-        recorded = sum(1 for r in HistoryStore(recorder.history_dir(ck)).read().records
+        recorded = sum(1 for r in HistoryStore(history_dir(ck)).read().records
                        if r["kind"] == "epoch")
         if recorded != len(log.completed_epochs()):
             errors.append(f"history holds {recorded} epochs, the sink completed "

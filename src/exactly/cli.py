@@ -443,8 +443,7 @@ def ui(checkpoints_: tuple[str, ...], port: int, host: str) -> None:
 def _follow_records(checkpoint: str, interval: float) -> None:
     """Print every history record of ``checkpoint`` as a JSON line, then new ones as they are
     appended, until Ctrl-C."""
-    from exactly.monitoring.recorder import history_dir
-    from exactly.monitoring.store import HistoryStore
+    from exactly.monitoring.store import HistoryStore, history_dir
 
     store = HistoryStore(history_dir(checkpoint))
     printed: list[str] = []

@@ -131,6 +131,13 @@ def test_an_epoch_over_the_checkpoint_timeout_is_cancelled_tolerated_then_escala
     assert {e["kind"] for e in failures} == {"checkpoint-timeout"}
     actions = [e["action"] for e in failures]
     assert actions[:2] == ["tolerated", "restart"], actions
+    # the checkpoint history shows every timeout as a failed epoch with its cause
+    shown = run.command("checkpoints", str(ck), "--json")
+    assert shown.returncode == 0, shown.stderr
+    timed_out = [r for r in json.loads(shown.stdout)["history"]
+                 if r["failure"] == "checkpoint-timeout"]
+    assert len(timed_out) >= len(failures), (timed_out, failures)
+    assert all("did not complete within timeout='4s'" in r["cause"] for r in timed_out)
     report = audit_ids(pg_table_ids(conn, table_name), np.arange(rows, dtype=np.int64))
     assert report.ok, report.rows()
     assert _prepared(conn) == 0

@@ -14,8 +14,7 @@ import pytest
 
 from exactly.errors import ConfigError
 from exactly.monitoring.overview import load
-from exactly.monitoring.recorder import history_dir
-from exactly.monitoring.store import HistoryStore
+from exactly.monitoring.store import HistoryStore, history_dir
 
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
 

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from exactly.errors import ConfigError
-from exactly.monitoring.recorder import history_dir
-from exactly.monitoring.store import HistoryStore
+from exactly.monitoring.store import HistoryStore, history_dir
 
 #: epochs the history table shows by default (Flink shows 10; the dashboard pages)
 HISTORY_ROWS = 1000
@@ -117,7 +116,7 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
     """Read ``checkpoint`` and compute its overview (see the module's docstring)."""
     from exactly.ops.control import JobStatus, job_dir
     from exactly.ops.history import RestartHistory
-    from exactly.spark.checkpoint import batch_numbers
+    from exactly.spark.checkpoint import offsets_logged_at, uncommitted_epoch
 
     directory = Path(str(checkpoint).removeprefix("file://")).absolute()
     _require_checkpoint(directory)
@@ -167,16 +166,10 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
 
     in_progress = None
     status = _status(directory, records, JobStatus.read(job_dir(directory)))
-    offsets = batch_numbers(str(directory), "offsets")
-    commits = batch_numbers(str(directory), "commits")
-    if status in ("running", "restarting", "stopping") and offsets and (
-            not commits or offsets[-1] > commits[-1]):
-        epoch = offsets[-1]
-        try:
-            started = (directory / "offsets" / str(epoch)).stat().st_mtime
-        except FileNotFoundError:
-            started = None
-        in_progress = EpochRow(epoch, "in_progress", started)
+    uncommitted = uncommitted_epoch(str(directory))
+    if status in ("running", "restarting", "stopping") and uncommitted is not None:
+        in_progress = EpochRow(uncommitted, "in_progress",
+                               offsets_logged_at(str(directory), uncommitted))
 
     history = sorted([*rows.values(), *failed_rows],
                      key=lambda row: (row.end_at or 0.0, row.epoch))

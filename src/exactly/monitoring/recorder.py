@@ -19,11 +19,10 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +31,12 @@ from exactly.logs import log_event
 from exactly.monitoring import records
 from exactly.monitoring.records import SINK_STATS
 from exactly.monitoring.sizes import CheckpointSizes
-from exactly.monitoring.store import HistoryStore
+from exactly.monitoring.store import HISTORY_DIR, HistoryStore, history_dir
 
 logger = logging.getLogger("exactly.monitoring")
 
-#: ``<checkpoint>/exactly-job/history``
-HISTORY_DIR = "history"
 #: events kept for a query not (yet) watched: Spark may report before start() returned
 _PENDING_MAX = 100
-
-
-def history_dir(checkpoint: str | os.PathLike[str]) -> Path:
-    from exactly.ops.control import job_dir
-
-    return job_dir(checkpoint) / HISTORY_DIR
 
 
 @dataclass
@@ -60,7 +51,6 @@ class Watched:
     backend: str | None
     sizes: CheckpointSizes
     last_epoch: int = -1
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Recorder:
@@ -117,9 +107,6 @@ class _Recorder:
                 self._progress(watched_or_none, event[2], event[3])
             else:
                 self._terminated(watched_or_none, event[2], event[3])
-        elif kind == "record":
-            store: HistoryStore = event[1]
-            store.append(event[2])
 
     def _stash(self, event: tuple[Any, ...]) -> None:
         """Keep an event of a run not watched (yet): Spark may report before ``watch``
@@ -149,13 +136,13 @@ class _Recorder:
                                       completion=self._completion(watched, epoch),
                                       new_bytes=sample.new_bytes,
                                       full_bytes=sample.full_bytes, backend=watched.backend)
-        watched.store.append({**record, **watched.extra})
+        watched.store.append(record)
 
     def _backfill(self, watched: Watched) -> None:
         """Record the epochs Spark's commit log holds past the newest recorded one: those a
         driver completed but was killed before recording (``recovered_from``:
         ``commit-log``; times from the log files, rows from the sink's completion)."""
-        from exactly.spark.checkpoint import batch_numbers
+        from exactly.spark.checkpoint import batch_numbers, offsets_logged_at
 
         records = watched.store.read().records
         recorded = [r["epoch"] for r in records
@@ -167,7 +154,7 @@ class _Recorder:
         for epoch in batch_numbers(str(watched.checkpoint), "commits"):
             if epoch <= newest:
                 continue
-            trigger_at = _mtime(watched.checkpoint / "offsets" / str(epoch))
+            trigger_at = offsets_logged_at(str(watched.checkpoint), epoch)
             end_at = _mtime(watched.checkpoint / "commits" / str(epoch))
             if end_at is None or end_at <= restored_at:
                 continue
@@ -180,8 +167,7 @@ class _Recorder:
                 "duration_ms": round((end_at - trigger_at) * 1000, 1)
                 if end_at and trigger_at else None,
                 "rows_in": None, "rows_out": (completion or {}).get("rows"),
-                "sink": sink, "checkpoint": {"new_bytes": None, "full_bytes": None},
-                **watched.extra})
+                "sink": sink, "checkpoint": {"new_bytes": None, "full_bytes": None}})
             watched.last_epoch = max(watched.last_epoch, epoch)
 
     def _completion(self, watched: Watched, epoch: int) -> dict[str, Any] | None:
@@ -209,16 +195,13 @@ class _Recorder:
             return
         if exception:
             epoch = epoch_in_flight(watched.checkpoint)
-            watched.store.append({"kind": "epoch_failed", "at": at,
-                                  "query_id": watched.query_id, "epoch": epoch,
-                                  "trigger_at": _mtime(watched.checkpoint / "offsets"
-                                                       / str(epoch)),
-                                  "failure": "query", "cause": root_cause(exception),
-                                  **watched.extra})
+            watched.store.append(records.failed_epoch(
+                watched.checkpoint, epoch, failure="query", cause=root_cause(exception),
+                at=at, query_id=watched.query_id))
         watched.store.append({"kind": "run_end", "at": at, "query_id": watched.query_id,
                               "outcome": "failed" if exception else "stopped",
                               "last_epoch": watched.last_epoch if watched.last_epoch >= 0
-                              else None, **watched.extra})
+                              else None})
 
     def _error(self, key: str, exc: BaseException) -> None:
         if key in self._errors:
@@ -295,18 +278,17 @@ def _mtime(path: Path) -> float | None:
 def epoch_in_flight(checkpoint: Path) -> int:
     """The epoch a failure interrupted: the newest in ``offsets/`` without a ``commits/``
     entry, else the one after the last committed epoch."""
-    from exactly.spark.checkpoint import batch_numbers
+    from exactly.spark.checkpoint import batch_numbers, uncommitted_epoch
 
-    offsets = batch_numbers(str(checkpoint), "offsets")
+    uncommitted = uncommitted_epoch(str(checkpoint))
+    if uncommitted is not None:
+        return uncommitted
     commits = batch_numbers(str(checkpoint), "commits")
-    if offsets and (not commits or offsets[-1] > commits[-1]):
-        return offsets[-1]
     return commits[-1] + 1 if commits else 0
 
 
 def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any],
-          sink_log: Path | None, backend: str | None,
-          extra: dict[str, Any] | None = None) -> None:
+          sink_log: Path | None, backend: str | None) -> None:
     """Record ``query``'s epochs into ``<checkpoint>/exactly-job/history``, starting with
     ``run_record``. Registers the listener on ``spark`` once."""
     recorder = _the_recorder()
@@ -315,8 +297,7 @@ def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any
     store = HistoryStore(history_dir(checkpoint))
     sizes = CheckpointSizes(checkpoint, exclude=(f"exactly-job/{HISTORY_DIR}",))
     watched = Watched(str(query.id), str(query.runId), checkpoint, store, sink_log, backend,
-                      sizes,
-                      extra=dict(extra or {}))
+                      sizes)
     recorder.ended[watched.run_id] = threading.Event()
     recorder.submit("watch", watched, run_record)
 
@@ -334,27 +315,6 @@ def wait_ended(run_id: str, timeout: float = 10.0) -> bool:
     if done:
         _recorder.ended.pop(run_id, None)
     return done
-
-
-def append_now(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> bool:
-    """Append ``entry`` to a checkpoint's history at once, from the calling thread: for
-    events off the epoch path (savepoints, restores, failures seen by the supervisor or the
-    launcher). A history that cannot be written is logged and skipped (False); the caller's
-    work goes on."""
-    try:
-        HistoryStore(history_dir(checkpoint)).append({"at": time.time(), **entry})
-        return True
-    except Exception as exc:
-        log_event(logger, "history_not_recorded", logging.WARNING, error=type(exc).__name__,
-                  detail=str(exc)[:300], kind=entry.get("kind"))
-        return False
-
-
-def record(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> None:
-    """Append ``entry`` (a record with ``kind``) to a checkpoint's history in the background:
-    savepoints, restores, failures seen by the supervisor or the launcher."""
-    _the_recorder().submit("record", HistoryStore(history_dir(checkpoint)),
-                           {"at": time.time(), **entry})
 
 
 def flush(timeout: float = 10.0) -> bool:

@@ -21,7 +21,10 @@ Kinds (every record also has ``at``, a Unix time, and ``query_id``):
 
 from __future__ import annotations
 
+import os
+from dataclasses import fields
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 #: Spark's parts of an epoch (``durationMs``) under the names the history uses
@@ -121,25 +124,38 @@ def epoch_record(progress: dict[str, Any], *, ended_at: float,
     return record
 
 
+def failed_epoch(checkpoint: str | os.PathLike[str], epoch: int, *, failure: str,
+                 cause: str, at: float, query_id: str | None = None,
+                 trigger_at: float | None = None) -> dict[str, Any]:
+    """The ``epoch_failed`` record of ``epoch`` of ``checkpoint``: ``failure`` is ``query``
+    (the query failed), ``checkpoint-timeout`` (the supervisor cancelled it) or ``process``
+    (the driver died); ``cause`` is one line. ``trigger_at`` defaults to when Spark logged
+    the epoch's offsets (None when it had not)."""
+    from exactly.spark.checkpoint import offsets_logged_at
+
+    if trigger_at is None:
+        trigger_at = offsets_logged_at(os.fspath(checkpoint), epoch)
+    return {"kind": "epoch_failed", "at": at, "epoch": epoch, "failure": failure,
+            "cause": cause, "trigger_at": trigger_at, "query_id": query_id}
+
+
 def _millis(completion: dict[str, Any] | None, key: str) -> float | None:
     value = None if completion is None else completion.get(key)
     return None if value is None else float(value)
 
 
 def config_summary(config: Any) -> dict[str, Any]:
-    """A :class:`~exactly.config.CheckpointConfig` as the history keeps it (JSON values)."""
-    return {
-        "interval": str(config.interval), "interval_s": config.interval_seconds,
-        "mode": config.mode.value, "timeout": None if config.timeout is None
-        else str(config.timeout), "min_pause_between_checkpoints":
-        str(config.min_pause_between_checkpoints),
-        "max_concurrent_checkpoints": config.max_concurrent_checkpoints,
-        "tolerable_failed_checkpoints": config.tolerable_failed_checkpoints,
-        "externalized_cleanup": config.externalized_cleanup.value,
-        "unaligned": config.unaligned, "target_epoch_s": config.epoch_target_seconds,
-        "state_backend": config.state_backend.value, "incremental": config.incremental,
-        "storage": config.storage,
-    }
+    """A :class:`~exactly.config.CheckpointConfig` as the history keeps it: every setting as
+    given (enum members as their values), plus the interval and the epoch target in
+    seconds."""
+    summary = {f.name: _json_value(getattr(config, f.name)) for f in fields(config) if f.init}
+    summary["interval_s"] = config.interval_seconds
+    summary["target_epoch_s"] = config.epoch_target_seconds
+    return summary
+
+
+def _json_value(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
 
 
 def _finite(value: Any) -> float | None:

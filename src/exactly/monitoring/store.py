@@ -29,8 +29,10 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -39,6 +41,12 @@ from typing import Any
 
 from exactly.errors import ConfigError
 from exactly.fsutil import file_lock, fsync_dir
+from exactly.logs import log_event
+
+logger = logging.getLogger("exactly.monitoring")
+
+#: ``<checkpoint>/exactly-job/history``
+HISTORY_DIR = "history"
 
 #: defaults: 8 segments of 1 MiB, ~10,000 epochs of a job with a few stateful operators
 MAX_SEGMENT_BYTES = 1 << 20
@@ -145,14 +153,32 @@ class HistoryStore:
                     result.records.append(record)
         return result
 
-    def size_bytes(self) -> int:
-        total = 0
-        for segment in self.segments():
-            try:
-                total += segment.stat().st_size
-            except FileNotFoundError:
-                continue
-        return total
+
+def history_dir(checkpoint: str | os.PathLike[str]) -> Path:
+    """``<checkpoint>/exactly-job/history``: where a job's history is kept."""
+    from exactly.ops.control import job_dir
+
+    return job_dir(checkpoint) / HISTORY_DIR
+
+
+def append_now(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> bool:
+    """Append ``entry`` (a record with ``kind``; ``at`` defaults to now) to a checkpoint's
+    history at once, from the calling thread: for events off the epoch path (savepoints,
+    restores, failures seen by the supervisor or the launcher). Nothing is written for a
+    checkpoint that is not local, and a history that cannot be written is logged and skipped
+    (False either way); the caller's work goes on."""
+    from exactly.spark.checkpoint import local_checkpoint
+
+    local = local_checkpoint(os.fspath(checkpoint))
+    if local is None:
+        return False
+    try:
+        HistoryStore(history_dir(local)).append({"at": time.time(), **entry})
+        return True
+    except Exception as exc:
+        log_event(logger, "history_not_recorded", logging.WARNING, error=type(exc).__name__,
+                  detail=str(exc)[:300], kind=entry.get("kind"))
+        return False
 
 
 def _plain(value: Any) -> Any:

@@ -177,17 +177,11 @@ def _set_state(directory: Path, state: str, detail: str) -> None:
 def _record_epoch_lost(checkpoint: str, cause: str) -> None:
     """A driver that died with an epoch in flight (offsets logged, no commit) failed that
     epoch: record it in the checkpoint's history."""
-    from exactly.monitoring.recorder import append_now, epoch_in_flight
-    from exactly.spark.checkpoint import batch_numbers, local_checkpoint
+    from exactly.monitoring.records import failed_epoch
+    from exactly.monitoring.store import append_now
+    from exactly.spark.checkpoint import uncommitted_epoch
 
-    local = local_checkpoint(checkpoint)
-    if local is None:
-        return
-    offsets = batch_numbers(str(local), "offsets")
-    commits = batch_numbers(str(local), "commits")
-    if offsets and (not commits or offsets[-1] > commits[-1]):
-        epoch = epoch_in_flight(local)
-        started = local / "offsets" / str(epoch)
-        append_now(local, {"kind": "epoch_failed", "epoch": epoch, "failure": "process",
-                           "cause": cause, "trigger_at": started.stat().st_mtime
-                           if started.exists() else None})
+    epoch = uncommitted_epoch(checkpoint)
+    if epoch is not None:
+        append_now(checkpoint, failed_epoch(checkpoint, epoch, failure="process",
+                                            cause=cause, at=time.time()))

@@ -43,7 +43,8 @@ from exactly.causes import root_cause
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
-from exactly.monitoring.recorder import append_now
+from exactly.monitoring.records import failed_epoch
+from exactly.monitoring.store import append_now
 from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
 from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
@@ -253,15 +254,14 @@ class Supervisor:
                     log_event(logger, "checkpoint_timeout", logging.WARNING, epoch=epoch,
                               timeout_s=timeout)
                     query.stop()
-                    append_now(self.config.storage, {
-                        "kind": "epoch_failed", "epoch": epoch, "failure": "checkpoint-timeout",
-                        "query_id": str(query.id), "trigger_at": time.time() - (now - active_since),
-                        "cause": f"CheckpointTimeout: epoch {epoch} did not complete within "
-                                 f"timeout={self.config.timeout!r}; it was cancelled"})
-                    return _Watch("checkpoint-timeout",
-                                  f"CheckpointTimeout: epoch {epoch} did not complete within "
-                                  f"timeout={self.config.timeout!r}; it was cancelled",
-                                  epoch_in_flight=True)
+                    cause = (f"CheckpointTimeout: epoch {epoch} did not complete within "
+                             f"timeout={self.config.timeout!r}; it was cancelled")
+                    wall = time.time()
+                    append_now(self.config.storage, failed_epoch(
+                        self.config.storage, epoch, failure="checkpoint-timeout", cause=cause,
+                        at=wall, query_id=str(query.id),
+                        trigger_at=wall - (now - active_since)))
+                    return _Watch("checkpoint-timeout", cause, epoch_in_flight=True)
                 self._beat()
                 self._sleep(self.poll_s)
         except Exception as exc:

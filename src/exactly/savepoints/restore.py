@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_json, read_json
 from exactly.logs import log_event
-from exactly.monitoring.recorder import append_now
+from exactly.monitoring.store import append_now
 from exactly.ops.control import job_dir
 from exactly.protocol.faults import fault_from, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo

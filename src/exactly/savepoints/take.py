@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.errors import SavepointError
 from exactly.logs import log_event
-from exactly.monitoring.recorder import append_now
+from exactly.monitoring.store import append_now
 from exactly.protocol.faults import fault_from, maybe_crash, register_point
 from exactly.savepoints.manifest import (
     CHECKPOINT_DIR,

@@ -210,6 +210,26 @@ def batch_numbers(location: str, log: str) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_file())
 
 
+def uncommitted_epoch(location: str) -> int | None:
+    """The newest epoch with an ``offsets/`` entry and no ``commits/`` entry (one in flight,
+    or one a failure interrupted), or None when every logged epoch is committed."""
+    offsets = batch_numbers(location, "offsets")
+    commits = batch_numbers(location, "commits")
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        return offsets[-1]
+    return None
+
+
+def offsets_logged_at(location: str, epoch: int) -> float | None:
+    """When Spark wrote ``offsets/<epoch>`` (the epoch's trigger), as a Unix time; None when
+    the entry is not there (or the checkpoint is not local)."""
+    local = local_checkpoint(location)
+    try:
+        return (local / "offsets" / str(epoch)).stat().st_mtime if local is not None else None
+    except FileNotFoundError:
+        return None
+
+
 def check_files(location: str, sink_query_id: str | None = None) -> list[Finding]:
     """Every damaged, missing, stray or foreign file of Spark's checkpoint at ``location``.
 
