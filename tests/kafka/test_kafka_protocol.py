@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from exactly.config import Mode
+from exactly.connectors.kafka.broker import broker_transaction_max_timeout_ms
 from exactly.connectors.kafka.options import (
     KafkaSinkOptions,
-    broker_transaction_max_timeout_ms,
     check_transaction_timeout,
 )
 from exactly.connectors.kafka.publisher import IN_TRANSACTION, read_marker

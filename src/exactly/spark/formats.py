@@ -49,9 +49,13 @@ from pyspark.sql.types import StructType
 from exactly import options as opt
 from exactly.config import Mode
 from exactly.connectors.files.sink import FileSink
+from exactly.connectors.kafka.broker import (
+    BROKER_CHECK_SECONDS,
+    START_CHECK_SECONDS,
+    broker_transaction_max_timeout_ms,
+)
 from exactly.connectors.kafka.options import (
     KafkaSinkOptions,
-    broker_transaction_max_timeout_ms,
     check_schema,
     check_transaction_timeout,
 )
@@ -327,14 +331,15 @@ def sink_for(sink_format: str, options: Mapping[str, str],
     return BuiltSink(sink, settings, fault_from(opts), partitions)
 
 
-def check_target(built: BuiltSink) -> None:
+def check_target(built: BuiltSink, seconds: float = BROKER_CHECK_SECONDS) -> None:
     """The sink checks that need its target: for ``exactly.kafka`` in exactly_once mode,
     ``kafka.transaction.timeout.ms`` against the broker's ``transaction.max.timeout.ms``
-    and the checkpoint interval. Raises ConfigError naming the fix."""
+    and the checkpoint interval. Raises ConfigError naming the fix, or KafkaSinkError when
+    the broker stays unreachable for ``seconds``."""
     if isinstance(built.sink, KafkaSink) and built.settings.mode is Mode.EXACTLY_ONCE:
         kafka = built.sink.options
-        check_transaction_timeout(kafka.transaction_timeout_ms,
-                                  broker_transaction_max_timeout_ms(kafka.client_conf()),
+        broker_max = broker_transaction_max_timeout_ms(kafka.client_conf(), seconds)
+        check_transaction_timeout(kafka.transaction_timeout_ms, broker_max,
                                   kafka.checkpoint_interval_ms)
 
 
@@ -362,7 +367,7 @@ def check_sink(sink_format: str, path: str | None, options: Mapping[str, str] | 
     if path:
         merged[opt.PATH] = path
     built = sink_for(sink_format, merged, schema)
-    check_target(built)
+    check_target(built, START_CHECK_SECONDS)
     return built
 
 

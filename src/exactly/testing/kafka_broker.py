@@ -276,7 +276,7 @@ def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_comm
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    from exactly.connectors.kafka.reader import is_transient
+    from exactly.connectors.kafka.broker import is_transient
 
     consumer = Consumer({**quiet_conf(bootstrap), "group.id": f"exactly-audit-{uuid.uuid4()}",
                          "isolation.level": isolation_level, "enable.auto.commit": False,

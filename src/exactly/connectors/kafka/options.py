@@ -112,22 +112,6 @@ class KafkaSinkOptions:
 
 
 # -- start-time checks ------------------------------------------------------------------
-def broker_transaction_max_timeout_ms(conf: Mapping[str, Any], timeout: float = 30) -> int:
-    """The broker's ``transaction.max.timeout.ms`` (AdminClient ``describe_configs``)."""
-    from confluent_kafka.admin import AdminClient, ConfigResource
-
-    admin = AdminClient(dict(conf))
-    try:
-        brokers = admin.list_topics(timeout=timeout).brokers
-    except Exception as exc:
-        raise KafkaSinkError(f"cannot reach Kafka at {conf.get('bootstrap.servers')}: {exc}. "
-                             f"Check {opt.KAFKA_BOOTSTRAP} and that the broker is up") from exc
-    broker_id = str(min(brokers))
-    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, broker_id)])
-    (config,) = [f.result(timeout) for f in futures.values()]
-    return int(config["transaction.max.timeout.ms"].value)
-
-
 def check_transaction_timeout(transaction_timeout_ms: int, broker_max_timeout_ms: int,
                               checkpoint_interval_ms: int | None) -> None:
     """Refuse a ``transaction.timeout.ms`` the seeds warn about, naming the fix.

@@ -68,6 +68,7 @@ from pyspark.sql.types import (
 
 from exactly import options as opt
 from exactly.connectors.admission import current_admission
+from exactly.connectors.kafka.broker import is_transient
 from exactly.errors import ConfigError, ExactlyError
 from exactly.retry import retry_call
 
@@ -272,21 +273,6 @@ def split_budget(backlog: Mapping[tuple[str, int], int], budget: int,
 
 
 # -- broker access ----------------------------------------------------------------------
-def is_transient(exc: BaseException) -> bool:
-    """True for a Kafka error that may pass in a moment: the client flags it retriable, the
-    broker is unreachable, or a partition has no leader yet (a broker restarting)."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    if not isinstance(exc, KafkaException) or not exc.args:
-        return False
-    err = exc.args[0]
-    if not isinstance(err, KafkaError):
-        return False
-    return bool(err.retriable()) or err.code() in (
-        KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-        KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION)
-
-
 def _get(offsets: Mapping[str, Mapping[str, int]], topic: str, partition: int) -> int | None:
     value = offsets.get(topic, {}).get(str(partition))
     return None if value is None else int(value)
