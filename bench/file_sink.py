@@ -17,26 +17,28 @@ directory per run:
 ``noop``           Spark's ``noop`` sink: the cost of reading and of running epochs with no
                    sink work, to put per-epoch overheads in context
 
-Reported per sink: wall-clock seconds from ``start()`` to termination and records/s (the
-median over ``--repeat`` repetitions, whose order alternates), and the median / p99 of
-Spark's ``addBatch`` duration per epoch (``recentProgress[i]["durationMs"]["addBatch"]``).
-For ``exactly_once``: the driver-side commit protocol time per epoch (``commit_ms`` of
-``OUT/_exactly/complete/*.json``). For both ``exactly.files`` modes: visibility latency, the
-time from a data file's last write (its mtime, which renames keep) until a thread polling
-``OUT/epoch-*/`` every 10 ms first sees it. In ``at_least_once`` mode a file appears as soon
-as its task finishes; in ``exactly_once`` mode only once the whole epoch is committed. The
-mtime comes from the kernel's coarse clock, so latencies carry a few ms of bias upwards.
+Reported per sink: rows/s per repetition (wall-clock seconds from ``start()`` to
+termination), and ratios per repetition pair (median and range): exactly_once / Spark's
+Parquet sink, exactly_once / at_least_once, and the median ``addBatch`` of exactly_once /
+noop. For ``exactly_once``: the driver-side commit protocol time per epoch (``commit_ms`` of
+``OUT/_exactly/complete/*.json``), p50 and p99 over every epoch of every repetition and p99
+per run (a p99 needs >= 100 epochs: the default is 100 epochs a run). For both
+``exactly.files`` modes: visibility latency, the time from a data file's last write (its
+mtime, which renames keep) until a thread polling ``OUT/epoch-*/`` every 10 ms first sees
+it. In ``at_least_once`` mode a file appears as soon as its task finishes; in
+``exactly_once`` mode only once the whole epoch is committed. The mtime comes from the
+kernel's coarse clock, so latencies carry a few ms of bias upwards.
 
 Every output is read back (``pyarrow.dataset``, which skips ``_``-prefixed entries such as
-``_exactly``, ``_staging`` and ``_spark_metadata``): its row count and its number of
-distinct ``id`` values must equal the input rows, else the script exits with status 1.
-Before the measured runs, each sink runs once on a tiny input so that JVM warm-up and
-Python worker start-up do not count against whichever sink runs first (``--no-warmup``).
+``_exactly``, ``_staging`` and ``_spark_metadata``) and checked by id: each input id exactly
+once, else the script exits with status 1. Before the measured runs, each sink runs once on
+``--warmup-rows`` rows so that JVM warm-up and Python worker start-up do not count against
+whichever sink runs first (``--no-warmup``). The rules are :mod:`harness`'s.
 
 Run from the repository root::
 
-    .venv/bin/python bench/file_sink.py [--rows 2000000] [--files 40]
-        [--max-files-per-epoch 4] [--workdir DIR] [--repeat 1]
+    .venv/bin/python bench/file_sink.py [--rows 2000000] [--files 100]
+        [--max-files-per-epoch 1] [--workdir DIR] [--repeat 3] [--warmup-rows 100000]
 
 The table goes to stdout; the same numbers go to ``WORKDIR/results.json``.
 """
@@ -48,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -57,12 +60,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness as h
 
 from exactly.config import CheckpointConfig
 from exactly.connectors.datagen import SCHEMA, generate
@@ -79,8 +83,7 @@ LABELS = {
 #: sinks whose output directory is polled for visibility latency
 POLLED = ("exactly_once", "at_least_once")
 POLL_INTERVAL_S = 0.010
-WARMUP_ROWS = 20_000
-WARMUP_FILES = 2
+WARMUP_FILES = 10
 
 
 @dataclass
@@ -97,7 +100,6 @@ class RunResult:
     commit_ms: list[float] = field(default_factory=list)
     visibility_ms: list[float] = field(default_factory=list)
     output_rows: int | None = None
-    output_distinct_ids: int | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -249,12 +251,9 @@ def verify(result: RunResult, out: Path) -> None:
         return
     ids = ds.dataset(str(out), format="parquet").to_table(columns=["id"])["id"]
     result.output_rows = len(ids)
-    result.output_distinct_ids = int(pc.count_distinct(ids).as_py())
-    if result.output_rows != result.rows:
-        result.errors.append(f"output holds {result.output_rows} rows, expected {result.rows}")
-    if result.output_distinct_ids != result.rows:
-        result.errors.append(f"output holds {result.output_distinct_ids} distinct ids, "
-                             f"expected {result.rows}")
+    problem = h.check_ids(ids.to_numpy(), result.rows, f"{result.sink} output")
+    if problem:
+        result.errors.append(problem)
     if result.sink == "exactly_once":
         if len(result.commit_ms) != result.epochs:
             result.errors.append(f"{len(result.commit_ms)} epochs with commit_ms in "
@@ -264,12 +263,12 @@ def verify(result: RunResult, out: Path) -> None:
             result.errors.append(f"{staging} is not empty after a clean run")
 
 
-def warm_up(spark: SparkSession, workdir: Path) -> None:
-    """Run every sink once over a tiny input (JIT, Python workers, class loading)."""
+def warm_up(spark: SparkSession, workdir: Path, rows: int) -> None:
+    """Run every sink once over ``rows`` rows (JIT, Python workers, class loading)."""
     input_dir = workdir / "warmup-input"
-    write_input(input_dir, WARMUP_ROWS, WARMUP_FILES)
+    write_input(input_dir, rows, WARMUP_FILES)
     for sink in SINKS:
-        result = run_sink(spark, sink, input_dir, WARMUP_ROWS, 1, workdir / "warmup" / sink,
+        result = run_sink(spark, sink, input_dir, rows, 1, workdir / "warmup" / sink,
                           0, retain_epochs=100)
         if result.errors:
             raise SystemExit(f"warm-up of {sink} failed: {'; '.join(result.errors)}")
@@ -277,12 +276,10 @@ def warm_up(spark: SparkSession, workdir: Path) -> None:
 
 
 # -- statistics and report -----------------------------------------------------------------
-def pct(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
-def median(values: Sequence[float]) -> float:
-    return pct(values, 50)
+def as_runs(results: Sequence[RunResult]) -> list[h.Run]:
+    return [h.Run(r.repetition, r.sink, {"seconds": r.seconds,
+                                         "add_batch_p50": h.p50(r.add_batch_ms) or 0.0},
+                  r.errors) for r in results]
 
 
 def pooled(results: Sequence[RunResult], sink: str,
@@ -291,81 +288,59 @@ def pooled(results: Sequence[RunResult], sink: str,
 
 
 def summarize(results: Sequence[RunResult], rows: int) -> dict[str, Any]:
-    """Per-sink medians across repetitions, ratios, commit and visibility statistics."""
-    per_sink: dict[str, dict[str, Any]] = {}
-    for sink in SINKS:
-        seconds = [r.seconds for r in results if r.sink == sink]
-        add_batch = pooled(results, sink, lambda r: r.add_batch_ms)
-        sec = median(seconds)
-        per_sink[sink] = {
-            "rows": rows, "seconds": sec, "records_per_s": rows / sec,
-            "repetitions": len(seconds),
-            "add_batch_ms_median": median(add_batch), "add_batch_ms_p99": pct(add_batch, 99),
-            "epochs": median([r.epochs for r in results if r.sink == sink]),
-        }
-    parquet_rps = per_sink["spark_parquet"]["records_per_s"]
-    for stats in per_sink.values():
-        stats["ratio_vs_spark_parquet"] = stats["records_per_s"] / parquet_rps
+    """Per-pair ratios (median and range), commit and visibility statistics."""
+    runs = as_runs(results)
+    speed = {sink: [rows / s for s in h.per_rep(runs, "seconds", sink)] for sink in SINKS}
+
+    def ratio(a: str, b: str) -> list[float]:
+        return h.paired(runs, "seconds", b, a)  # a's speed / b's speed = b's time / a's time
+
+    commit_per_run = [(r.repetition, h.p99(r.commit_ms)) for r in results
+                      if r.sink == "exactly_once"]
     commit = pooled(results, "exactly_once", lambda r: r.commit_ms)
-    visibility = {
-        sink: {"p50_ms": median(v), "p99_ms": pct(v, 99), "files": len(v)}
-        for sink in POLLED
-        for v in [pooled(results, sink, lambda r: r.visibility_ms)]
-    }
-    eo, alo = per_sink["exactly_once"], per_sink["at_least_once"]
     return {
-        "sinks": per_sink,
+        "speed_k_rows_per_s": {k: [v / 1000 for v in vals] for k, vals in speed.items()},
         "ratios": {
-            "exactly_once_over_at_least_once": eo["records_per_s"] / alo["records_per_s"],
-            "exactly_once_over_spark_parquet": eo["records_per_s"] / parquet_rps,
-            "exactly_once_add_batch_median_over_noop": (
-                eo["add_batch_ms_median"] / per_sink["noop"]["add_batch_ms_median"]),
+            "exactly_once / spark_parquet": ratio("exactly_once", "spark_parquet"),
+            "exactly_once / at_least_once": ratio("exactly_once", "at_least_once"),
+            "at_least_once / spark_parquet": ratio("at_least_once", "spark_parquet"),
+            "addBatch p50 exactly_once / noop": h.paired(runs, "add_batch_p50",
+                                                         "exactly_once", "noop"),
         },
-        "commit_overhead_ms": {"median": median(commit), "p99": pct(commit, 99),
-                               "epochs": len(commit)},
-        "visibility_latency_ms": visibility,
+        "commit_ms": {"p50": h.p50(commit), "p99": h.p99(commit), "epochs": len(commit),
+                      "p99_per_run": commit_per_run},
+        "visibility_ms": {sink: {"p50": h.p50(v), "p99": h.p99(v), "files": len(v)}
+                          for sink in POLLED
+                          for v in [pooled(results, sink, lambda r: r.visibility_ms)]},
     }
 
 
 def report(summary: dict[str, Any], args: argparse.Namespace) -> str:
-    sinks, ratios = summary["sinks"], summary["ratios"]
     epochs = math.ceil(args.files / args.max_files_per_epoch)
-    lines = [
-        f"exactly file sink benchmark: {args.rows:,} rows in {args.files} files, "
-        f"{args.max_files_per_epoch} files/epoch ({epochs} epochs), local[2], "
-        f"median of {args.repeat} repetition(s)",
-        "",
-        f"{'sink':<30} {'rows':>11} {'seconds':>9} {'records/s':>12} {'vs Spark parquet':>17}",
-        "-" * 83,
-    ]
-    for sink in SINKS:
-        s = sinks[sink]
-        lines.append(f"{LABELS[sink]:<30} {s['rows']:>11,} {s['seconds']:>9.2f} "
-                     f"{s['records_per_s']:>12,.0f} {s['ratio_vs_spark_parquet']:>16.2f}x")
-    commit, vis = summary["commit_overhead_ms"], summary["visibility_latency_ms"]
+    lines = [h.machine(),
+             f"exactly file sink benchmark: {args.rows:,} rows in {args.files} files, "
+             f"{args.max_files_per_epoch} files/epoch ({epochs} epochs), local[2], "
+             f"{args.repeat} repetitions in alternating order. "
+             + h.sizes_note(args.rows, args.warmup_rows if args.warmup else 0, args.repeat),
+             "",
+             h.table(["sink", "k rows/s per repetition: median (range)"],
+                     [[LABELS[s], h.spread(summary["speed_k_rows_per_s"][s], ".0f")]
+                      for s in SINKS]),
+             "",
+             h.table(["ratio per repetition pair", "median (range)"],
+                     [[k, h.spread(v)] for k, v in summary["ratios"].items()])]
+    commit, vis = summary["commit_ms"], summary["visibility_ms"]
+    per_run = ", ".join(h.fmt_ms(v) for _, v in commit["p99_per_run"])
     lines += [
         "",
-        f"exactly_once / at_least_once throughput:  "
-        f"{ratios['exactly_once_over_at_least_once']:.2f}x",
-        f"exactly_once / spark parquet throughput:  "
-        f"{ratios['exactly_once_over_spark_parquet']:.2f}x",
-        f"commit overhead per epoch (exactly_once, driver-side protocol): "
-        f"median {commit['median']:.1f} ms, p99 {commit['p99']:.1f} ms "
-        f"({commit['epochs']} epochs)",
-        "addBatch per epoch, median / p99 ms:",
-    ]
-    for sink in SINKS:
-        s = sinks[sink]
-        lines.append(f"  {LABELS[sink]:<30} {s['add_batch_ms_median']:>8.0f} / "
-                     f"{s['add_batch_ms_p99']:>6.0f}")
-    lines += [
-        f"addBatch median exactly_once / noop: "
-        f"{ratios['exactly_once_add_batch_median_over_noop']:.2f}x",
+        f"driver-side commit per epoch (exactly_once): p50 {h.fmt_ms(commit['p50'])} ms, "
+        f"p99 {h.fmt_ms(commit['p99'])} ms over {commit['epochs']} epochs "
+        f"(p99 per run: {per_run})",
         "visibility latency (file written -> visible in epoch-*/), p50 / p99 ms:",
     ]
     for sink in POLLED:
         v = vis[sink]
-        lines.append(f"  {LABELS[sink]:<30} {v['p50_ms']:>8.1f} / {v['p99_ms']:>6.1f}  "
+        lines.append(f"  {LABELS[sink]:<30} {h.fmt_ms(v['p50'])} / {h.fmt_ms(v['p99'])}  "
                      f"({v['files']} files)")
     return "\n".join(lines)
 
@@ -374,13 +349,16 @@ def report(summary: dict[str, Any], args: argparse.Namespace) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="input rows")
-    parser.add_argument("--files", type=int, default=40, help="input Parquet files")
-    parser.add_argument("--max-files-per-epoch", type=int, default=4,
+    parser.add_argument("--files", type=int, default=100, help="input Parquet files")
+    parser.add_argument("--max-files-per-epoch", type=int, default=1,
                         help="maxFilesPerTrigger of the file source (epoch size)")
     parser.add_argument("--workdir", type=Path,
                         default=Path(tempfile.gettempdir()) / "exactly-bench-file-sink",
                         help="input, run directories and results.json")
-    parser.add_argument("--repeat", type=int, default=1, help="repetitions of each sink")
+    parser.add_argument("--repeat", type=int, default=h.MIN_REPEAT,
+                        help="repetitions of each sink")
+    parser.add_argument("--warmup-rows", type=int, default=h.MIN_WARMUP_ROWS,
+                        help="rows of each sink's warm-up run")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="skip the unmeasured warm-up run of each sink")
     args = parser.parse_args(argv)
@@ -409,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(workdir / "runs", ignore_errors=True)
     if args.warmup:
         print("warming up ...", file=sys.stderr)
-        warm_up(spark, workdir)
+        warm_up(spark, workdir, args.warmup_rows)
 
     results: list[RunResult] = []
     for rep in range(args.repeat):
@@ -435,6 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [{**asdict(r), "records_per_s": r.records_per_s} for r in results],
         "errors": errors,
     }, indent=1))
+    ratio = summary["ratios"]["exactly_once / spark_parquet"]
+    p99 = summary["commit_ms"]["p99"]
+    h.write_headlines(workdir, [
+        h.Headline("file_sink", "exactly_once / Spark parquet sink, rows/s", h.spread(ratio),
+                   ">= 0.9", statistics.median(ratio) >= 0.9 if ratio else None),
+        h.Headline("file_sink", "driver-side commit p99 ms (all epochs)", h.fmt_ms(p99),
+                   "<= 50", None if p99 is None else p99 <= 50),
+    ])
     print(f"\nresults: {results_path}")
     if errors:
         print(f"\nFAILED: {len(errors)} verification error(s):", file=sys.stderr)

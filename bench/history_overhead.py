@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).parent))
+import harness as h
 from file_sink import read_stream, write_input
 
 from exactly.config import CheckpointConfig
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
               f"({min(values):.3f} - {max(values):.3f})  per pair: "
               + ", ".join(f"{v:.3f}" for v in values))
     print(f"load average after: {os.getloadavg()}")
+    throughput = ratios("rows_per_s")
+    h.write_headlines(work, [h.Headline(
+        "history_overhead", "throughput history on / off", h.spread(throughput, ".3f"),
+        ">= 0.98", statistics.median(throughput) >= 0.98)])
     (work / "results.json").write_text(json.dumps(results, indent=1))
     failed = [r for r in results if r["errors"]]
     return 1 if failed else 0

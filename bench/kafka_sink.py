@@ -1,52 +1,51 @@
-"""Benchmark of the ``exactly.kafka`` sink against Spark's Kafka sink and a plain producer.
+"""What the ``exactly.kafka`` sink adds to a Spark job, beside Kafka's own produce time,
+and its visibility latency against Spark's own Kafka sink.
 
-What is measured
-----------------
+Throughput
+----------
 ``--records`` JSON records (``{"id", "key", "amount", "ts"}``, about 70 bytes) are produced
 once into an input topic of 2 partitions on a single-node broker on 127.0.0.1 (started here
-unless ``EXACTLY_KAFKA_BOOTSTRAP`` is set). Then, in one SparkSession (``local[2]``), each
-sink drains that same input with Spark's Kafka source (``read_committed``,
-``maxOffsetsPerTrigger = records / --epochs``, ``trigger(availableNow=True)``) through the
-same projection (``key``, ``value`` passed through) into a fresh output topic:
+unless ``EXACTLY_KAFKA_BOOTSTRAP`` is set). In one SparkSession (``local[2]``), each variant
+drains that input with Spark's Kafka source (``read_committed``,
+``maxOffsetsPerTrigger = records / --epochs``, ``trigger(availableNow=True)``), passing
+``key`` and ``value`` through, into a fresh output topic:
 
-``exactly_once``   ``exactly.kafka``, mode exactly_once: tasks stage Arrow files, the driver
-                   side publishes each epoch in one Kafka transaction with its marker
-``at_least_once``  ``exactly.kafka``, mode at_least_once: tasks produce directly
-``spark_kafka``    Spark's built-in Kafka sink (Java producer in the tasks, at least once)
-``noop``           Spark's ``noop`` sink: the cost of reading and running epochs
+``exactly_once``    ``exactly.kafka`` exactly_once: tasks stage Arrow files, the commit
+                    worker publishes each epoch in one transaction with its marker
+``at_least_once``   ``exactly.kafka`` at_least_once: tasks produce directly
+``spark_kafka``     Spark's built-in Kafka sink (Java producer in the tasks, at least once)
+``noop``            Spark's ``noop`` sink: reading and running the epochs, no sink work
+``plain_producer``  no Spark: one confluent-kafka producer in this process producing the same
+                    records (read from the input before the clock starts): Kafka's own time
 
-``plain_producer`` is one confluent-kafka producer in this process writing the same
-records (the values read back from the input topic), idempotent, ``linger.ms=5``: the
-physical limit of one Python client on this machine. Each sink's records/s is the input
-size over the wall-clock time from ``start()`` to termination (JVM warm-up excluded: every
-sink runs once on a small input first). Every output topic is read back with
-``read_committed`` and must hold exactly ``--records`` records, else exit status 1.
+Every producer gets the same client settings (:data:`CLIENT`: ``linger.ms``,
+``batch.size``, ``acks``, idempotence, no compression); Spark's sink as ``kafka.*``
+options. Reported: each sink's **added time** (seconds over ``noop`` in the same
+repetition, per million records) and its ratio to ``plain_producer``'s time in that
+repetition (median and range; goal for ``exactly_once``: <= 1.0). Every output topic is
+read back ``read_committed`` and checked by id (each input id exactly once).
 
-Latency: the ``exactly_once`` job (then, for reference, the same job with Spark's Kafka sink,
-whose records are visible to ``read_committed`` readers as soon as a task writes them) runs
-with a processing-time trigger of ``--interval-ms`` (1 s) while a producer writes
-``--rate`` records/s for ``--seconds`` into an input topic with
-``message.timestamp.type=LogAppendTime``; the job passes each record's broker timestamp
-through, and a ``read_committed`` consumer of the output records the time at which each
-record became visible. Reported: p50 / p99 of visible - appended to the input topic (the
-same clock: one machine). A producer or consumer thread starved of CPU by Spark on a busy
-2-core machine still adds delay on the consumer side; compare the two sinks, not absolutes.
-Measurement starts once two epochs with (warm-up) data have committed, so the first epoch's
-start-up cost (Python workers, connections) is not counted.
+Latency
+-------
+The ``exactly_once`` job and the same job into Spark's Kafka sink run with a processing-time
+trigger of ``--interval-ms`` (1 s) for ``--seconds`` (>= 100 epochs), while a producer writes
+``--rate`` records/s into an input topic with ``message.timestamp.type=LogAppendTime``; the
+job passes each record's broker timestamp through, and a ``read_committed`` consumer of the
+output records when each record became visible. Reported: p50 / p99 of visible - appended
+(one machine, one clock), per repetition, and the ratio exactly_once / spark_kafka per
+repetition pair (goal: p99 <= 1.5). Measurement starts once two epochs with (warm-up) data
+have committed. The rules (warm-up, alternating order, repetitions) are :mod:`harness`'s.
 
 Run from the repository root (after ``scripts/setup.sh``)::
 
-    .venv/bin/python bench/kafka_sink.py [--records 200000] [--epochs 10]
-        [--interval-ms 1000] [--rate 500] [--seconds 30] [--workdir DIR]
-
-The table goes to stdout, the numbers to ``WORKDIR/results.json``.
+    .venv/bin/python bench/kafka_sink.py [--records 1000000] [--epochs 4] [--repeat 3]
+        [--interval-ms 1000] [--rate 500] [--seconds 120] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -58,14 +57,22 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+import harness as h
+
 from exactly import options as opt
 from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
+
+#: the client settings every producer of the comparison gets (librdkafka and Java names agree)
+CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
+          "enable.idempotence": "true", "compression.type": "none"}
+VARIANTS = ("exactly_once", "at_least_once", "spark_kafka", "noop", "plain_producer")
 
 
 def produce_input(bootstrap: str, topic: str, records: int) -> None:
     from confluent_kafka import Producer
 
-    p = Producer({**quiet_conf(bootstrap), "linger.ms": 20, "enable.idempotence": True})
+    p = Producer({**quiet_conf(bootstrap), **CLIENT})
     for i in range(records):
         value = json.dumps({"id": i, "key": f"k{i % 100:02d}", "amount": i % 997 / 10,
                             "ts": 0.0})
@@ -78,73 +85,72 @@ def produce_input(bootstrap: str, topic: str, records: int) -> None:
     p.flush(120)
 
 
-def plain_producer(bootstrap: str, source_topic: str, records: int) -> dict[str, float]:
-    """One producer writing the input's records again: the physical limit."""
+def plain_producer(bootstrap: str, rows: list, out: str) -> float:
+    """One producer writing the input's records again (read before the clock starts)."""
     from confluent_kafka import Producer
 
-    rows = consume_all(bootstrap, source_topic, isolation_level="read_uncommitted")
-    out = f"bench-plain-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, out, 2)
-    p = Producer({**quiet_conf(bootstrap), "linger.ms": 5, "enable.idempotence": True,
+    p = Producer({**quiet_conf(bootstrap), **CLIENT,
                   "queue.buffering.max.messages": 500_000})
     started = time.perf_counter()
+    produce = p.produce
     for _, _, key, value in rows:
-        while True:
-            try:
-                p.produce(out, value, key)
-                break
-            except BufferError:
+        try:
+            produce(out, value, key)
+        except BufferError:
+            while True:
                 p.poll(0.05)
-    p.flush(120)
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "records_per_s": records / seconds, "topic": out}
+                try:
+                    produce(out, value, key)
+                    break
+                except BufferError:
+                    continue
+    remaining = p.flush(120)
+    if remaining:
+        raise RuntimeError(f"plain producer: {remaining} records not delivered")
+    return time.perf_counter() - started
 
 
 def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: int,
-             epochs: int, workdir: Path) -> dict[str, Any]:
+             epochs: int, workdir: Path, out: str) -> float:
     from exactly.config import CheckpointConfig
     from exactly.connectors.kafka.source import read_kafka
     from exactly.spark.runner import start_query
 
-    out = f"bench-{kind}-{uuid.uuid4().hex[:6]}"
-    create_topic(bootstrap, out, 2)
     checkpoint = workdir / f"ck-{out}"
     df = read_kafka(spark, bootstrap, topics=source_topic,
                     max_offsets_per_trigger=max(1, records // epochs)).select("key", "value")
+    client = {f"kafka.{k}": v for k, v in CLIENT.items()}
     started = time.perf_counter()
     if kind in ("exactly_once", "at_least_once"):
         query = start_query(df, sink_format="exactly.kafka", available_now=True,
                             checkpoint=CheckpointConfig(mode=kind, storage=str(checkpoint)),
                             options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
                                      opt.TRANSACTIONAL_ID_PREFIX: f"bench-{out}",
-                                     opt.CHECKPOINT_INTERVAL_MS: "1000"}).query
+                                     opt.CHECKPOINT_INTERVAL_MS: "1000", **client}).query
     else:
         writer = df.writeStream.option("checkpointLocation", str(checkpoint))
         if kind == "spark_kafka":
             writer = (writer.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-                      .option("topic", out))
+                      .option("topic", out).options(**client))
         else:
             writer = writer.format("noop")
         query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
-    seconds = time.perf_counter() - started
     if query.exception() is not None:
         raise RuntimeError(f"{kind}: {query.exception()}")
-    add_batch = [p["durationMs"].get("addBatch", 0) for p in query.recentProgress
-                 if p["numInputRows"]]
-    result = {"seconds": seconds, "records_per_s": records / seconds, "topic": out,
-              "epochs": len(add_batch),
-              "add_batch_p50_ms": float(np.median(add_batch)) if add_batch else 0.0}
-    if kind != "noop":
-        seen = len(consume_all(bootstrap, out, isolation_level="read_committed"))
-        result["records_read_back"] = seen
-    return result
+    return time.perf_counter() - started
+
+
+def check_topic(bootstrap: str, topic: str, records: int, what: str) -> str | None:
+    """Each input id exactly once in ``topic`` (read_committed)."""
+    ids = [json.loads(v)["id"] for _, _, _, v in consume_all(bootstrap, topic)]
+    return h.check_ids(ids, records, what)
 
 
 def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: int,
-            seconds: float, kind: str = "exactly_once") -> dict[str, Any]:
-    """p50/p99 from produce to read_committed visibility through sink ``kind``
-    (``exactly_once`` or ``spark_kafka``)."""
+            seconds: float, kind: str) -> dict[str, Any]:
+    """Produce -> read_committed visibility through sink ``kind`` (``exactly_once`` or
+    ``spark_kafka``): per-record delays and the number of epochs measured."""
     from confluent_kafka import Consumer, Producer
 
     from exactly.config import CheckpointConfig
@@ -158,20 +164,25 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
     create_topic(bootstrap, source, 2, **{"message.timestamp.type": "LogAppendTime"})
     create_topic(bootstrap, out, 2)
     df = read_kafka(spark, bootstrap, topics=source, starting_offsets="earliest").selectExpr(
-        "key", "to_json(named_struct('ts', cast(timestamp as double))) as value")
+        "key", "to_json(named_struct('id', cast(cast(value as string) as long), "
+        "'ts', cast(timestamp as double))) as value")
+    client = {f"kafka.{k}": v for k, v in CLIENT.items()}
     if kind == "exactly_once":
         query = start_query(df, sink_format="exactly.kafka",
                             checkpoint=CheckpointConfig(interval=f"{interval_ms}ms",
                                                         storage=str(workdir / f"ck-{out}")),
                             options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
                                      opt.TRANSACTIONAL_ID_PREFIX: f"lat-{name}",
-                                     opt.CHECKPOINT_INTERVAL_MS: str(interval_ms)}).query
+                                     opt.CHECKPOINT_INTERVAL_MS: str(interval_ms),
+                                     **client}).query
     else:
         query = (df.writeStream.format("kafka")
                  .option("kafka.bootstrap.servers", bootstrap).option("topic", out)
+                 .options(**client)
                  .option("checkpointLocation", str(workdir / f"ck-{out}"))
                  .trigger(processingTime=f"{interval_ms} milliseconds").start())
     delays: list[float] = []
+    seen: list[int] = []
     warm: list[int] = []
     stop = threading.Event()
 
@@ -185,28 +196,31 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
                 if msg.key() == b"warm":
                     warm.append(1)
                 else:
-                    delays.append(time.time() - json.loads(msg.value())["ts"])
+                    record = json.loads(msg.value())
+                    delays.append(time.time() - record["ts"])
+                    seen.append(record["id"])
         c.close()
 
     reader = threading.Thread(target=consume, daemon=True)
     reader.start()
     p = Producer({**quiet_conf(bootstrap), "linger.ms": 0})
     # warm up until two epochs with data have committed: the first one after a start pays
-    # for Python worker start-up and connections (over 10 s on a loaded 2-core machine)
+    # for Python worker start-up and connections
     deadline = time.time() + 300
     while time.time() < deadline and sum(
             1 for pr in query.recentProgress if pr["numInputRows"]) < 2:
-        p.produce(source, b"{}", b"warm")
+        p.produce(source, b"-1", b"warm")
         p.flush(10)
         time.sleep(interval_ms / 1000)
     while len(warm) == 0 and time.time() < deadline:
         time.sleep(0.1)
+    first_epoch = query.lastProgress["batchId"] if query.lastProgress else 0
     sent = 0
     start = time.time()
     while time.time() - start < seconds:
         due = int((time.time() - start) * rate)
         while sent < due:
-            p.produce(source, json.dumps({"id": sent}).encode(), b"k")
+            p.produce(source, str(sent).encode(), b"k")
             sent += 1
         p.poll(0)
         time.sleep(0.002)
@@ -216,23 +230,23 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
         time.sleep(0.2)
     stop.set()
     reader.join(10)
-    epochs = [pr["durationMs"].get("triggerExecution", 0) for pr in query.recentProgress
-              if pr["numInputRows"]][2:]
+    last_epoch = query.lastProgress["batchId"] if query.lastProgress else 0
     query.stop()
-    arr = np.array(delays) * 1000
-    return {"sink": kind, "records": sent, "seen": len(delays), "interval_ms": interval_ms,
-            "epoch_p50_ms": float(np.median(epochs)) if epochs else float("nan"),
-            "p50_ms": float(np.percentile(arr, 50)) if len(arr) else float("nan"),
-            "p99_ms": float(np.percentile(arr, 99)) if len(arr) else float("nan")}
+    return {"records": sent, "delays_ms": [d * 1000 for d in delays],
+            "epochs": last_epoch - first_epoch,
+            "error": h.check_ids(seen, sent, f"latency {kind}")}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=200_000)
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--records", type=int, default=h.MIN_ROWS)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--warmup-records", type=int, default=h.MIN_WARMUP_ROWS)
+    ap.add_argument("--repeat", type=int, default=h.MIN_REPEAT)
     ap.add_argument("--interval-ms", type=int, default=1000)
     ap.add_argument("--rate", type=int, default=500, help="records/s for the latency run")
-    ap.add_argument("--seconds", type=float, default=30.0, help="length of the latency run")
+    ap.add_argument("--seconds", type=float, default=120.0, help="length of a latency run")
+    ap.add_argument("--no-latency", dest="latency", action="store_false")
     ap.add_argument("--workdir", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -244,51 +258,105 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-kafka-"))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    results: dict[str, Any] = {"records": args.records, "epochs": args.epochs,
-                               "cores": os.cpu_count()}
+    note = h.sizes_note(args.records, args.warmup_records, args.repeat)
+    print(h.machine())
+    print(f"{args.records:,} records per run in {args.epochs} epochs, local[2]; "
+          f"{args.repeat} repetitions in alternating order after a "
+          f"{args.warmup_records:,}-record warm-up of each variant; client settings {CLIENT}. "
+          f"{note}", flush=True)
+    runs: list[h.Run] = []
+    lat_runs: list[h.Run] = []
+    delays: dict[str, list[float]] = {}
     with broker_or_configured(workdir / "broker") as bootstrap:
         source = f"bench-in-{uuid.uuid4().hex[:6]}"
         warm = f"bench-warm-{uuid.uuid4().hex[:6]}"
         create_topic(bootstrap, source, 2)
         create_topic(bootstrap, warm, 2)
         produce_input(bootstrap, source, args.records)
-        produce_input(bootstrap, warm, 2_000)
+        produce_input(bootstrap, warm, args.warmup_records)
+        input_rows = consume_all(bootstrap, source, isolation_level="read_uncommitted")
+        warm_rows = consume_all(bootstrap, warm, isolation_level="read_uncommitted")
         spark = spark_session(app_name="exactly-bench-kafka", conf=spark_kafka_conf())
         try:
-            kinds = ("noop", "exactly_once", "at_least_once", "spark_kafka")
-            for kind in kinds:  # warm-up: JVM, Python workers, connector classes
-                run_sink(spark, kind, bootstrap, warm, 2_000, 2, workdir)
-            sinks = {kind: run_sink(spark, kind, bootstrap, source, args.records, args.epochs,
-                                    workdir) for kind in kinds}
-            plain = plain_producer(bootstrap, source, args.records)
-            lat = {kind: latency(spark, bootstrap, workdir, args.interval_ms, args.rate,
-                                 args.seconds, kind) for kind in ("exactly_once", "spark_kafka")}
+            for kind in VARIANTS:  # warm-up: JVM, Python workers, connector classes
+                out = f"warm-{kind}-{uuid.uuid4().hex[:6]}"
+                create_topic(bootstrap, out, 2)
+                if kind == "plain_producer":
+                    plain_producer(bootstrap, warm_rows, out)
+                else:
+                    run_sink(spark, kind, bootstrap, warm, args.warmup_records, 2, workdir,
+                             out)
+            for rep, kind in h.schedule(VARIANTS, args.repeat):
+                out = f"bench-{kind}-{uuid.uuid4().hex[:6]}"
+                create_topic(bootstrap, out, 2)
+                if kind == "plain_producer":
+                    seconds = plain_producer(bootstrap, input_rows, out)
+                else:
+                    seconds = run_sink(spark, kind, bootstrap, source, args.records,
+                                       args.epochs, workdir, out)
+                problem = None if kind == "noop" else check_topic(bootstrap, out,
+                                                                  args.records, kind)
+                runs.append(h.Run(rep, kind, {"seconds": seconds}, [problem] if problem else []))
+                print(f"rep {rep} {kind:15} {seconds:7.2f} s  {h.load()}"
+                      + (f"  ERRORS {problem}" if problem else ""), flush=True)
+            if args.latency:
+                for rep, kind in h.schedule(("exactly_once", "spark_kafka"), args.repeat):
+                    r = latency(spark, bootstrap, workdir, args.interval_ms, args.rate,
+                                args.seconds, kind)
+                    delays.setdefault(kind, []).extend(r["delays_ms"])
+                    values = {"p50": h.p50(r["delays_ms"]) or float("nan"),
+                              "p99": h.p99(r["delays_ms"]) or float("nan"),
+                              "epochs": r["epochs"]}
+                    lat_runs.append(h.Run(rep, kind, values, [r["error"]] if r["error"] else []))
+                    print(f"rep {rep} latency {kind:13} p50 {values['p50']:.0f} ms  p99 "
+                          f"{values['p99']:.0f} ms over {len(r['delays_ms'])} records, "
+                          f"{r['epochs']} epochs  {h.load()}"
+                          + (f"  ERRORS {r['error']}" if r["error"] else ""), flush=True)
         finally:
             spark.stop()
-    results.update({"sinks": sinks, "plain_producer": plain, "latency": lat})
-    (workdir / "results.json").write_text(json.dumps(results, indent=2))
 
-    limit = plain["records_per_s"]
-    spark_rate = sinks["spark_kafka"]["records_per_s"]
-    print(f"\n{args.records} records, {args.epochs} epochs, local[2], "
-          f"{os.cpu_count()} cores\n")
-    print(f"{'sink':16} {'seconds':>9} {'records/s':>11} {'vs plain':>9} {'vs spark':>9} "
-          f"{'addBatch p50':>13}")
-    for kind, r in [*sinks.items(), ("plain_producer", plain)]:
-        print(f"{kind:16} {r['seconds']:9.2f} {r['records_per_s']:11,.0f} "
-              f"{r['records_per_s'] / limit:9.2f} {r['records_per_s'] / spark_rate:9.2f} "
-              f"{r.get('add_batch_p50_ms', float('nan')):11.0f}ms")
-    print(f"\nlatency produce -> read_committed visible, trigger {args.interval_ms} ms, "
-          f"{args.rate} records/s for {args.seconds:.0f} s")
-    for kind, r in lat.items():
-        print(f"{kind:16} p50 {r['p50_ms']:7.0f} ms   p99 {r['p99_ms']:7.0f} ms   "
-              f"epoch (triggerExecution) p50 {r['epoch_p50_ms']:5.0f} ms   "
-              f"{r['seen']}/{r['records']} seen")
-    bad = [k for k, r in sinks.items() if k != "noop" and r["records_read_back"] != args.records]
-    if bad or any(r["seen"] < r["records"] for r in lat.values()):
-        print(f"MISMATCH: {bad or 'latency run lost records'}", file=sys.stderr)
-        return 1
-    return 0
+    per_m = 1_000_000 / args.records
+    plain = h.per_rep(runs, "seconds", "plain_producer")
+    rows = [["plain_producer (Kafka's own time)", h.spread([s * per_m for s in plain]),
+             "1.00", h.spread([args.records / s / 1000 for s in plain], ".0f")]]
+    headlines = []
+    for kind in ("exactly_once", "at_least_once", "spark_kafka"):
+        added = h.per_rep(runs, "seconds", kind, minus="noop")
+        ratio = [a / c for a, c in zip(added, plain, strict=True)]
+        total = h.per_rep(runs, "seconds", kind)
+        rows.append([kind, h.spread([a * per_m for a in added]), h.spread(ratio),
+                     h.spread([args.records / t / 1000 for t in total], ".0f")])
+        if kind == "exactly_once":
+            headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
+                                        h.spread(ratio), "<= 1.0",
+                                        float(np.median(ratio)) <= 1.0 if ratio else None))
+    noop = h.per_rep(runs, "seconds", "noop")
+    rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
+                 h.spread([args.records / s / 1000 for s in noop], ".0f")])
+    print()
+    print(h.table(["variant", "added s per 1M records", "added / plain producer",
+                   "k records/s"], rows))
+    if lat_runs:
+        print(f"\nvisibility latency (produce -> read_committed), trigger {args.interval_ms} "
+              f"ms, {args.rate} records/s for {args.seconds:.0f} s per run:")
+        lrows = []
+        for kind in ("exactly_once", "spark_kafka"):
+            lrows.append([kind, h.spread(h.per_rep(lat_runs, "p50", kind), ".0f"),
+                          h.spread(h.per_rep(lat_runs, "p99", kind), ".0f"),
+                          h.spread(h.per_rep(lat_runs, "epochs", kind), ".0f")])
+        ratio = h.paired(lat_runs, "p99", "exactly_once", "spark_kafka")
+        print(h.table(["sink", "p50 ms", "p99 ms", "epochs"], lrows))
+        print(f"p99 exactly_once / spark_kafka per repetition pair: {h.spread(ratio)}")
+        headlines.append(h.Headline("kafka_sink", "latency p99 exactly_once / spark_kafka",
+                                    h.spread(ratio), "<= 1.5",
+                                    float(np.median(ratio)) <= 1.5 if ratio else None))
+    print(f"\n{h.machine()}")
+    h.write_headlines(workdir, headlines, {"runs": [vars(r) for r in runs + lat_runs],
+                                           "note": note})
+    errors = [e for r in runs + lat_runs for e in r.errors]
+    for problem in errors:
+        print(f"CHECK FAILED: {problem}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

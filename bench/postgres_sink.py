@@ -1,40 +1,41 @@
-"""Benchmark of exactly's PostgreSQL sinks against Spark's JDBC writer and raw COPY.
+"""What exactly's PostgreSQL sinks add to a Spark job, beside PostgreSQL's own COPY time.
 
 What is measured
 ----------------
-The same ``--rows`` rows (``exactly.datagen``: id, key, amount, event_time), in epochs of
-``--rows-per-epoch`` rows (``trigger(availableNow=True)``), are written once by each of:
+The same ``--rows`` rows (``exactly.datagen``: id, key, amount, event_time as a timezone-aware
+timestamp), in epochs of ``--rows-per-epoch`` rows on 2 partitions
+(``trigger(availableNow=True)``), are written once per repetition by each variant, into a
+fresh table, in one SparkSession (``local[2]``) against one temporary PostgreSQL server
+(``fsync=on``):
 
-``2pc``            ``exactly.postgres`` sink, exactly_once (COPY + PREPARE TRANSACTION per
-                   task, COMMIT PREPARED in the driver)
-``wal``            ``exactly.wal`` sink into PostgreSQL, exactly_once (Parquet staged beside
-                   the checkpoint, loaded with COPY + marker in one transaction per epoch)
-``upsert``         ``exactly.upsert`` sink keyed by ``id`` (INSERT ... ON CONFLICT, epoch-guarded)
-``at_least_once``  ``exactly.postgres`` sink, at_least_once (each task commits its own
-                   prepared transaction)
-``spark_jdbc``     Spark's JDBC writer inside ``foreachBatch`` (``df.write.jdbc``, append;
-                   driver jar from Debian's libpostgresql-jdbc-java or ``--jdbc-jar``)
-``noop``           Spark's ``noop`` sink: reading and running the epochs with no sink work
-``raw_copy``       no Spark: one psycopg client COPYing the same rows (pre-generated in
-                   memory, CSV) in one transaction -- the physical limit of the server
+``2pc``            ``exactly.postgres``, exactly_once: one COPY per task into a transaction
+                   that is PREPAREd; COMMIT PREPARED in the driver
+``wal``            ``exactly.wal``: Parquet staged beside the checkpoint, loaded by the driver
+                   with COPY and a marker in one transaction per epoch
+``upsert``         ``exactly.upsert`` keyed by ``id`` (epoch-guarded INSERT ... ON CONFLICT)
+``at_least_once``  ``exactly.postgres``, at_least_once
+``spark_jdbc``     Spark's JDBC writer in ``foreachBatch`` (when a PostgreSQL JDBC jar is found)
+``noop``           Spark's ``noop`` sink: reading and running the epochs, no sink work
 
-Each Spark run uses a fresh table and checkpoint, in one SparkSession (``local[2]``) and one
-temporary PostgreSQL server (``exactly.testing.pgcluster.TempPostgres``; ``fsync=on``). Reported:
-wall seconds from ``start()`` to termination, rows/s, the ratio to ``raw_copy``, and the
-seconds over the ``noop`` run (the sink's own cost, Spark's per-epoch cost taken out). Every
-table is checked afterwards (row count and distinct ids = input rows), else exit status 1.
-A warm-up run on a tiny input comes first so JVM and Python worker start-up do not count.
+and, in the same repetition, ``client_copy``: one psycopg client COPYing the same rows from
+Arrow into a fresh table in one transaction, its CSV encoding timed (exactly's encoder,
+:func:`exactly.connectors.sql.CopyStream`): the target's own time for those rows.
+
+Reported per sink: the **added time** (seconds over the ``noop`` run of the same
+repetition, per million rows) and its ratio to ``client_copy``'s time in that repetition
+(median and range over the repetitions; goal for ``2pc``: <= 1.0). Every table is checked by
+id (``count``, ``count(DISTINCT id)``, ``min``, ``max`` = the ids ``0 .. rows-1``, each once).
+The rules (warm-up, alternating order, repetitions) are :mod:`harness`'s.
 
 Run from the repository root (not part of the test suite)::
 
-    .venv/bin/python bench/postgres_sink.py [--rows 400000] [--rows-per-epoch 100000]
+    .venv/bin/python bench/postgres_sink.py [--rows 1000000] [--rows-per-epoch 250000]
+        [--repeat 3] [--sinks 2pc,wal,upsert,at_least_once,spark_jdbc,noop]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
 import shutil
 import sys
@@ -42,17 +43,22 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.csv as pacsv
+sys.path.insert(0, str(Path(__file__).parent))
+import harness as h
 
 from exactly.config import CheckpointConfig
 from exactly.connectors.datagen import generate
+from exactly.connectors.sql import CopyStream, TableName
 from exactly.spark.runner import start_query
 from exactly.spark.session import spark_session
 from exactly.testing.pgcluster import TempPostgres
 
 SINKS = ("2pc", "wal", "upsert", "at_least_once", "spark_jdbc", "noop")
+FORMATS = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert",
+           "at_least_once": "exactly.postgres"}
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 DSN_ENV = "EXACTLY_BENCH_DSN"
+DDL = "(id bigint, key text, amount double precision, event_time timestamptz)"
 
 
 def stream(spark, rows: int, per_epoch: int):
@@ -61,28 +67,22 @@ def stream(spark, rows: int, per_epoch: int):
             .option("numPartitions", 2).load())
 
 
-def jdbc_url(pg: TempPostgres) -> str:
-    return f"jdbc:postgresql://127.0.0.1:{pg.port}/{pg.database}"
-
-
 def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, workdir: Path,
               table: str) -> float:
     ck = workdir / f"ck-{table}"
     shutil.rmtree(ck, ignore_errors=True)
     df = stream(spark, rows, per_epoch)
     started = time.perf_counter()
-    if sink in ("2pc", "wal", "upsert", "at_least_once"):
-        fmt = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert",
-               "at_least_once": "exactly.postgres"}[sink]
+    if sink in FORMATS:
         options = {"dsnEnv": DSN_ENV, "table": table, "partitions": "2"}
         if sink == "upsert":
             options["keyColumns"] = "id"
         mode = "at_least_once" if sink == "at_least_once" else "exactly_once"
-        query = start_query(df, sink_format=fmt, options=options, available_now=True,
+        query = start_query(df, sink_format=FORMATS[sink], options=options, available_now=True,
                             checkpoint=CheckpointConfig(storage=str(ck), mode=mode)).query
     elif sink == "spark_jdbc":
-        url, props = jdbc_url(pg), {"user": pg.user, "password": pg.password,
-                                    "driver": "org.postgresql.Driver"}
+        url = f"jdbc:postgresql://127.0.0.1:{pg.port}/{pg.database}"
+        props = {"user": pg.user, "password": pg.password, "driver": "org.postgresql.Driver"}
 
         def write(batch, _epoch: int) -> None:
             batch.write.jdbc(url, table, mode="append", properties=props)
@@ -93,87 +93,120 @@ def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, wor
         query = (df.writeStream.format("noop").option("checkpointLocation", str(ck))
                  .trigger(availableNow=True).start())
     query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"{sink}: {query.exception()}")
     return time.perf_counter() - started
 
 
-def raw_copy(pg: TempPostgres, rows: int, table: str) -> float:
+def client_copy(pg: TempPostgres, rows: int, table: str) -> float:
+    """One client, one transaction, the same rows as Arrow (generated before the clock
+    starts), encoded to CSV and COPYed: encoding and COPY timed, the commit included."""
     data = generate(0, rows, keys=100, seed=0)
-    chunks = []
-    for batch in data.to_batches(max_chunksize=100_000):
-        buf = io.BytesIO()
-        pacsv.write_csv(batch, buf, pacsv.WriteOptions(include_header=False))
-        chunks.append(buf.getvalue())
     with pg.connect(autocommit=False) as conn:
-        conn.execute(f'CREATE TABLE "{table}" (id bigint, key text, amount double precision, '
-                     'event_time timestamptz)')
+        conn.execute(f'CREATE TABLE "{table}" {DDL}')
         conn.commit()
         started = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(f'COPY "{table}" FROM STDIN (FORMAT csv)') as copy:
-            for chunk in chunks:
-                copy.write(chunk)
+        with conn.cursor() as cur:
+            stream = CopyStream(cur, TableName.parse(table), data.schema.names)
+            for batch in data.to_batches(max_chunksize=10_000):  # Spark's Arrow batch size
+                stream.write(batch)
+            stream.finish()
         conn.commit()
         return time.perf_counter() - started
 
 
 def check(pg: TempPostgres, table: str, rows: int) -> str | None:
+    """The table holds the ids 0 .. rows-1, each once (count, distinct, min and max)."""
     with pg.connect() as conn:
-        n, distinct = conn.execute(f'SELECT count(*), count(DISTINCT id) FROM "{table}"'
-                                   ).fetchone()
-    if n != rows or distinct != rows:
-        return f"{table}: {n} rows, {distinct} distinct ids, expected {rows}"
-    return None
+        n, distinct, low, high = conn.execute(
+            f'SELECT count(*), count(DISTINCT id), min(id), max(id) FROM "{table}"').fetchone()
+    if (n, distinct, low, high) == (rows, rows, 0, rows - 1):
+        return None
+    return (f"{table}: {n} rows, {distinct} distinct ids in [{low}, {high}]; "
+            f"expected ids 0..{rows - 1} once")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rows", type=int, default=400_000)
-    p.add_argument("--rows-per-epoch", type=int, default=100_000)
+    p.add_argument("--rows", type=int, default=h.MIN_ROWS)
+    p.add_argument("--rows-per-epoch", type=int, default=250_000)
+    p.add_argument("--warmup-rows", type=int, default=h.MIN_WARMUP_ROWS)
+    p.add_argument("--repeat", type=int, default=h.MIN_REPEAT)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--jdbc-jar", default=None)
     p.add_argument("--sinks", default=",".join(SINKS))
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-pg-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     jar = args.jdbc_jar or next((j for j in JDBC_JARS if os.path.exists(j)), None)
     sinks = [s for s in args.sinks.split(",") if s]
+    if "noop" not in sinks:
+        sinks.append("noop")
     if "spark_jdbc" in sinks and jar is None:
-        print("spark_jdbc skipped: no PostgreSQL JDBC jar (scripts/setup.sh installs "
-              "libpostgresql-jdbc-java, or pass --jdbc-jar)", file=sys.stderr)
+        print("spark_jdbc skipped: no PostgreSQL JDBC jar (pass --jdbc-jar)", file=sys.stderr)
         sinks.remove("spark_jdbc")
-    results: dict[str, float] = {}
-    errors = []
+    variants = [*sinks, "client_copy"]
+    note = h.sizes_note(args.rows, args.warmup_rows, args.repeat)
+    print(h.machine())
+    print(f"{args.rows:,} rows per run in epochs of {args.rows_per_epoch:,}, 2 partitions, "
+          f"local[2]; {args.repeat} repetitions in alternating order after a "
+          f"{args.warmup_rows:,}-row warm-up of each variant. {note}", flush=True)
+    runs: list[h.Run] = []
     with TempPostgres(max_prepared_transactions=10) as pg:
         os.environ[DSN_ENV] = pg.dsn
-        results["raw_copy"] = raw_copy(pg, args.rows, "raw_copy")
         conf = {"spark.jars": jar} if jar else {}
         spark = spark_session(app_name="exactly-bench-postgres", conf=conf)
         try:
             for sink in sinks:  # warm-up: JVM, Python workers, first connections
-                run_spark(spark, pg, sink, 2_000, 1_000, workdir, f"warm_{sink}")
-            for sink in sinks:
-                table = f"bench_{sink}"
-                results[sink] = run_spark(spark, pg, sink, args.rows, args.rows_per_epoch,
-                                          workdir, table)
-                if sink != "noop":
+                run_spark(spark, pg, sink, args.warmup_rows, args.rows_per_epoch, workdir,
+                          f"warm_{sink}")
+            client_copy(pg, args.warmup_rows, "warm_client_copy")
+            for rep, variant in h.schedule(variants, args.repeat):
+                table = f"bench_{variant}_{rep}"
+                if variant == "client_copy":
+                    seconds = client_copy(pg, args.rows, table)
+                else:
+                    seconds = run_spark(spark, pg, variant, args.rows, args.rows_per_epoch,
+                                        workdir, table)
+                errors = []
+                if variant != "noop":
                     problem = check(pg, table, args.rows)
                     if problem:
                         errors.append(problem)
+                with pg.connect() as conn:
+                    conn.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+                runs.append(h.Run(rep, variant, {"seconds": seconds}, errors))
+                print(f"rep {rep} {variant:14} {seconds:7.2f} s  {h.load()}"
+                      + (f"  ERRORS {errors}" if errors else ""), flush=True)
         finally:
             spark.stop()
-    base = args.rows / results["raw_copy"]
-    print(f"\n{args.rows} rows, epochs of {args.rows_per_epoch}, local[2], PostgreSQL "
-          "temp server\n")
-    noop = results.get("noop")
-    print(f"{'writer':<16}{'seconds':>10}{'rows/s':>12}{'vs raw COPY':>14}"
-          f"{'s over noop':>14}")
-    for name in ("raw_copy", *sinks):
-        secs = results[name]
-        rate = args.rows / secs
-        over = f"{secs - noop:>14.2f}" if noop is not None and name != "raw_copy" else \
-            f"{'-':>14}"
-        print(f"{name:<16}{secs:>10.2f}{rate:>12.0f}{rate / base:>14.2f}{over}")
-    (workdir / "results.json").write_text(json.dumps(
-        {"rows": args.rows, "rows_per_epoch": args.rows_per_epoch, "seconds": results,
-         "errors": errors}, indent=1))
+
+    per_m = 1_000_000 / args.rows
+    rows = []
+    copy_s = h.per_rep(runs, "seconds", "client_copy")
+    rows.append(["client_copy (target's own time)", h.spread([s * per_m for s in copy_s]),
+                 "1.00", "-"])
+    headlines = []
+    for sink in sinks:
+        if sink == "noop":
+            continue
+        added = h.per_rep(runs, "seconds", sink, minus="noop")
+        ratio = [a / c for a, c in zip(added, copy_s, strict=True)]
+        total = h.per_rep(runs, "seconds", sink)
+        rows.append([sink, h.spread([a * per_m for a in added]), h.spread(ratio),
+                     h.spread([args.rows / t / 1000 for t in total], ".0f")])
+        goal = "<= 1.0" if sink == "2pc" else ""
+        headlines.append(h.Headline("postgres_sink", f"{sink} added time / client COPY",
+                                    h.spread(ratio), goal,
+                                    (sorted(ratio)[len(ratio) // 2] <= 1.0) if goal else None))
+    noop = h.per_rep(runs, "seconds", "noop")
+    rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
+                 h.spread([args.rows / t / 1000 for t in noop], ".0f")])
+    print()
+    print(h.table(["variant", "added s per 1M rows", "added / client COPY", "k rows/s"], rows))
+    print(f"\n{h.machine()}")
+    errors = [e for r in runs for e in r.errors]
+    h.write_headlines(workdir, headlines, {"runs": [vars(r) for r in runs], "note": note})
     for problem in errors:
         print(f"CHECK FAILED: {problem}", file=sys.stderr)
     return 1 if errors else 0

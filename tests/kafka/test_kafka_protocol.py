@@ -122,6 +122,42 @@ def test_a_fenced_publisher_raises_fenced_error(broker, topic, tmp_path):
     assert ids(broker, topic, "read_uncommitted") == []
 
 
+def test_a_run_keeps_one_producer_across_epochs_and_a_fresh_one_after_an_error(broker, topic,
+                                                                              tmp_path):
+    h = harness(broker, topic, tmp_path)
+    h.run_epoch(0, parts(0))
+    session = h.committer.sink._publisher(h.query_id)
+    producer = session.producer
+    assert producer is not None
+    h.run_epoch(1, parts(1))  # no new producer, no second init_transactions
+    assert h.committer.sink._publisher(h.query_id).producer is producer
+    # another producer of the transactional id takes over: the kept one is fenced ...
+    newer = Producer({"bootstrap.servers": broker.bootstrap,
+                      "transactional.id": h.sink.transactional_id(h.query_id)})
+    newer.init_transactions(30)
+    handles = h.tasks(2, parts(2))
+    with pytest.raises(FencedError, match="took over"):
+        h.commit(2, handles)
+    assert ids(broker, topic, "read_uncommitted") == [*range(10), *range(1000, 1010)]
+    # ... and dropped: the same run's next commit opens a fresh producer, which publishes
+    h.commit(2, handles)
+    assert h.committer.sink._publisher(h.query_id) is not session
+    assert ids(broker, topic) == [*range(10), *range(1000, 1010), *range(2000, 2010)]
+    assert read_marker(h.sink.options, h.query_id) == 3
+
+
+def test_a_new_run_in_the_same_process_closes_the_old_runs_producer(broker, topic, tmp_path):
+    h = harness(broker, topic, tmp_path)
+    h.run_epoch(0, parts(0))
+    old = h.committer.sink._publisher(h.query_id)
+    assert old.producer is not None
+    h.restart()
+    h.run_epoch(1, parts(1))
+    assert old.producer is None  # closed, not left open beside the new run's
+    assert h.committer.sink._publisher(h.query_id).producer is not None
+    assert ids(broker, topic) == [*range(10), *range(1000, 1010)]
+
+
 def test_transaction_timeout_is_checked_against_the_broker_and_the_interval(broker):
     broker_max = broker_transaction_max_timeout_ms({"bootstrap.servers": broker.bootstrap})
     assert broker_max == broker.transaction_max_timeout_ms

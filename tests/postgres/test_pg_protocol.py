@@ -123,6 +123,47 @@ def test_types_round_trip_through_copy(pg, conn, tmp_path, table_name):
     assert got[1] == (2,) + (None,) * 11 + (0,)
 
 
+def test_timestamps_of_any_time_zone_keep_their_instant_even_in_a_repeated_hour(
+        pg, conn, tmp_path, table_name):
+    # the COPY sends the UTC wall time: 01:30 on 2026-11-01 happens twice in Los Angeles,
+    # and a local wall time would send both rows as one of the two instants
+    zone = "America/Los_Angeles"
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz=zone))])
+    first = dt.datetime(2026, 11, 1, 8, 30, tzinfo=dt.timezone.utc)  # 01:30 PDT
+    second = dt.datetime(2026, 11, 1, 9, 30, tzinfo=dt.timezone.utc)  # 01:30 PST
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    sink.prepare_target(schema, partitions=1)
+    ProtocolHarness(sink).run_epoch(0, [pa.RecordBatch.from_pylist(
+        [{"id": 1, "ts": first}, {"id": 2, "ts": second}], schema=schema)])
+    from psycopg import sql
+
+    got = conn.execute(sql.SQL("SELECT id, ts FROM {} ORDER BY id").format(
+        sql.Identifier(table_name))).fetchall()
+    assert got == [(1, first), (2, second)]
+
+
+def test_a_task_of_many_batches_sends_them_all_and_a_refused_row_fails_it_whole(
+        pg, conn, tmp_path, table_name):
+    from psycopg import sql
+
+    batches = [pa.RecordBatch.from_pylist([{"id": i, "key": f"k{i}"} for i in range(j, j + 3)])
+               for j in range(0, 12, 3)]
+    sink = PostgresTwoPhaseSink(pg.dsn, table_name, tmp_path / "log")
+    sink.prepare_target(batches[0].schema, partitions=1)
+    ProtocolHarness(sink).run_epoch(0, [batches])
+    count = sql.SQL("SELECT count(DISTINCT id), count(*) FROM {}").format(
+        sql.Identifier(table_name))
+    assert conn.execute(count).fetchone() == (12, 12)
+    # the server refuses the last batch's row: the whole task's COPY is refused, by name
+    conn.execute(sql.SQL("ALTER TABLE {} ADD CHECK (id < 20)").format(
+        sql.Identifier(table_name)))
+    late = [pa.RecordBatch.from_pylist([{"id": i, "key": "x"} for i in range(j, j + 3)])
+            for j in (12, 15, 18)]
+    with pytest.raises(DatabaseError, match=f"COPY into .*{table_name}.*check constraint"):
+        ProtocolHarness(sink).run_epoch(1, [late])
+    assert conn.execute(count).fetchone() == (12, 12)
+
+
 def test_an_existing_table_that_does_not_fit_is_refused_with_the_column_named(pg, conn,
                                                                               tmp_path,
                                                                               table_name):

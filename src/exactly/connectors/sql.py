@@ -340,17 +340,40 @@ def _check_unique_key(conn, table: TableName, key: Sequence[str]) -> list[str]:
 
 
 # -- COPY -----------------------------------------------------------------------------
-def csv_chunks(batch: pa.RecordBatch | pa.Table, chunk_rows: int = 50_000) -> Iterator[bytes]:
-    """``batch`` as CSV for ``COPY ... FROM STDIN (FORMAT csv)``: unquoted empty = NULL,
-    ``""`` = empty string; binary columns as ``\\x``-hex for bytea."""
-    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+#: rows per CSV chunk handed to COPY (a chunk is encoded while the previous one is sent)
+COPY_CHUNK_ROWS = 50_000
+
+
+def copy_ready(table: pa.Table) -> pa.Table:
+    """``table`` with the columns Arrow's CSV writer would render slowly or in a form
+    PostgreSQL does not read turned into text PostgreSQL reads:
+
+    * timezone-aware timestamps: the UTC wall time with ``+00`` (Arrow renders them through a
+      time zone lookup per value, ~7x the cost of the cast; a ``timestamp with time zone``
+      column, the only one such a column maps to, reads the instant unchanged);
+    * booleans as ``true``/``false``; binary as ``\\x``-hex for ``bytea``.
+    """
     for i, field in enumerate(table.schema):
-        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+        column = table.column(i)
+        if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+            utc = pc.cast(column.cast(pa.timestamp(field.type.unit)), pa.string())
+            text = pc.binary_join_element_wise(utc, pa.scalar("+00"), "")
+            table = table.set_column(i, field.name, text)
+        elif pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
             hexed = pa.array([None if v is None else "\\x" + v.hex()
-                              for v in table.column(i).to_pylist()], pa.string())
+                              for v in column.to_pylist()], pa.string())
             table = table.set_column(i, field.name, hexed)
         elif pa.types.is_boolean(field.type):
-            table = table.set_column(i, field.name, pc.cast(table.column(i), pa.string()))
+            table = table.set_column(i, field.name, pc.cast(column, pa.string()))
+    return table
+
+
+def csv_chunks(batch: pa.RecordBatch | pa.Table,
+               chunk_rows: int = COPY_CHUNK_ROWS) -> Iterator[bytes]:
+    """``batch`` as CSV for ``COPY ... FROM STDIN (FORMAT csv)``: unquoted empty = NULL,
+    ``""`` = empty string (:func:`copy_ready` for the columns that need converting)."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    table = copy_ready(table)
     options = pacsv.WriteOptions(include_header=False)
     for offset in range(0, table.num_rows, chunk_rows):
         buf = io.BytesIO()
@@ -358,18 +381,42 @@ def csv_chunks(batch: pa.RecordBatch | pa.Table, chunk_rows: int = 50_000) -> It
         yield buf.getvalue()
 
 
+class CopyStream:
+    """One ``COPY table (columns) FROM STDIN (FORMAT csv)`` kept open across batches, so a
+    write task sends its rows in one statement however many Arrow batches Spark hands it.
+
+    :meth:`write` sends a batch (its columns must be the ``columns`` given);
+    :meth:`finish` ends the COPY, where the server reports a bad row. After an error the
+    transaction is unusable: close the connection (which rolls it back).
+    """
+
+    def __init__(self, cur, table: TableName, columns: Sequence[str]) -> None:
+        from psycopg import sql
+
+        stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+            table.sql(), sql.SQL(", ").join(sql.Identifier(n) for n in columns))
+        self._context = cur.copy(stmt)
+        self._copy = self._context.__enter__()
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch | pa.Table) -> None:
+        for chunk in csv_chunks(batch):
+            self._copy.write(chunk)
+        self.rows += batch.num_rows
+
+    def finish(self) -> int:
+        """End the COPY; returns the rows sent."""
+        self._context.__exit__(None, None, None)
+        return self.rows
+
+
 def copy_into(cur, table: TableName, batch: pa.RecordBatch | pa.Table) -> int:
     """COPY the rows of ``batch`` into ``table`` (columns by name); returns the row count."""
-    from psycopg import sql
-
     if batch.num_rows == 0:
         return 0
-    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        table.sql(), sql.SQL(", ").join(sql.Identifier(n) for n in batch.schema.names))
-    with cur.copy(stmt) as copy:
-        for chunk in csv_chunks(batch):
-            copy.write(chunk)
-    return batch.num_rows
+    stream = CopyStream(cur, table, batch.schema.names)
+    stream.write(batch)
+    return stream.finish()
 
 
 @contextmanager

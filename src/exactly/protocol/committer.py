@@ -70,12 +70,14 @@ class Committer:
         another live driver holds it) and, when this run is new, recover. True if new."""
         self.log.claim_owner(query_id)
         try:
-            if not self.lease.acquire(run_id, driver_identity()):
-                return False
+            new = self.lease.acquire(run_id, driver_identity())
         except FencedError as exc:
             log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
                       detail=str(exc))
             raise
+        self.sink.open_run(query_id, run_id)
+        if not new:
+            return False
         self.recover(query_id, keep=keep)
         return True
 

@@ -186,6 +186,11 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         self.publish_epoch(handle.epoch, [handle])
 
     # -- driver side ---------------------------------------------------------------
+    def open_run(self, query_id: str, run_id: str) -> None:
+        """The driver run ``run_id`` of ``query_id`` holds the lease and is about to commit
+        (called before every commit of the run, recovery included). Sinks that keep
+        clients across epochs key them by the run; default: nothing to do."""
+
     @abstractmethod
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Commit one pre-commit. Idempotent; raises DataLossError if it vanished."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from exactly.connectors.kafka.broker import is_transient
 from exactly.connectors.kafka.options import KafkaSinkError, KafkaSinkOptions
 from exactly.errors import ConfigError, DataLossError, FencedError
 from exactly.logs import log_event
@@ -58,6 +60,9 @@ IN_TRANSACTION = register_point(
 
 #: attempts of one client call on retriable errors (:func:`kafka_call`)
 CALL_ATTEMPTS = 20
+#: one attempt at reading the epoch marker (retried with a new consumer until the publish
+#: timeout)
+MARKER_READ_TIMEOUT_S = 5.0
 
 
 # -- error classification ---------------------------------------------------------------
@@ -219,7 +224,7 @@ class PublishSession:
         self.options = options
         self.query_id = query_id
         self.producer: Any = None
-        self.consumer: Any = None
+        self.lost_broker = False
         self.in_transaction = False
 
     @property
@@ -227,32 +232,75 @@ class PublishSession:
         return self.options.publish_timeout_ms / 1000
 
     def _open(self) -> None:
-        """Open the producer (fencing older ones, settling what they left) and the consumer
-        that reads the marker; a no-op while they are open."""
-        from confluent_kafka import Consumer
-
+        """Open the producer (fencing older ones, settling what they left); a no-op while
+        it is open."""
         if self.producer is not None:
             return
         opts = self.options
         opts.require_marker_topic()
+        self.lost_broker = False
         self.producer = new_producer(opts, {
             "transactional.id": opts.transactional_id(self.query_id),
-            "transaction.timeout.ms": opts.transaction_timeout_ms})
-        self.consumer = Consumer({
-            **opts.client_conf(), "group.id": opts.marker_group(self.query_id),
-            "isolation.level": "read_committed", "enable.auto.commit": False})
+            "transaction.timeout.ms": opts.transaction_timeout_ms,
+            "error_cb": self._on_client_error})
         # fences older producers of this transactional id and completes or aborts the
         # transaction a crashed predecessor left open: afterwards nothing is in doubt
         kafka_call(self.producer.init_transactions, self.timeout_s, what="init_transactions")
+        self.producer.poll(0)  # errors of an outage this producer waited out are no news
+        self.lost_broker = False
+
+    def _on_client_error(self, err: Any) -> None:
+        """librdkafka's error callback (served by ``poll``): a lost broker connection makes
+        the kept producer suspect. A transactional producer kept across a broker restart was
+        measured here to hang in ``send_offsets_to_transaction`` until its timeout
+        (librdkafka 2.x), where a new one, after ``init_transactions``, goes on at once."""
+        from confluent_kafka import KafkaError
+
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
+            self.lost_broker = True
+
+    def _renew_if_suspect(self) -> None:
+        """Before a publish: serve the kept producer's callbacks; after a lost broker
+        connection, close it, so the publish opens a new one."""
+        if self.producer is None:
+            return
+        self.producer.poll(0)
+        if self.lost_broker:
+            log_event(logger, "producer_renewed", reason="lost broker connection")
+            self.close()
+
+    def _marker_consumer(self) -> Any:
+        """A new consumer of the marker group (it never joins the group)."""
+        from confluent_kafka import Consumer
+
+        return Consumer({
+            **self.options.client_conf(), "group.id": self.options.marker_group(self.query_id),
+            "isolation.level": "read_committed", "enable.auto.commit": False})
 
     def published_through(self) -> int:
-        """One past the last epoch whose transaction committed (0 when none did)."""
+        """One past the last epoch whose transaction committed (0 when none did).
+
+        Each attempt asks with a new consumer and a short timeout
+        (:data:`MARKER_READ_TIMEOUT_S`): a ``committed`` call made while the broker was
+        down was measured to wait out its whole timeout after the broker came back
+        (librdkafka 2.x); a new consumer answers at once."""
         from confluent_kafka import TopicPartition
 
         self._open()
-        (tp,) = kafka_call(self.consumer.committed,
-                           [TopicPartition(self.options.require_marker_topic(), 0)],
-                           timeout=self.timeout_s, what="read epoch marker")
+
+        def read() -> Any:
+            consumer = self._marker_consumer()
+            try:
+                (tp,) = consumer.committed(
+                    [TopicPartition(self.options.require_marker_topic(), 0)],
+                    timeout=min(MARKER_READ_TIMEOUT_S, self.timeout_s))
+                return tp
+            finally:
+                consumer.close()
+
+        tp = retry_call(read, what="read epoch marker",
+                        transient=lambda exc: is_retriable_call(exc) or is_transient(exc),
+                        seconds=self.timeout_s, maximum=1.0, level=logging.INFO, log=logger)
         if tp.error is not None:
             raise KafkaSinkError(f"reading the epoch marker failed: {tp.error}")
         return max(tp.offset, 0)
@@ -272,6 +320,7 @@ class PublishSession:
         def attempt() -> None:
             nonlocal attempts
             attempts += 1
+            self._renew_if_suspect()
             try:
                 self._publish_once(epoch, files, attempts)
             except KafkaException as exc:
@@ -317,8 +366,12 @@ class PublishSession:
                     before=lambda: producer.flush(30))
         marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
                                 metadata=json.dumps({"epoch": epoch, "rows": rows}))
-        kafka_call(producer.send_offsets_to_transaction, [marker],
-                   self.consumer.consumer_group_metadata(), self.timeout_s,
+        group = self._marker_consumer()
+        try:
+            metadata = group.consumer_group_metadata()
+        finally:
+            group.close()
+        kafka_call(producer.send_offsets_to_transaction, [marker], metadata, self.timeout_s,
                    what="send epoch marker")
         kafka_call(producer.commit_transaction, self.timeout_s, what="commit_transaction")
         self.in_transaction = False
@@ -345,15 +398,52 @@ class PublishSession:
     def close(self) -> None:
         """Release the clients; a transaction still open is aborted (best effort: if that
         fails, the next ``init_transactions`` or the transaction timeout aborts it)."""
-        producer, consumer = self.producer, self.consumer
-        self.producer = self.consumer = None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                consumer.close()
+        producer = self.producer
+        self.producer = None
         if producer is not None and self.in_transaction:
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)
         self.in_transaction = False
+
+
+# -- sessions kept across epochs ----------------------------------------------------------
+#: (transactional id, driver run, client settings) -> the session of that run in this process
+_kept: dict[tuple[str, str | None, str], PublishSession] = {}
+_kept_lock = threading.Lock()
+
+
+def kept_session(options: KafkaSinkOptions, query_id: str,
+                 run_id: str | None) -> PublishSession:
+    """The publish session of ``run_id`` in this process, opened once and kept across epochs.
+
+    Spark builds a new sink object before every epoch, in a commit worker process it reuses,
+    so the transactional producer lives here rather than on the sink: ``init_transactions``
+    runs once per run and process, not once an epoch. A session of another run of the same
+    transactional id is closed when this one is asked for (that run is over: this one holds
+    the lease); the session's own ``init_transactions`` then fences its producer in Kafka
+    too. :func:`drop_session` after any error, so the next epoch starts from a fresh
+    producer.
+    """
+    txn_id = options.transactional_id(query_id)
+    key = (txn_id, run_id, json.dumps(options.client_conf(), sort_keys=True, default=str)
+           + f"|{options.transaction_timeout_ms}")
+    stale: list[PublishSession] = []
+    with _kept_lock:
+        session = _kept.get(key)
+        if session is None:
+            stale = [_kept.pop(k) for k in list(_kept) if k[0] == txn_id]
+            session = _kept[key] = PublishSession(options, query_id)
+    for old in stale:
+        old.close()
+    return session
+
+
+def drop_session(session: PublishSession) -> None:
+    """Forget and close ``session`` (after an error: the next epoch opens a fresh one)."""
+    with _kept_lock:
+        for key in [k for k, v in _kept.items() if v is session]:
+            del _kept[key]
+    session.close()
 
 
 def _describe(exc: BaseException) -> str:

@@ -16,12 +16,14 @@ runs in a different process from the tasks. So, on the generic committer
   the sink's log directory, ``exactly.logDir``, beside the checkpoint) and returns a handle
   naming the file. Nothing reaches Kafka.
 * **commit (driver side)** - ``commit_handle`` checks that the staged file is there;
-  ``publish_epoch`` (a :class:`~exactly.connectors.kafka.publisher.PublishSession`) opens a
-  producer with ``transactional.id = <prefix>-<query id>``, calls
-  ``init_transactions()`` (which fences any older producer of the query - a zombie driver -
-  and completes or aborts the transaction a crashed driver left open), reads the epoch
-  marker, and unless the epoch is already published produces all the epoch's staged rows
-  and the new marker in ONE transaction, then deletes the staged files.
+  ``publish_epoch`` (a :class:`~exactly.connectors.kafka.publisher.PublishSession`) uses the
+  run's producer with ``transactional.id = <prefix>-<query id>``: opened at the run's first
+  publish in the commit worker process, with ``init_transactions()`` (which fences any older
+  producer of the query - a zombie driver - and completes or aborts the transaction a
+  crashed driver left open), then kept across epochs, and dropped after any error so the
+  next epoch starts from a fresh one. It reads the epoch marker, and unless the epoch is
+  already published produces all the epoch's staged rows and the new marker in ONE
+  transaction, then deletes the staged files.
 * **epoch marker** - the consumer-group offset of ``<marker topic>[0]`` for the group
   ``<prefix>-<query id>-epochs``, set to ``epoch + 1`` with ``send_offsets_to_transaction``
   inside the data transaction, so it commits atomically with the rows. After a crash,
@@ -58,7 +60,14 @@ import pyarrow as pa
 
 from exactly.config import Mode
 from exactly.connectors.kafka.options import KafkaSinkError, KafkaSinkOptions
-from exactly.connectors.kafka.publisher import PublishSession, flush, new_producer, produce_batch
+from exactly.connectors.kafka.publisher import (
+    PublishSession,
+    drop_session,
+    flush,
+    kept_session,
+    new_producer,
+    produce_batch,
+)
 from exactly.errors import DataLossError
 from exactly.fsutil import fsync_file
 from exactly.protocol.contract import (
@@ -97,12 +106,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         self.mode = settings.mode
         self.root = settings.require_log_dir("exactly.kafka")
         self.stage = StagingArea(self.root / "staging", self.root, _STAGED)
-        self._session: PublishSession | None = None
-
-    def __getstate__(self) -> dict[str, Any]:  # clients never travel to executors
-        state = dict(self.__dict__)
-        state["_session"] = None
-        return state
+        self._run_id: str | None = None
 
     @property
     def log_directory(self) -> Path:
@@ -197,9 +201,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             session = self._publisher(handles[0].query_id)
             try:
                 session.publish(epoch, files)
-            finally:
-                self._session = None
-                session.close()
+            except BaseException:
+                drop_session(session)  # the next epoch starts from a fresh producer
+                raise
         for handle in handles:
             if handle.payload.dir:
                 self._remove(handle)
@@ -218,7 +222,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     def _remove(self, handle: Handle) -> None:
         self.stage.discard(handle)
 
+    def open_run(self, query_id: str, run_id: str) -> None:
+        self._run_id = run_id
+
     def _publisher(self, query_id: str) -> PublishSession:
-        if self._session is None or self._session.query_id != query_id:
-            self._session = PublishSession(self.options, query_id)
-        return self._session
+        """This run's session, kept across epochs in this process (:func:`kept_session`)."""
+        return kept_session(self.options, query_id, self._run_id)

@@ -56,9 +56,9 @@ import pyarrow as pa
 from exactly import options as opt
 from exactly.connectors.postgres.upsert_sql import dedup_last, upsert_rows, upsert_statement
 from exactly.connectors.sql import (
+    CopyStream,
     TableName,
     clean_error,
-    copy_into,
     ensure_pg_table,
     pg_columns,
     pg_connect,
@@ -144,6 +144,8 @@ class PgTxn:
     conn: Any
     rows: int = 0
     pending: list[pa.RecordBatch] = field(default_factory=list)
+    #: append mode: the task's one COPY, open from its first batch to pre-commit
+    copy: CopyStream | None = None
 
 
 class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
@@ -273,14 +275,22 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             txn.rows += batch.num_rows
             return
         try:
-            with txn.conn.cursor() as cur:
-                txn.rows += copy_into(cur, self.table, batch)
+            if txn.copy is None:
+                txn.copy = CopyStream(txn.conn.cursor(), self.table, batch.schema.names)
+            txn.copy.write(batch)
         except Exception as exc:
             raise clean_error(exc, self.dsn, f"COPY into {self.table}") from None
+        txn.rows += batch.num_rows
 
     def pre_commit(self, txn: PgTxn) -> PreparedPayload:
         from psycopg import sql
 
+        if txn.copy is not None:
+            try:
+                txn.copy.finish()  # where the server reports a row it refuses
+            except Exception as exc:
+                _close(txn.conn)
+                raise clean_error(exc, self.dsn, f"COPY into {self.table}") from None
         try:
             with txn.conn.cursor() as cur:
                 self._check_owner(cur, txn.task.query_id)
