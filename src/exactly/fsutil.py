@@ -19,6 +19,19 @@ GENERIC_REPAIR = ("it was written atomically (temp file, fsync, rename), so the 
                   "backup, or run `exactly doctor CHECKPOINT` for the repair of this file")
 
 
+@contextlib.contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Errors of the block that say what failed but not on which file (PyArrow's writers:
+    ``[Errno 28] Error writing bytes to file``) come out as ``OSError(errno, strerror,
+    path)``, which names the file; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno:
+            raise OSError(exc.errno, os.strerror(exc.errno), os.fspath(path)) from exc
+        raise
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (creations, renames) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from exactly.errors import CorruptFileError
-from exactly.fsutil import atomic_write_json, fsync_dir, fsync_file, read_json, require_fields
+from exactly.fsutil import (
+    atomic_write_json,
+    fsync_dir,
+    fsync_file,
+    naming,
+    read_json,
+    require_fields,
+)
 from exactly.protocol.contract import Handle, Payload, TaskInfo, TwoPhaseCommitSink
 
 
@@ -64,9 +71,10 @@ class StagingArea:
         """Close and fsync the data file; return the handle's payload."""
         has_file = txn.writer is not None
         if has_file:
-            txn.writer.close()
-            txn.writer = None
-            fsync_file(txn.data_file)
+            with naming(txn.data_file):
+                txn.writer.close()
+                txn.writer = None
+                fsync_file(txn.data_file)
         return self.payload(txn.directory, txn.rows, has_file)
 
     def abort_txn(self, txn: StagedTxn) -> None:

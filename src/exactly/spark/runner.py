@@ -9,8 +9,17 @@ Before Spark starts it also fails, in one line naming the fix, on what would oth
 surface only after the first epoch: an option name no exactly source or sink of the query
 reads, a sink setting its sink refuses (:func:`exactly.spark.formats.check_sink`), output
 mode ``update`` into an append-only sink, and a sink log of another query under a
-``memory`` checkpoint. Output mode ``update`` runs the same sink and protocol through
-``foreachBatch`` (:class:`~exactly.spark.foreach_batch.TwoPhaseForeachBatch`).
+``memory`` checkpoint.
+
+Where the commit runs: an exactly sink started here runs the same sink and protocol through
+``foreachBatch`` (:class:`~exactly.spark.foreach_batch.TwoPhaseForeachBatch`), in every
+output mode: the tasks write in Python workers that the daemon forks with exactly already
+imported, and the commit runs in the driver's own Python process. Through the sink's Python
+data source writer (what ``writeStream.format("exactly.files")`` gives without
+``start_query``), Spark starts a write-planning and a commit process of their own for the
+query's first epoch, which measured 1.8x Spark's Parquet sink on the first epoch here against
+1.0x (docs/performance.md). ``EXACTLY_COMMIT_PATH=sink-runner`` keeps the data source writer
+for append and complete mode.
 """
 
 from __future__ import annotations
@@ -169,6 +178,22 @@ def check_pinned_state_backend(location: str, config: CheckpointConfig) -> None:
         )
 
 
+#: ``driver`` (default): exactly sinks commit through ``foreachBatch`` in the driver process;
+#: ``sink-runner``: through the sink's data source writer, in Spark's commit process
+COMMIT_PATH_ENV = "EXACTLY_COMMIT_PATH"
+COMMIT_PATHS = ("driver", "sink-runner")
+
+
+def commit_in_driver() -> bool:
+    """True unless ``EXACTLY_COMMIT_PATH=sink-runner``; ConfigError for another value."""
+    import os
+
+    value = os.environ.get(COMMIT_PATH_ENV, "driver").strip().lower() or "driver"
+    if value not in COMMIT_PATHS:
+        raise ConfigError(f"{COMMIT_PATH_ENV}={value!r} is not one of {' | '.join(COMMIT_PATHS)}")
+    return value == "driver"
+
+
 def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig,
                 path: str | None = None, options: dict[str, str] | None = None,
                 query_name: str | None = None, available_now: bool = False,
@@ -227,7 +252,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
                 refuse_memory_checkpoint_on_owned_log(log_dir)
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
     writer: Any
-    via_foreach_batch = mode_name == "update" and built is not None
+    via_foreach_batch = built is not None and (mode_name == "update" or commit_in_driver())
     if via_foreach_batch and built is not None:
         from exactly.spark.foreach_batch import TwoPhaseForeachBatch
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import fsync_dir
+from exactly.fsutil import fsync_dir, naming
 from exactly.protocol.contract import CommitOutcome, Handle
 from exactly.protocol.staging import (
     StagedTxn,
@@ -95,17 +95,18 @@ class FileSink(StagingSink):
     def write(self, txn: StagedTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
-        if self.extension == "parquet":
-            if txn.writer is None:
-                txn.writer = pq.ParquetWriter(txn.data_file, batch.schema,
-                                              compression=self.compression)
-            txn.writer.write_batch(batch)
-        else:
-            if txn.writer is None:
-                txn.writer = open(txn.data_file, "w", encoding="utf-8")  # noqa: SIM115
-            lines = (json.dumps(row, default=_json_default, ensure_ascii=False)
-                     for row in batch.to_pylist())
-            txn.writer.write("\n".join(lines) + "\n")
+        with naming(txn.data_file):
+            if self.extension == "parquet":
+                if txn.writer is None:
+                    txn.writer = pq.ParquetWriter(txn.data_file, batch.schema,
+                                                  compression=self.compression)
+                txn.writer.write_batch(batch)
+            else:
+                if txn.writer is None:
+                    txn.writer = open(txn.data_file, "w", encoding="utf-8")  # noqa: SIM115
+                lines = (json.dumps(row, default=_json_default, ensure_ascii=False)
+                         for row in batch.to_pylist())
+                txn.writer.write("\n".join(lines) + "\n")
         txn.rows += batch.num_rows
 
     def commit_visible(self, handle: Handle) -> None:
