@@ -74,7 +74,9 @@ def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, wor
     df = stream(spark, rows, per_epoch)
     started = time.perf_counter()
     if sink in FORMATS:
-        options = {"dsnEnv": DSN_ENV, "table": table, "partitions": "2"}
+        options = {"dsnEnv": DSN_ENV, "table": table}
+        if FORMATS[sink] == "exactly.postgres":
+            options["partitions"] = "2"
         if sink == "upsert":
             options["keyColumns"] = "id"
         mode = "at_least_once" if sink == "at_least_once" else "exactly_once"

@@ -10,7 +10,7 @@ found a wrong output (its checks by id), else 0: a missed goal is reported, not 
 Run from the repository root (about an hour and a half on 2 cores with the defaults)::
 
     .venv/bin/python bench/run_all.py [--only file_sink,postgres_sink] [--workdir DIR]
-        [-- extra arguments for every benchmark]
+        [--pyflink VENV] [-- extra arguments for every benchmark]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(BENCHES),
                    help=f"comma-separated subset of {', '.join(BENCHES)}")
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--pyflink", default=None,
+                   help="a virtualenv with apache-flink, for reference.py's PyFlink variants")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="arguments after -- go to every benchmark")
     args = p.parse_args(argv)
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         log = workdir / f"{bench}.log"
         started = time.monotonic()
         with open(log, "w") as sink:
+            own = ["--pyflink", args.pyflink] if bench == "reference" and args.pyflink else []
             code = subprocess.call([sys.executable, str(here / f"{bench}.py"),
-                                    "--workdir", str(out), *extra],
+                                    "--workdir", str(out), *own, *extra],
                                    stdout=sink, stderr=subprocess.STDOUT)
         minutes = (time.monotonic() - started) / 60
         print(f"{bench}: exit {code} after {minutes:.1f} min ({h.load()}); report {log}",

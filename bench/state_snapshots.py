@@ -20,8 +20,9 @@ already in the state (``--updates`` distinct keys change an epoch). For K in ``-
 Per epoch: the state operator's ``commitTimeMs`` (Spark's progress; the synchronous part of
 the checkpoint, inside the epoch), the epoch's ``triggerExecution``, and the bytes of state
 files written during the epoch (files under ``CHECKPOINT/state`` whose mtime falls between
-the previous epoch's commit-log entry and this one's: background uploads count for the
-epoch in which they land). Reported per (K, backend): the load epoch, then p50 and max over
+the previous epoch's commit-log entry and this one's: background snapshots and uploads,
+which the maintenance thread runs every 5 s here (Spark's default: 60 s), count for the epoch
+in which they land). Reported per (K, backend): the load epoch, then p50 and max over
 the update epochs (and p99 when there are >= 100 of them), with ``--repeat`` repetitions in
 alternating backend order; ratios per repetition pair against ``hashmap``. Each run is a
 process of its own (``spark.driver.memory`` set for the state), started after nothing else;
@@ -64,6 +65,9 @@ def job(backend: str, keys: int, updates: int, epochs: int, work: str, result: s
                               incremental=backend == "rocksdb_changelog")
     spark = spark_session(app_name=f"state-{backend}-{keys}", shuffle_partitions=2,
                           conf={"spark.driver.memory": "12g",
+                                # snapshots (hashmap) and snapshot uploads (changelog) run in
+                                # the maintenance thread: every 5 s, so a run sees several
+                                "spark.sql.streaming.stateStore.maintenanceInterval": "5s",
                                 "spark.ui.showConsoleProgress": "false",
                                 "spark.sql.streaming.numRecentProgressUpdates": "1000"})
     total = keys + updates * epochs
