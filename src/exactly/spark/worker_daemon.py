@@ -15,10 +15,11 @@ workers it forks inherit that path. Where PySpark is not an installed package (a
 distribution's ``python`` directory), the path is left as Spark set it.
 
 It also imports, once, the modules every worker of an exactly job imports next (exactly's
-data sources and sinks, PyArrow: :data:`PRELOAD`) before it forks any worker, so the
-workers start with them loaded instead of importing them each (~0.3 s of CPU per process;
-measured: the first epoch of a file-sink job 4.6 s -> see docs/performance.md). Nothing in
-them starts a thread or opens a connection at import.
+data sources and sinks, PyArrow: :data:`PRELOAD`) before it forks any worker, so the task
+workers start with them loaded instead of importing them each (~0.3 s of CPU per process).
+Nothing in them starts a thread or opens a connection at import. Spark starts its
+data-source planning and sink-commit processes through PySpark's own daemon, not this one,
+which is one reason ``start_query`` commits through ``foreachBatch`` (docs/performance.md).
 
 Guarantees: the same PySpark code runs, only loaded from the installed package; the daemon's
 protocol with the JVM is PySpark's own. ``EXACTLY_WORKER_DAEMON=off`` in the driver's
