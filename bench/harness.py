@@ -105,17 +105,21 @@ class Run:
     errors: list[str]
 
 
+def by_rep(runs: Iterable[Run]) -> dict[int, dict[str, Run]]:
+    """The runs per repetition, by variant."""
+    grouped: dict[int, dict[str, Run]] = {}
+    for run in runs:
+        grouped.setdefault(run.rep, {})[run.variant] = run
+    return dict(sorted(grouped.items()))
+
+
 def paired(runs: Iterable[Run], key: str, numerator: str, denominator: str,
-           *, minus: str | None = None, per: float = 1.0) -> list[float]:
+           *, minus: str | None = None) -> list[float]:
     """Per repetition: ``numerator[key] / denominator[key]``; with ``minus``, the
     numerator's and denominator's ``key`` less ``minus``'s first (times over a baseline,
-    e.g. a noop sink's). ``per`` scales both (e.g. seconds per million rows: same ratio)."""
-    by_rep: dict[int, dict[str, Run]] = {}
-    for run in runs:
-        by_rep.setdefault(run.rep, {})[run.variant] = run
+    e.g. a noop sink's)."""
     ratios = []
-    for rep in sorted(by_rep):
-        pair = by_rep[rep]
+    for pair in by_rep(runs).values():
         if numerator not in pair or denominator not in pair:
             continue
         num = pair[numerator].values[key]
@@ -123,19 +127,15 @@ def paired(runs: Iterable[Run], key: str, numerator: str, denominator: str,
         if minus is not None:
             base = pair[minus].values[key]
             num, den = num - base, den - base
-        ratios.append((num * per) / (den * per))
+        ratios.append(num / den)
     return ratios
 
 
 def per_rep(runs: Iterable[Run], key: str, variant: str,
             *, minus: str | None = None) -> list[float]:
     """``variant``'s ``key`` per repetition, less ``minus``'s in the same repetition."""
-    by_rep: dict[int, dict[str, Run]] = {}
-    for run in runs:
-        by_rep.setdefault(run.rep, {})[run.variant] = run
     out = []
-    for rep in sorted(by_rep):
-        pair = by_rep[rep]
+    for pair in by_rep(runs).values():
         if variant in pair and (minus is None or minus in pair):
             value = pair[variant].values[key]
             out.append(value - pair[minus].values[key] if minus is not None else value)
