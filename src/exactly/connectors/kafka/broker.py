@@ -64,10 +64,8 @@ def broker_transaction_max_timeout_ms(conf: Mapping[str, Any],
         value = retry_call(lambda: _ask(conf, seconds), what="read broker config",
                            transient=is_transient, seconds=seconds, log=logger,
                            bootstrap=bootstrap)
-    except KafkaSinkError:
-        raise
     except Exception as exc:
-        raise KafkaSinkError(f"cannot read the broker config at {bootstrap}: {exc}. "
+        raise KafkaSinkError(f"cannot reach Kafka at {bootstrap}: {exc}. "
                              f"Check {opt.KAFKA_BOOTSTRAP} and that the broker is up") from exc
     with _lock:
         _max_timeouts[bootstrap] = value
@@ -75,19 +73,12 @@ def broker_transaction_max_timeout_ms(conf: Mapping[str, Any],
 
 
 def _ask(conf: Mapping[str, Any], seconds: float) -> int:
-    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     admin = AdminClient(dict(conf))
-    try:
-        brokers = admin.list_topics(timeout=seconds).brokers
-    except KafkaException as exc:
-        if is_transient(exc):
-            raise  # a broker down or restarting: retried
-        raise KafkaSinkError(f"cannot reach Kafka at {conf.get('bootstrap.servers')}: {exc}. "
-                             f"Check {opt.KAFKA_BOOTSTRAP} and that the broker is up") from exc
+    brokers = admin.list_topics(timeout=seconds).brokers  # transient errors are retried
     if not brokers:
-        raise KafkaSinkError(f"Kafka at {conf.get('bootstrap.servers')} lists no brokers")
+        raise ValueError("the cluster lists no brokers")
     futures = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER,
                                                      str(min(brokers)))])
     (config,) = [f.result(seconds) for f in futures.values()]
