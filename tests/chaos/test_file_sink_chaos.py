@@ -24,6 +24,7 @@ from exactly.audit import data_files, verify
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
+from exactly.spark.runner import COMMIT_PATH_ENV, COMMIT_PATHS
 from exactly.testing.chaos import python_command, run_with_crashes
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 
@@ -51,11 +52,14 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
 
 
+@pytest.mark.parametrize("commit_path", COMMIT_PATHS)
 def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
-        events_dir, tmp_path):
+        events_dir, tmp_path, commit_path):
     """One run, restarted after each kill -9: one crash per protocol point. After every
     crash readers see whole epochs only, and the crashed epoch is visible only when the
-    kill came after its publication; at the end every event is there exactly once."""
+    kill came after its publication; at the end every event is there exactly once. Both
+    commit paths: the driver's ``foreachBatch`` (start_query's default) and the sink's
+    data source writer, whose commit runs in Spark's commit process."""
     out = tmp_path / "out"
     after_crash: list[tuple[str, int, dict[str, int]]] = []
 
@@ -64,7 +68,8 @@ def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly
             visible = {epoch: len(ids) for epoch, ids in visible_ids_by_epoch(out).items()}
             after_crash.append((attempt.fired["point"], attempt.fired["epoch"], visible))
 
-    attempts = run_with_crashes(pipeline(tmp_path, events_dir), EVERY_POINT, on_end=on_end)
+    attempts = run_with_crashes(pipeline(tmp_path, events_dir), EVERY_POINT, on_end=on_end,
+                                env={COMMIT_PATH_ENV: commit_path})
 
     assert [a.returncode != 0 for a in attempts] == [True] * len(EVERY_POINT) + [False]
     assert [(point, epoch) for point, epoch, _ in after_crash] == \

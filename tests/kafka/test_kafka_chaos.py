@@ -19,6 +19,7 @@ from rich.table import Table
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.demos.kafka import ChaosRun, chaos_schedule, run_chaos
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.spark.runner import COMMIT_PATH_ENV
 
 pytestmark = pytest.mark.chaos
 
@@ -108,3 +109,19 @@ def test_the_kafka_demo_audits_exactly_once(broker, tmp_path, monkeypatch):
     monkeypatch.setenv("EXACTLY_KAFKA_BOOTSTRAP", broker.bootstrap)
     result = run_demo(3000, 3, 7, tmp_path, Console(width=120))
     assert result.report.ok, result.report.to_json()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
+def test_through_the_data_source_writer_every_point_and_a_broker_restart_stay_exactly_once(
+        broker, tmp_path, monkeypatch):
+    """The same schedule with the sink committed by its data source writer in Spark's
+    commit process (``EXACTLY_COMMIT_PATH=sink-runner``), where the kept producer lives in a
+    reused Python worker instead of the driver."""
+    monkeypatch.setenv(COMMIT_PATH_ENV, "sink-runner")
+    run = _run(broker, tmp_path, "exactly", SCHEDULE)
+    assert set(run.fired) == EXPECTED_POINTS
+    assert run.broker_restarts == 1
+    assert run.committed.report.ok, run.committed.report.to_json()
+    assert run.committed.report.found_rows == EVENTS
+    assert run.committed.seq_errors == 0

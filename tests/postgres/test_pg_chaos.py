@@ -27,6 +27,7 @@ from exactly.connectors.postgres.two_phase import prepared_count
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import ACTION_ENV, DRIVER_POINTS, FAULT_ENV, FaultPoint, FaultSpec
+from exactly.spark.runner import COMMIT_PATH_ENV
 from exactly.testing.chaos import run_with_crashes
 from exactly.testing.readers import BackgroundReader
 
@@ -41,9 +42,9 @@ def schedule(points) -> list[FaultSpec]:
     return [FaultSpec(p, i) for i, p in enumerate(points)]
 
 
-def run_job(pg, args: list[str], points) -> list:
-    attempts = run_with_crashes(command(*args), schedule(points), env={DSN_ENV: pg.dsn},
-                                timeout=480)
+def run_job(pg, args: list[str], points, env: dict[str, str] | None = None) -> list:
+    attempts = run_with_crashes(command(*args), schedule(points),
+                                env={DSN_ENV: pg.dsn, **(env or {})}, timeout=480)
     fired = [a.fired["point"] for a in attempts if a.crashed]
     assert fired == [p.value for p in points], f"not every armed fault fired: {fired}"
     return attempts
@@ -252,13 +253,17 @@ def test_2pc_survives_connections_terminated_during_the_run(pg, conn, tmp_path):
 
 @pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 @pytest.mark.slow
-def test_2pc_through_foreach_batch_survives_a_kill_at_every_protocol_point(pg, conn, tmp_path):
-    """The same sink driven by TwoPhaseForeachBatch instead of the data-source writer."""
+def test_2pc_through_the_data_source_writer_survives_a_kill_at_every_protocol_point(
+        pg, conn, tmp_path):
+    """The same sink committed by its data source writer in Spark's commit process
+    (``EXACTLY_COMMIT_PATH=sink-runner``) instead of in the driver."""
     table = f"ev_{uuid.uuid4().hex[:8]}"
-    run_job(pg, ["--sink", "2pc", "--writer", "foreachbatch", "--table", table,
-                 "--checkpoint", str(tmp_path / "ck"), "--rows", str(ROWS), "--rows-per-epoch",
-                 str(PER_EPOCH)], ALL_POINTS)
+    ck = tmp_path / "ck"
+    run_job(pg, ["--sink", "2pc", "--table", table, "--checkpoint", str(ck), "--rows",
+                 str(ROWS), "--rows-per-epoch", str(PER_EPOCH)], ALL_POINTS,
+            env={COMMIT_PATH_ENV: "sink-runner"})
     assert_exactly_once(conn, table)
+    assert_all_epochs_complete(ck, ROWS // PER_EPOCH)
 
 
 @pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")

@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from exactly.audit import data_files, verify
-from exactly.config import CheckpointConfig, Mode
+from exactly.config import CheckpointConfig, Mode, StateBackend
 from exactly.demos.files_job import PipelineSpec, run
 from exactly.errors import ConfigError, SourceNotReplayableError
 from exactly.spark.runner import check_replayable, start_query
@@ -135,13 +135,40 @@ def test_a_socket_source_is_refused_in_exactly_once_mode(spark):
 def test_restoring_a_checkpoint_into_another_state_backend_is_refused(spark, tmp_path):
     ck = str(tmp_path / "ck")
     first = start_query(datagen(spark, 100), sink_format="exactly.files",
-                        path=str(tmp_path / "out"), checkpoint=CheckpointConfig(storage=ck),
+                        path=str(tmp_path / "out"),
+                        checkpoint=CheckpointConfig(storage=ck, state_backend="hashmap"),
                         available_now=True)
     first.await_termination()
     with pytest.raises(ConfigError, match="state_backend='hashmap'"):
         start_query(datagen(spark, 100), sink_format="exactly.files", path=str(tmp_path / "out"),
                     checkpoint=CheckpointConfig(storage=ck, state_backend="rocksdb"),
                     available_now=True)
+
+
+def pinned_provider(checkpoint: str) -> str:
+    """The state store provider Spark pinned in the checkpoint's newest offsets entry."""
+    offsets = sorted((p for p in Path(checkpoint, "offsets").iterdir() if p.name.isdigit()),
+                     key=lambda p: int(p.name))
+    conf = json.loads(offsets[-1].read_text().splitlines()[1])["conf"]
+    return conf["spark.sql.streaming.stateStore.providerClass"]
+
+
+def test_without_a_backend_a_new_checkpoint_gets_rocksdb_and_an_old_one_keeps_its_own(
+        spark, tmp_path):
+    new, old = str(tmp_path / "new"), str(tmp_path / "old")
+    for ck, backend in ((new, None), (old, "hashmap")):
+        start_query(datagen(spark, 100), sink_format="exactly.files", path=f"{ck}-out",
+                    checkpoint=CheckpointConfig(storage=ck, state_backend=backend),
+                    available_now=True).await_termination()
+    assert pinned_provider(new).endswith("RocksDBStateStoreProvider")
+    assert pinned_provider(old).endswith("HDFSBackedStateStoreProvider")
+    # the next run, with no backend given, resumes the old checkpoint on its own backend
+    again = start_query(datagen(spark, 200), sink_format="exactly.files", path=f"{old}-out",
+                        checkpoint=CheckpointConfig(storage=old), available_now=True)
+    again.await_termination()
+    assert again.config.state_backend is StateBackend.HASHMAP
+    assert pinned_provider(old).endswith("HDFSBackedStateStoreProvider")
+    assert verify_range(Path(f"{old}-out"), 200)
 
 
 def test_a_new_query_cannot_write_into_another_querys_output(spark, tmp_path):

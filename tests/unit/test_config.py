@@ -4,12 +4,42 @@ from exactly.config import CheckpointConfig, Mode, StateBackend, parse_duration
 from exactly.errors import ConfigError, NotSupportedYetError
 
 
-def test_defaults_are_exactly_once_in_memory_with_hashmap_state():
+def test_defaults_are_exactly_once_in_memory_with_the_backend_left_to_the_checkpoint():
     config = CheckpointConfig()
     assert config.mode is Mode.EXACTLY_ONCE
     assert config.is_memory_storage
-    assert config.state_backend is StateBackend.HASHMAP
+    assert config.state_backend is None and config.incremental is None
     assert config.interval_seconds == 1.0
+    # a new checkpoint gets RocksDB with changelog checkpointing
+    assert (config.backend, config.changelog) == (StateBackend.ROCKSDB, True)
+    conf = config.spark_conf()
+    assert "RocksDB" in conf["spark.sql.streaming.stateStore.providerClass"]
+    assert conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
+
+
+@pytest.mark.parametrize(("given", "pinned", "backend", "changelog"), [
+    ({}, None, StateBackend.ROCKSDB, True),
+    ({}, StateBackend.HASHMAP, StateBackend.HASHMAP, False),
+    ({}, StateBackend.ROCKSDB, StateBackend.ROCKSDB, True),
+    ({"incremental": False}, StateBackend.ROCKSDB, StateBackend.ROCKSDB, False),
+    ({"state_backend": "hashmap"}, None, StateBackend.HASHMAP, False),
+    ({"state_backend": "hashmap"}, StateBackend.HASHMAP, StateBackend.HASHMAP, False),
+    ({"state_backend": "rocksdb", "incremental": False}, None, StateBackend.ROCKSDB, False),
+    ({"state_backend": "auto"}, StateBackend.HASHMAP, StateBackend.HASHMAP, False),
+])
+def test_the_backend_follows_the_checkpoint_unless_given(given, pinned, backend, changelog):
+    resolved = CheckpointConfig(**given).for_checkpoint(pinned, "/ck")
+    assert (resolved.state_backend, resolved.incremental) == (backend, changelog)
+    assert (resolved.backend, resolved.changelog) == (backend, changelog)
+
+
+def test_a_given_backend_other_than_the_checkpoints_is_refused_naming_the_ways_out():
+    with pytest.raises(ConfigError, match=r"state_backend='hashmap'.*savepoint"):
+        CheckpointConfig(state_backend="rocksdb").for_checkpoint(StateBackend.HASHMAP, "/ck")
+    with pytest.raises(ConfigError, match="incremental=True needs RocksDB"):
+        CheckpointConfig(incremental=True).for_checkpoint(StateBackend.HASHMAP, "/ck")
+    with pytest.raises(ConfigError, match="incremental: give True, False or None"):
+        CheckpointConfig(incremental="yes")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("2s", 2.0), ("1 min", 60.0),
@@ -42,7 +72,7 @@ def test_more_than_one_concurrent_checkpoint_is_refused():
 
 def test_incremental_needs_rocksdb():
     with pytest.raises(ConfigError, match="rocksdb"):
-        CheckpointConfig(incremental=True)
+        CheckpointConfig(incremental=True, state_backend="hashmap")
     conf = CheckpointConfig(incremental=True, state_backend="rocksdb").spark_conf()
     assert conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] == "true"
     assert "RocksDB" in conf["spark.sql.streaming.stateStore.providerClass"]

@@ -11,9 +11,11 @@ command line, where ``ps`` would show its password). Pipelines:
                (ValueState, RocksDB state store), update mode
 
 Sinks: ``2pc`` (exactly.postgres), ``wal`` (exactly.wal, PostgreSQL or ``--sqlite PATH``),
-``upsert`` (exactly.upsert). ``append`` goes through the Spark data-source writer; ``aggregate``
-and ``keyed`` need update mode and go through :class:`TwoPhaseForeachBatch` (``--writer
-foreachbatch`` forces that path for ``append`` too). Sources: ``datagen`` (deterministic
+``upsert`` (exactly.upsert). ``append`` goes through ``start_query`` (``--writer datasource``:
+the sink's format, committed in the driver, or by the data source writer in Spark's commit
+process with ``EXACTLY_COMMIT_PATH=sink-runner``); ``aggregate`` and ``keyed`` need update
+mode and build :class:`TwoPhaseForeachBatch` themselves (``--writer foreachbatch`` forces
+that path for ``append`` too). Sources: ``datagen`` (deterministic
 generator) or ``table`` (``exactly.postgres`` table source on ``--source-table``).
 The job drains its input (``availableNow``) and prints one JSON object per committed epoch.
 Fault injection: ``EXACTLY_FAULT=POINT[@EPOCH]`` as everywhere in exactly.

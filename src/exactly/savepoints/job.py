@@ -29,6 +29,7 @@ from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
 from exactly.savepoints.take import take_savepoint
 
 if TYPE_CHECKING:
+    from exactly.config import CheckpointConfig
     from exactly.ops.job import Job
     from exactly.savepoints.operators import JobOperator
 
@@ -149,7 +150,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     manifest = read_manifest(path)
     spark = job.df.sparkSession
     plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
-                        backend=job.checkpoint.state_backend.value,
+                        backend=restore_backend(job.checkpoint, manifest),
                         allow_non_restored_state=request.allow_non_restored_state)
     _check_sources(manifest, job)
     state = decide(job, manifest, request.sink_rollback, query_id)
@@ -161,6 +162,11 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     if retained:
         shutil.rmtree(path.parent, ignore_errors=True)  # the staging directory, now empty
     return done
+
+
+def restore_backend(config: CheckpointConfig, manifest: Manifest) -> str:
+    """The backend a restore writes: the job's, or with none given, the savepoint's own."""
+    return config.state_backend.value if config.state_backend else manifest.state_backend
 
 
 def _check_sources(manifest: Manifest, job: Job) -> None:

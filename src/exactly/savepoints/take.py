@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.config import StateBackend
 from exactly.errors import SavepointError
 from exactly.logs import log_event
 from exactly.monitoring.store import append_now
@@ -65,7 +66,7 @@ _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
 
 
 def backend_name(provider: str) -> str:
-    return "rocksdb" if "RocksDB" in provider else "hashmap"
+    return StateBackend.of_provider(provider).value
 
 
 def last_completed_epoch(checkpoint: Path) -> int | None:

@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from exactly import options as opt
-from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode
+from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode, StateBackend
 from exactly.errors import ConfigError, OwnershipError, SourceNotReplayableError
 from exactly.logs import log_event
 from exactly.procs import driver_identity
@@ -156,26 +156,22 @@ def checkpoint_location(config: CheckpointConfig) -> str:
     return config.storage
 
 
-def check_pinned_state_backend(location: str, config: CheckpointConfig) -> None:
-    """Spark silently keeps the state backend a checkpoint was started with; say so instead."""
+def pinned_state_backend(location: str) -> StateBackend | None:
+    """The state backend the checkpoint at ``location`` was started with (Spark pins it in
+    its offsets log); None for a new checkpoint or one not on a local file system."""
     local = local_checkpoint(location)
     offsets = local / "offsets" if local else None
     if offsets is None or not offsets.is_dir():
-        return
+        return None
     batches = sorted((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
     if not batches:
-        return
+        return None
     lines = batches[-1].read_text().splitlines()
     try:
         pinned = json.loads(lines[1]).get("conf", {}).get(PROVIDER_KEY)
-    except (IndexError, json.JSONDecodeError):
-        return
-    if pinned and pinned != config.state_store_provider:
-        raise ConfigError(
-            f"the checkpoint at {location} was written with state backend {pinned}; Spark "
-            f"cannot restore it into {config.state_store_provider}. Keep "
-            f"state_backend='{_backend_name(pinned)}' or start from a new checkpoint."
-        )
+    except (IndexError, json.JSONDecodeError, AttributeError):
+        return None
+    return StateBackend.of_provider(pinned) if isinstance(pinned, str) and pinned else None
 
 
 #: ``driver`` (default): exactly sinks commit through ``foreachBatch`` in the driver process;
@@ -237,7 +233,8 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
                     **options}
     built = check_sink(sink_format, path, sink_options, df.schema)
     preflight_checkpoint(location, sink_format, path, options)
-    check_pinned_state_backend(location, checkpoint)
+    # the backend follows the checkpoint's own (Spark silently keeps it): say so when it differs
+    checkpoint = checkpoint.for_checkpoint(pinned_state_backend(location), location)
     spark = df.sparkSession
     for key, value in checkpoint.spark_conf().items():
         spark.conf.set(key, value)
@@ -301,7 +298,7 @@ def record_history(spark: Any, query: StreamingQuery, local: Path,
            "versions": {"spark": spark.version, "exactly": exactly.__version__}}
     recorder.watch(spark, query, checkpoint=local, run_record=run,
                    sink_log=log_dir,
-                   backend=checkpoint.state_backend.value)
+                   backend=checkpoint.backend.value)
 
 
 def warn_memory_storage(sink_format: str, location: str) -> None:
@@ -369,7 +366,3 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
     sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
     preflight(location, sink_query_id)
-
-
-def _backend_name(provider: str) -> str:
-    return "rocksdb" if "RocksDB" in provider else "hashmap"
