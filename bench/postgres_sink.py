@@ -15,6 +15,9 @@ fresh table, in one SparkSession (``local[2]``) against one temporary PostgreSQL
 ``upsert``         ``exactly.upsert`` keyed by ``id`` (epoch-guarded INSERT ... ON CONFLICT)
 ``at_least_once``  ``exactly.postgres``, at_least_once
 ``spark_jdbc``     Spark's JDBC writer in ``foreachBatch`` (when a PostgreSQL JDBC jar is found)
+``python_noop``    ``foreachBatch`` + ``mapInArrow`` that only counts and sums the ids: the
+                   rows moved to Python workers as Arrow, as every Python sink receives them
+                   (exactly's sinks run the same way), and nothing written
 ``noop``           Spark's ``noop`` sink: reading and running the epochs, no sink work
 
 and, in the same repetition, ``client_copy``: one psycopg client COPYing the same rows from
@@ -23,14 +26,16 @@ Arrow into a fresh table in one transaction, its CSV encoding timed (exactly's e
 
 Reported per sink: the **added time** (seconds over the ``noop`` run of the same
 repetition, per million rows) and its ratio to ``client_copy``'s time in that repetition
-(median and range over the repetitions; goal for ``2pc``: <= 1.0). Every table is checked by
-id (``count``, ``count(DISTINCT id)``, ``min``, ``max`` = the ids ``0 .. rows-1``, each once).
+(median and range over the repetitions; goal for ``2pc``: <= 1.0), and the sink's own work:
+its time over ``python_noop``, to ``client_copy``. Every table is checked by id (``count``,
+``count(DISTINCT id)``, ``min``, ``max`` = the ids ``0 .. rows-1``, each once);
+``python_noop`` by the count and sum of the ids it received.
 The rules (warm-up, alternating order, repetitions) are :mod:`harness`'s.
 
 Run from the repository root (not part of the test suite)::
 
     .venv/bin/python bench/postgres_sink.py [--rows 1000000] [--rows-per-epoch 250000]
-        [--repeat 3] [--sinks 2pc,wal,upsert,at_least_once,spark_jdbc,noop]
+        [--repeat 3] [--sinks 2pc,wal,upsert,at_least_once,spark_jdbc,python_noop,noop]
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from exactly.spark.runner import start_query
 from exactly.spark.session import spark_session
 from exactly.testing.pgcluster import TempPostgres
 
-SINKS = ("2pc", "wal", "upsert", "at_least_once", "spark_jdbc", "noop")
+SINKS = ("2pc", "wal", "upsert", "at_least_once", "spark_jdbc", "python_noop", "noop")
 FORMATS = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert",
            "at_least_once": "exactly.postgres"}
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)
@@ -67,8 +72,20 @@ def stream(spark, rows: int, per_epoch: int):
             .option("numPartitions", 2).load())
 
 
+def count_ids(batches):
+    """A ``mapInArrow`` function that receives the rows and keeps only their count and id sum."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = total = 0
+    for batch in batches:
+        n += batch.num_rows
+        total += pc.sum(batch.column("id")).as_py() or 0
+    yield pa.RecordBatch.from_pydict({"n": [n], "total": [total]})
+
+
 def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, workdir: Path,
-              table: str) -> float:
+              table: str, received: list[tuple[int, int]] | None = None) -> float:
     ck = workdir / f"ck-{table}"
     shutil.rmtree(ck, ignore_errors=True)
     df = stream(spark, rows, per_epoch)
@@ -90,6 +107,14 @@ def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, wor
             batch.write.jdbc(url, table, mode="append", properties=props)
 
         query = (df.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
+                 .trigger(availableNow=True).start())
+    elif sink == "python_noop":
+        def discard(batch, _epoch: int) -> None:
+            for row in batch.mapInArrow(count_ids, "n long, total long").collect():
+                if received is not None:
+                    received.append((row["n"], row["total"]))
+
+        query = (df.writeStream.foreachBatch(discard).option("checkpointLocation", str(ck))
                  .trigger(availableNow=True).start())
     else:
         query = (df.writeStream.format("noop").option("checkpointLocation", str(ck))
@@ -168,10 +193,16 @@ def main(argv: list[str] | None = None) -> int:
                 if variant == "client_copy":
                     seconds = client_copy(pg, args.rows, table)
                 else:
+                    received: list[tuple[int, int]] = []
                     seconds = run_spark(spark, pg, variant, args.rows, args.rows_per_epoch,
-                                        workdir, table)
+                                        workdir, table, received)
                 errors = []
-                if variant != "noop":
+                if variant == "python_noop":
+                    got = (sum(n for n, _ in received), sum(t for _, t in received))
+                    if got != (args.rows, args.rows * (args.rows - 1) // 2):
+                        errors.append(f"python_noop received {got[0]} rows (id sum {got[1]}); "
+                                      f"expected ids 0..{args.rows - 1} once")
+                elif variant != "noop":
                     problem = check(pg, table, args.rows)
                     if problem:
                         errors.append(problem)
@@ -201,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         headlines.append(h.Headline("postgres_sink", f"{sink} added time / client COPY",
                                     h.spread(ratio), goal,
                                     (sorted(ratio)[len(ratio) // 2] <= 1.0) if goal else None))
+    if "python_noop" in sinks and "2pc" in sinks:
+        own = h.per_rep(runs, "seconds", "2pc", minus="python_noop")
+        rows.append(["2pc over python_noop (its own work)", h.spread([a * per_m for a in own]),
+                     h.spread([a / c for a, c in zip(own, copy_s, strict=True)]), "-"])
     noop = h.per_rep(runs, "seconds", "noop")
     rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
                  h.spread([args.rows / t / 1000 for t in noop], ".0f")])

@@ -9,6 +9,7 @@ fenced by Kafka itself, and the start-time checks.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +22,11 @@ from exactly.connectors.kafka.options import (
     KafkaSinkOptions,
     check_transaction_timeout,
 )
-from exactly.connectors.kafka.publisher import IN_TRANSACTION, read_marker
+from exactly.connectors.kafka.publisher import (
+    IN_TRANSACTION,
+    read_marker,
+    reap_idle_sessions,
+)
 from exactly.connectors.kafka.sink import KafkaSink
 from exactly.errors import ConfigError, FencedError
 from exactly.protocol.contract import SinkSettings
@@ -156,6 +161,38 @@ def test_a_new_run_in_the_same_process_closes_the_old_runs_producer(broker, topi
     assert old.producer is None  # closed, not left open beside the new run's
     assert h.committer.sink._publisher(h.query_id).producer is not None
     assert ids(broker, topic) == [*range(10), *range(1000, 1010)]
+
+
+def test_an_idle_runs_producer_is_closed_and_the_next_epoch_opens_a_fresh_one(broker, topic,
+                                                                              tmp_path):
+    """Spark tells a sink nothing when its query ends: a kept producer unused for the idle
+    time is closed (never one that is publishing), and a later epoch opens a new one."""
+    h = harness(broker, topic, tmp_path)
+    h.run_epoch(0, parts(0))
+    session = h.committer.sink._publisher(h.query_id)
+    assert session.producer is not None
+    held, release = threading.Event(), threading.Event()
+
+    def publishing() -> None:  # another thread talking to Kafka through the session
+        with session.busy:
+            held.set()
+            release.wait(30)
+
+    worker = threading.Thread(target=publishing)
+    worker.start()
+    held.wait(30)
+    reap_idle_sessions(idle_s=0)  # (earlier tests' sessions in this process may go)
+    assert session.producer is not None  # busy: not reaped however long it has been idle
+    release.set()
+    worker.join()
+    assert reap_idle_sessions(idle_s=3600) == 0  # used just now
+    assert reap_idle_sessions(idle_s=0) >= 1
+    assert session.producer is None
+    h.run_epoch(1, parts(1))
+    fresh = h.committer.sink._publisher(h.query_id)
+    assert fresh is not session and fresh.producer is not None
+    assert ids(broker, topic) == [*range(10), *range(1000, 1010)]
+    assert read_marker(h.sink.options, h.query_id) == 2
 
 
 def test_transaction_timeout_is_checked_against_the_broker_and_the_interval(broker):

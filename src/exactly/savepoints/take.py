@@ -215,12 +215,28 @@ def operator_infos(spark: SparkSession, location: Path, epoch: int,
             store.value_schema = df.schema["value"].dataType.json()
             store.rows = df.count()
         else:
-            store.rows = sum(int(_zip_metadata(path).get("numKeys", 0)) for path in
-                             (location / "state" / str(op_id)).rglob(f"{epoch + 1}.zip"))
+            store.rows = _keyed_rows(spark, location, epoch, op_id, row["operatorProperties"])
         info.stores.append(store)
     for info in infos.values():
         _store_sizes(location / "state" / str(info.operator_id), info.stores)
     return [infos[k] for k in sorted(infos)]
+
+
+def _keyed_rows(spark: SparkSession, location: Path, epoch: int, op_id: int,
+                properties: str) -> int:
+    """The keys of a ``transformWithState`` operator at ``epoch``: RocksDB's key count from
+    the version's snapshot, or, with changelog checkpointing (the version is a changelog on
+    an older snapshot), the keys of each state variable read back through Spark's state
+    reader."""
+    snapshots = list((location / "state" / str(op_id)).rglob(f"{epoch + 1}.zip"))
+    if snapshots:
+        return sum(int(_zip_metadata(path).get("numKeys", 0)) for path in snapshots)
+    variables = json.loads(properties or "{}").get("stateVariables", [])
+    names = [str(v["stateName"]) for v in variables
+             if not str(v.get("stateName", "$")).startswith("$")]  # $: Spark's timers, TTLs
+    return sum(spark.read.format("statestore").option("batchId", epoch)
+               .option("operatorId", op_id).option("stateVarName", name)
+               .load(str(location)).select("key").distinct().count() for name in names)
 
 
 def _store_sizes(op_path: Path, stores: list[StoreInfo]) -> None:

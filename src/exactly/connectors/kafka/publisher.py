@@ -226,6 +226,9 @@ class PublishSession:
         self.producer: Any = None
         self.lost_broker = False
         self.in_transaction = False
+        #: held while the session talks to Kafka (the idle reaper never closes it then)
+        self.busy = threading.RLock()
+        self.last_used = time.monotonic()
 
     @property
     def timeout_s(self) -> float:
@@ -284,9 +287,15 @@ class PublishSession:
         (:data:`MARKER_READ_TIMEOUT_S`): a ``committed`` call made while the broker was
         down was measured to wait out its whole timeout after the broker came back
         (librdkafka 2.x); a new consumer answers at once."""
-        from confluent_kafka import TopicPartition
+        with self.busy:
+            self._open()
+            try:
+                return self._read_marker()
+            finally:
+                self.last_used = time.monotonic()
 
-        self._open()
+    def _read_marker(self) -> int:
+        from confluent_kafka import TopicPartition
 
         def read() -> Any:
             consumer = self._marker_consumer()
@@ -328,9 +337,13 @@ class PublishSession:
                 raise
 
         try:
-            retry_call(attempt, what="publish epoch", seconds=self.timeout_s,
-                       transient=lambda exc: isinstance(exc, KafkaException),
-                       initial=0.2, before_retry=self.close, log=logger, epoch=epoch)
+            with self.busy:
+                try:
+                    retry_call(attempt, what="publish epoch", seconds=self.timeout_s,
+                               transient=lambda exc: isinstance(exc, KafkaException),
+                               initial=0.2, before_retry=self.close, log=logger, epoch=epoch)
+                finally:
+                    self.last_used = time.monotonic()
         except KafkaException as exc:
             raise KafkaSinkError(
                 f"epoch {epoch}: publishing to Kafka failed for "
@@ -410,6 +423,48 @@ class PublishSession:
 #: (transactional id, driver run, client settings) -> the session of that run in this process
 _kept: dict[tuple[str, str | None, str], PublishSession] = {}
 _kept_lock = threading.Lock()
+#: a kept session unused this long is closed: its query ended (Spark tells a sink nothing
+#: when a query stops), or its epochs are further apart, and the next publish opens a new
+#: producer. Until then the idle producer holds its broker connections.
+KEEP_IDLE_S = 60.0
+#: how often the reaper thread looks for idle sessions
+REAP_EVERY_S = 5.0
+_reaper: threading.Thread | None = None
+
+
+def reap_idle_sessions(idle_s: float = KEEP_IDLE_S) -> int:
+    """Close the kept sessions unused for ``idle_s`` seconds and not talking to Kafka;
+    returns how many were closed."""
+    now = time.monotonic()
+    idle: list[PublishSession] = []
+    with _kept_lock:
+        for key, session in list(_kept.items()):
+            if now - session.last_used >= idle_s and session.busy.acquire(blocking=False):
+                del _kept[key]
+                idle.append(session)
+    for session in idle:
+        try:
+            log_event(logger, "producer_closed", reason="idle",
+                      idle_s=round(now - session.last_used, 1))
+            session.close()
+        finally:
+            session.busy.release()
+    return len(idle)
+
+
+def _reap_while_kept() -> None:
+    """The reaper thread: runs while sessions are kept, then ends (restarted on demand)."""
+    global _reaper
+    while True:
+        time.sleep(REAP_EVERY_S)
+        try:
+            reap_idle_sessions()
+        except Exception as exc:  # never let the thread die on a close that failed
+            log_event(logger, "producer_reap_failed", logging.WARNING, error=str(exc))
+        with _kept_lock:
+            if not _kept:
+                _reaper = None
+                return
 
 
 def kept_session(options: KafkaSinkOptions, query_id: str,
@@ -422,17 +477,24 @@ def kept_session(options: KafkaSinkOptions, query_id: str,
     transactional id is closed when this one is asked for (that run is over: this one holds
     the lease); the session's own ``init_transactions`` then fences its producer in Kafka
     too. :func:`drop_session` after any error, so the next epoch starts from a fresh
-    producer.
+    producer. A session unused for :data:`KEEP_IDLE_S` is closed by a reaper thread
+    (:func:`reap_idle_sessions`): the query ended, or its epochs are that far apart.
     """
     txn_id = options.transactional_id(query_id)
     key = (txn_id, run_id, json.dumps(options.client_conf(), sort_keys=True, default=str)
            + f"|{options.transaction_timeout_ms}")
     stale: list[PublishSession] = []
+    global _reaper
     with _kept_lock:
         session = _kept.get(key)
         if session is None:
             stale = [_kept.pop(k) for k in list(_kept) if k[0] == txn_id]
             session = _kept[key] = PublishSession(options, query_id)
+        session.last_used = time.monotonic()
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap_while_kept, daemon=True,
+                                       name="exactly-kafka-idle-producers")
+            _reaper.start()
     for old in stale:
         old.close()
     return session
