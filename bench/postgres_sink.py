@@ -234,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                                     (sorted(ratio)[len(ratio) // 2] <= 1.0) if goal else None))
     if "python_noop" in sinks and "2pc" in sinks:
         own = h.per_rep(runs, "seconds", "2pc", minus="python_noop")
+        own_ratio = [a / c for a, c in zip(own, copy_s, strict=True)]
         rows.append(["2pc over python_noop (its own work)", h.spread([a * per_m for a in own]),
-                     h.spread([a / c for a, c in zip(own, copy_s, strict=True)]), "-"])
+                     h.spread(own_ratio), "-"])
+        headlines.append(h.Headline("postgres_sink", "2pc own work (over python_noop) / "
+                                    "client COPY", h.spread(own_ratio), "", None))
     noop = h.per_rep(runs, "seconds", "noop")
     rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
                  h.spread([args.rows / t / 1000 for t in noop], ".0f")])
