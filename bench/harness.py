@@ -172,6 +172,31 @@ def check_ids(ids: Any, expected: int | Any, what: str) -> str | None:
             f"{extra.size:,} unexpected {extra[:5].tolist()}")
 
 
+def python_noop(df: Any, checkpoint: str, received: list[tuple[int, int]]) -> Any:
+    """Start ``df`` into ``foreachBatch`` + ``mapInArrow`` that only counts the rows (and
+    sums an ``id`` column when there is one): Spark handing the rows to Python workers as
+    Arrow, as exactly's sinks receive them, and nothing written. The floor of every Python
+    sink. Each task appends ``(rows, id sum)`` to ``received``. Returns the query
+    (``availableNow``)."""
+    def count(batches: Any) -> Any:  # nested: cloudpickle ships it by value to the workers
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rows = total = 0
+        for batch in batches:
+            rows += batch.num_rows
+            if "id" in batch.schema.names:
+                total += pc.sum(batch.column("id")).as_py() or 0
+        yield pa.RecordBatch.from_pydict({"n": [rows], "total": [total]})
+
+    def discard(batch: Any, _epoch: int) -> None:
+        received.extend((r["n"], r["total"])
+                        for r in batch.mapInArrow(count, "n long, total long").collect())
+
+    return (df.writeStream.foreachBatch(discard).option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start())
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain text table, first column left-aligned, the rest right-aligned."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]

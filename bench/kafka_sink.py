@@ -14,6 +14,9 @@ drains that input with Spark's Kafka source (``read_committed``,
                     worker publishes each epoch in one transaction with its marker
 ``at_least_once``   ``exactly.kafka`` at_least_once: tasks produce directly
 ``spark_kafka``     Spark's built-in Kafka sink (Java producer in the tasks, at least once)
+``python_noop``     the rows handed to Python workers as Arrow (``foreachBatch`` +
+                    ``mapInArrow``, as exactly's sinks receive them), counted, not written:
+                    the floor of every Python sink (:func:`harness.python_noop`)
 ``noop``            Spark's ``noop`` sink: reading and running the epochs, no sink work
 ``plain_producer``  no Spark: one confluent-kafka producer in this process producing the same
                     records (read from the input before the clock starts): Kafka's own time
@@ -22,8 +25,10 @@ Every producer gets the same client settings (:data:`CLIENT`: ``linger.ms``,
 ``batch.size``, ``acks``, idempotence, no compression); Spark's sink as ``kafka.*``
 options. Reported: each sink's **added time** (seconds over ``noop`` in the same
 repetition, per million records) and its ratio to ``plain_producer``'s time in that
-repetition (median and range; goal for ``exactly_once``: <= 1.0). Every output topic is
-read back ``read_committed`` and checked by id (each input id exactly once).
+repetition (median and range; goal for ``exactly_once``: <= 1.0), and ``exactly_once``'s
+own work: its time over ``python_noop``, to ``plain_producer``'s. Every output topic is
+read back ``read_committed`` and checked by id (each input id exactly once); ``python_noop``
+by the number of records it received.
 
 Latency
 -------
@@ -66,7 +71,8 @@ from exactly.testing.kafka_broker import broker_or_configured, consume_all, crea
 #: the client settings every producer of the comparison gets (librdkafka and Java names agree)
 CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
           "enable.idempotence": "true", "compression.type": "none"}
-VARIANTS = ("exactly_once", "at_least_once", "spark_kafka", "noop", "plain_producer")
+VARIANTS = ("exactly_once", "at_least_once", "spark_kafka", "python_noop", "noop",
+            "plain_producer")
 
 
 def produce_input(bootstrap: str, topic: str, records: int) -> None:
@@ -111,7 +117,8 @@ def plain_producer(bootstrap: str, rows: list, out: str) -> float:
 
 
 def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: int,
-             epochs: int, workdir: Path, out: str) -> float:
+             epochs: int, workdir: Path, out: str,
+             received: list[tuple[int, int]] | None = None) -> float:
     from exactly.config import CheckpointConfig
     from exactly.connectors.kafka.source import read_kafka
     from exactly.spark.runner import start_query
@@ -127,6 +134,8 @@ def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: 
                             options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
                                      opt.TRANSACTIONAL_ID_PREFIX: f"bench-{out}",
                                      opt.CHECKPOINT_INTERVAL_MS: "1000", **client}).query
+    elif kind == "python_noop":
+        query = h.python_noop(df, str(checkpoint), received if received is not None else [])
     else:
         writer = df.writeStream.option("checkpointLocation", str(checkpoint))
         if kind == "spark_kafka":
@@ -292,10 +301,17 @@ def main(argv: list[str] | None = None) -> int:
                 if kind == "plain_producer":
                     seconds = plain_producer(bootstrap, input_rows, out)
                 else:
+                    received: list[tuple[int, int]] = []
                     seconds = run_sink(spark, kind, bootstrap, source, args.records,
-                                       args.epochs, workdir, out)
-                problem = None if kind == "noop" else check_topic(bootstrap, out,
-                                                                  args.records, kind)
+                                       args.epochs, workdir, out, received)
+                if kind == "noop":
+                    problem = None
+                elif kind == "python_noop":  # the ids are inside the values: count only
+                    got = sum(n for n, _ in received)
+                    problem = (None if got == args.records else
+                               f"python_noop received {got} records, expected {args.records}")
+                else:
+                    problem = check_topic(bootstrap, out, args.records, kind)
                 runs.append(h.Run(rep, kind, {"seconds": seconds}, [problem] if problem else []))
                 print(f"rep {rep} {kind:15} {seconds:7.2f} s  {h.load()}"
                       + (f"  ERRORS {problem}" if problem else ""), flush=True)
@@ -320,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["plain_producer (Kafka's own time)", h.spread([s * per_m for s in plain]),
              "1.00", h.spread([args.records / s / 1000 for s in plain], ".0f")]]
     headlines = []
-    for kind in ("exactly_once", "at_least_once", "spark_kafka"):
+    for kind in ("exactly_once", "at_least_once", "spark_kafka", "python_noop"):
         added = h.per_rep(runs, "seconds", kind, minus="noop")
         ratio = [a / c for a, c in zip(added, plain, strict=True)]
         total = h.per_rep(runs, "seconds", kind)
@@ -330,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
             headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
                                         h.spread(ratio), "<= 1.0",
                                         float(np.median(ratio)) <= 1.0 if ratio else None))
+    own = h.per_rep(runs, "seconds", "exactly_once", minus="python_noop")
+    own_ratio = [a / c for a, c in zip(own, plain, strict=True)]
+    rows.append(["exactly_once over python_noop (its own work)",
+                 h.spread([a * per_m for a in own]), h.spread(own_ratio), "-"])
+    headlines.append(h.Headline("kafka_sink", "exactly_once own work (over python_noop) / "
+                                "plain producer", h.spread(own_ratio), "", None))
     noop = h.per_rep(runs, "seconds", "noop")
     rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
                  h.spread([args.records / s / 1000 for s in noop], ".0f")])

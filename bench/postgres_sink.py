@@ -72,18 +72,6 @@ def stream(spark, rows: int, per_epoch: int):
             .option("numPartitions", 2).load())
 
 
-def count_ids(batches):
-    """A ``mapInArrow`` function that receives the rows and keeps only their count and id sum."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = total = 0
-    for batch in batches:
-        n += batch.num_rows
-        total += pc.sum(batch.column("id")).as_py() or 0
-    yield pa.RecordBatch.from_pydict({"n": [n], "total": [total]})
-
-
 def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, workdir: Path,
               table: str, received: list[tuple[int, int]] | None = None) -> float:
     ck = workdir / f"ck-{table}"
@@ -109,13 +97,7 @@ def run_spark(spark, pg: TempPostgres, sink: str, rows: int, per_epoch: int, wor
         query = (df.writeStream.foreachBatch(write).option("checkpointLocation", str(ck))
                  .trigger(availableNow=True).start())
     elif sink == "python_noop":
-        def discard(batch, _epoch: int) -> None:
-            for row in batch.mapInArrow(count_ids, "n long, total long").collect():
-                if received is not None:
-                    received.append((row["n"], row["total"]))
-
-        query = (df.writeStream.foreachBatch(discard).option("checkpointLocation", str(ck))
-                 .trigger(availableNow=True).start())
+        query = h.python_noop(df, str(ck), received if received is not None else [])
     else:
         query = (df.writeStream.format("noop").option("checkpointLocation", str(ck))
                  .trigger(availableNow=True).start())

@@ -209,6 +209,32 @@ def test_upsert_a_replay_of_an_older_epoch_never_moves_a_value_back(pg, conn, tm
     assert epochs == {"a": 2, "b": 1}
 
 
+def test_upsert_through_copy_keeps_each_keys_last_row_and_every_value(pg, conn, tmp_path,
+                                                                       table_name):
+    """The rows go through COPY into a temporary table: values that CSV must quote or
+    convert arrive unchanged, a key repeated in a batch and across a task's batches ends at
+    its last row, and a user's table named like the stage is not touched."""
+    conn.execute('DROP TABLE IF EXISTS exactly_upsert_stage')
+    conn.execute('CREATE TABLE exactly_upsert_stage (note text)')
+    conn.execute("INSERT INTO exactly_upsert_stage VALUES ('mine')")
+    schema = pa.schema([("key", pa.string()), ("note", pa.string()),
+                        ("amount", pa.decimal128(10, 2)), ("at", pa.timestamp("us", "UTC"))])
+    sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")
+    sink.prepare_target(schema)
+    at = dt.datetime(2026, 3, 29, 1, 30, tzinfo=dt.UTC)
+    first = pa.record_batch({"key": ["a", "b", "a"], "note": ['x,"y"', None, ""],
+                             "amount": [decimal.Decimal("1.50"), None, decimal.Decimal("-2")],
+                             "at": [at, None, at]}, schema=schema)
+    second = pa.record_batch({"key": ["b"], "note": ["line\nbreak"],
+                              "amount": [decimal.Decimal("3.25")], "at": [None]}, schema=schema)
+    ProtocolHarness(sink).tasks(0, [first, second])  # one task, two batches
+    rows = {r[0]: r[1:] for r in conn.execute(
+        f'SELECT key, note, amount, at, exactly_epoch FROM "{table_name}"').fetchall()}
+    assert rows == {"a": ("", decimal.Decimal("-2.00"), at, 0),
+                    "b": ("line\nbreak", decimal.Decimal("3.25"), None, 0)}
+    assert conn.execute("SELECT note FROM public.exactly_upsert_stage").fetchall() == [("mine",)]
+
+
 def test_upsert_concurrent_poller_never_sees_a_value_decrease(pg, conn, tmp_path, table_name):
     schema = pa.schema([("key", pa.string()), ("total", pa.int64())])
     sink = IdempotentUpsertSink(pg.dsn, table_name, ["key"], tmp_path / "log")

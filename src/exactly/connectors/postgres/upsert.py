@@ -7,9 +7,10 @@ warn about for idempotent sinks). Values become visible when a task finishes, be
 epoch's checkpoint completes (no transaction spans the epoch), so a reader may see part of an
 epoch; a replay rewrites the same values.
 
-Each task upserts its rows in one transaction::
+Each task upserts its rows in one transaction, each Arrow batch COPYed into a temporary
+table and then moved in one statement::
 
-    INSERT INTO t (k, v, exactly_epoch) ... ON CONFLICT (k) DO UPDATE
+    INSERT INTO t (k, v, exactly_epoch) SELECT ... FROM stage ON CONFLICT (k) DO UPDATE
         SET v = excluded.v, exactly_epoch = excluded.exactly_epoch
         WHERE t.exactly_epoch <= excluded.exactly_epoch
 
@@ -37,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from exactly import options as opt
-from exactly.connectors.postgres.upsert_sql import dedup_last, upsert_rows, upsert_statement
+from exactly.connectors.postgres.upsert_sql import copy_upsert, dedup_last
 from exactly.connectors.sql import TableName, clean_error, ensure_pg_table, pg_connect, redact_dsn
 from exactly.errors import ConfigError
 from exactly.protocol.contract import (
@@ -116,8 +117,7 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
                                     pa.array([txn.task.epoch] * table.num_rows, pa.int64()))
         try:
             with txn.conn.cursor() as cur:
-                upsert_rows(cur, upsert_statement(self.table, table.schema, self.key_columns,
-                                                  self.epoch_column), table)
+                copy_upsert(cur, self.table, table, self.key_columns, self.epoch_column)
         except Exception as exc:
             raise clean_error(exc, self.dsn, f"upserting into {self.table}") from None
         txn.rows += batch.num_rows
