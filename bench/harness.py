@@ -142,6 +142,21 @@ def per_rep(runs: Iterable[Run], key: str, variant: str,
     return out
 
 
+def over(runs: Iterable[Run], variant: str, baseline: str,
+         target: str) -> tuple[list[float], list[float]]:
+    """``variant``'s seconds over ``baseline``'s per repetition (its *added time*), and each
+    of those divided by ``target``'s seconds in the same repetition."""
+    runs = list(runs)
+    added = per_rep(runs, "seconds", variant, minus=baseline)
+    target_s = per_rep(runs, "seconds", target)
+    return added, [a / t for a, t in zip(added, target_s, strict=True)]
+
+
+def at_most(ratios: Sequence[float], limit: float) -> bool | None:
+    """Whether the median of ``ratios`` is within ``limit`` (None without ratios)."""
+    return statistics.median(ratios) <= limit if ratios else None
+
+
 def spread(values: Sequence[float], fmt: str = ".2f") -> str:
     """``median (min - max)``; ``n/a`` when empty."""
     if not values:

@@ -337,17 +337,14 @@ def main(argv: list[str] | None = None) -> int:
              "1.00", h.spread([args.records / s / 1000 for s in plain], ".0f")]]
     headlines = []
     for kind in ("exactly_once", "at_least_once", "spark_kafka", "python_noop"):
-        added = h.per_rep(runs, "seconds", kind, minus="noop")
-        ratio = [a / c for a, c in zip(added, plain, strict=True)]
+        added, ratio = h.over(runs, kind, "noop", "plain_producer")
         total = h.per_rep(runs, "seconds", kind)
         rows.append([kind, h.spread([a * per_m for a in added]), h.spread(ratio),
                      h.spread([args.records / t / 1000 for t in total], ".0f")])
         if kind == "exactly_once":
             headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
-                                        h.spread(ratio), "<= 1.0",
-                                        float(np.median(ratio)) <= 1.0 if ratio else None))
-    own = h.per_rep(runs, "seconds", "exactly_once", minus="python_noop")
-    own_ratio = [a / c for a, c in zip(own, plain, strict=True)]
+                                        h.spread(ratio), "<= 1.0", h.at_most(ratio, 1.0)))
+    own, own_ratio = h.over(runs, "exactly_once", "python_noop", "plain_producer")
     rows.append(["exactly_once over python_noop (its own work)",
                  h.spread([a * per_m for a in own]), h.spread(own_ratio), "-"])
     headlines.append(h.Headline("kafka_sink", "exactly_once own work (over python_noop) / "

@@ -205,18 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     for sink in sinks:
         if sink == "noop":
             continue
-        added = h.per_rep(runs, "seconds", sink, minus="noop")
-        ratio = [a / c for a, c in zip(added, copy_s, strict=True)]
+        added, ratio = h.over(runs, sink, "noop", "client_copy")
         total = h.per_rep(runs, "seconds", sink)
         rows.append([sink, h.spread([a * per_m for a in added]), h.spread(ratio),
                      h.spread([args.rows / t / 1000 for t in total], ".0f")])
         goal = "<= 1.0" if sink == "2pc" else ""
         headlines.append(h.Headline("postgres_sink", f"{sink} added time / client COPY",
                                     h.spread(ratio), goal,
-                                    (sorted(ratio)[len(ratio) // 2] <= 1.0) if goal else None))
+                                    h.at_most(ratio, 1.0) if goal else None))
     if "python_noop" in sinks and "2pc" in sinks:
-        own = h.per_rep(runs, "seconds", "2pc", minus="python_noop")
-        own_ratio = [a / c for a, c in zip(own, copy_s, strict=True)]
+        own, own_ratio = h.over(runs, "2pc", "python_noop", "client_copy")
         rows.append(["2pc over python_noop (its own work)", h.spread([a * per_m for a in own]),
                      h.spread(own_ratio), "-"])
         headlines.append(h.Headline("postgres_sink", "2pc own work (over python_noop) / "

@@ -141,11 +141,11 @@ class CheckpointConfig:
         ``delete_on_cancellation`` removes it.
     state_backend:
         ``hashmap`` (Spark's HDFS-backed in-memory store), ``rocksdb``, or ``None`` (the
-        default): the backend the checkpoint already holds, and ``rocksdb`` for a new one
-        (measured in docs/performance.md: equal to hashmap within 15 % per epoch at 100 k
-        keys, 1.9x faster at 1 M, 10x at 10 M, and its state is not on the JVM heap). A
-        checkpoint keeps the backend it was started with; an explicit different backend is
-        refused by ``start_query``, a savepoint restore can switch it.
+        default; ``"auto"`` says the same): the backend the checkpoint already holds, and
+        ``rocksdb`` for a new one (measured in docs/performance.md: equal to hashmap within
+        15 % per epoch at 100 k keys, 1.9x faster at 1 M, 10x at 10 M, and its state is not
+        on the JVM heap). A checkpoint keeps the backend it was started with; an explicit
+        different backend is refused by ``start_query``, a savepoint restore can switch it.
     incremental:
         RocksDB changelog checkpointing (incremental checkpoints): ``True`` needs
         ``rocksdb``. ``None`` (the default) means on for RocksDB, off for hashmap. Spark
@@ -351,9 +351,7 @@ class CheckpointConfig:
         Raises ConfigError when an explicit backend differs from ``pinned`` (Spark cannot
         restore state into another backend: a savepoint restore can) or when
         ``incremental=True`` meets a hashmap checkpoint."""
-        if pinned is None:
-            return self.replace(state_backend=self.backend, incremental=self.changelog)
-        if self.state_backend not in (None, pinned):
+        if pinned is not None and self.state_backend not in (None, pinned):
             raise ConfigError(
                 f"the checkpoint at {location} holds the {pinned.value} state backend; Spark "
                 f"cannot restore it into {self.state_backend.value}. Keep "
@@ -361,15 +359,14 @@ class CheckpointConfig:
                 "restore a savepoint into a new checkpoint with the other backend "
                 "(docs/savepoints.md), or start from a new checkpoint."
             )
-        if self.incremental and pinned is StateBackend.HASHMAP:
+        if pinned is StateBackend.HASHMAP and self.incremental:
             raise ConfigError(
                 f"incremental=True needs RocksDB, and the checkpoint at {location} holds the "
                 "hashmap state backend; drop incremental, or restore a savepoint into a new "
                 "checkpoint with state_backend='rocksdb'"
             )
-        return self.replace(state_backend=pinned, incremental=(
-            self.incremental if self.incremental is not None
-            else pinned is StateBackend.ROCKSDB))
+        decided = self.replace(state_backend=pinned or self.backend)
+        return decided.replace(incremental=decided.changelog)
 
     @property
     def state_store_provider(self) -> str:

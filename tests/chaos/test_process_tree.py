@@ -61,10 +61,15 @@ class Snapshot:
 
 def test_no_process_of_a_job_outlives_a_driver_fault_or_the_harness_kill(events_dir,
                                                                          tmp_path):
-    """Attempt 1 is killed by a driver-side fault (after_intent in epoch 1), which kills the
+    """Attempt 1 is killed by a driver-side fault (after_intent in epoch 3), which kills the
     job's tree from inside; attempt 2 (the restart) is killed by the harness from outside
     right after its first epoch (the test's hook raises). Both times the harness's kill and
-    check run before the attempt's end hook, so whatever is alive then outlived them."""
+    check run before the attempt's end hook, so whatever is alive then outlived them.
+
+    One file an epoch (8 epochs): the job reports epochs by polling every 0.5 s, so attempt
+    1 must live a few epochs past its first for the snapshot to be taken (with the commit in
+    the driver, epoch 1 could reach its intent before epoch 0 was reported), and attempt 2
+    must have epochs left when the harness kills it."""
     snapshot = Snapshot()
     after_end: dict[int, tuple[list[ProcessInfo], list[ProcessInfo]]] = {}
     tokens: dict[int, str] = {}
@@ -81,8 +86,8 @@ def test_no_process_of_a_job_outlives_a_driver_fault_or_the_harness_kill(events_
             [ProcessInfo.of(p) for p in job_processes(attempt.token)])
 
     with pytest.raises(StopAfterFirstEpoch):
-        run_with_crashes(pipeline(tmp_path, events_dir, files_per_epoch=4),
-                         [FaultSpec(FaultPoint.AFTER_INTENT, 1)], on_line=on_line,
+        run_with_crashes(pipeline(tmp_path, events_dir, files_per_epoch=1),
+                         [FaultSpec(FaultPoint.AFTER_INTENT, 3)], on_line=on_line,
                          on_end=on_end, on_start=lambda a: tokens.update({a.number: a.token}),
                          timeout=300)
     # attempt 2 ended by the exception: checked here at once, without waiting

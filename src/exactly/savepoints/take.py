@@ -65,10 +65,6 @@ FORMAT_VERSION_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
 
 
-def backend_name(provider: str) -> str:
-    return StateBackend.of_provider(provider).value
-
-
 def last_completed_epoch(checkpoint: Path) -> int | None:
     """The newest epoch with both an ``offsets`` and a ``commits`` entry."""
     commits = set(batch_numbers(str(checkpoint), "commits"))
@@ -215,21 +211,23 @@ def operator_infos(spark: SparkSession, location: Path, epoch: int,
             store.value_schema = df.schema["value"].dataType.json()
             store.rows = df.count()
         else:
-            store.rows = _keyed_rows(spark, location, epoch, op_id, row["operatorProperties"])
+            store.rows = _keyed_rows(spark, location, epoch, info,
+                                     str(row["operatorProperties"]))
         info.stores.append(store)
     for info in infos.values():
         _store_sizes(location / "state" / str(info.operator_id), info.stores)
     return [infos[k] for k in sorted(infos)]
 
 
-def _keyed_rows(spark: SparkSession, location: Path, epoch: int, op_id: int,
+def _keyed_rows(spark: SparkSession, location: Path, epoch: int, info: OperatorInfo,
                 properties: str) -> int:
     """The keys of a ``transformWithState`` operator at ``epoch``: RocksDB's key count from
-    the version's snapshot, or, with changelog checkpointing (the version is a changelog on
-    an older snapshot), the keys of each state variable read back through Spark's state
-    reader."""
+    the version's snapshot of every partition, or, with changelog checkpointing (a
+    partition's version is a changelog on an older snapshot), the keys of each state
+    variable read back through Spark's state reader."""
+    op_id = info.operator_id
     snapshots = list((location / "state" / str(op_id)).rglob(f"{epoch + 1}.zip"))
-    if snapshots:
+    if snapshots and len(snapshots) == info.partitions:
         return sum(int(_zip_metadata(path).get("numKeys", 0)) for path in snapshots)
     variables = json.loads(properties or "{}").get("stateVariables", [])
     names = [str(v["stateName"]) for v in variables
@@ -298,7 +296,7 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
         created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
         query_id=query_id, trigger=trigger, spark_version=spark.version,
         shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
-        state_backend=backend_name(provider), sql_conf=conf,
+        state_backend=StateBackend.of_provider(provider).value, sql_conf=conf,
         sources=[{"index": i, "offset": s} for i, s in enumerate(entry.input.sources)],
         operators=infos, sinks=list(sinks or []), job=dict(job or {}))
     write_manifest(work, manifest)

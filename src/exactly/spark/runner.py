@@ -25,7 +25,6 @@ for append and complete mode.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import shutil
 import tempfile
@@ -159,18 +158,11 @@ def checkpoint_location(config: CheckpointConfig) -> str:
 def pinned_state_backend(location: str) -> StateBackend | None:
     """The state backend the checkpoint at ``location`` was started with (Spark pins it in
     its offsets log); None for a new checkpoint or one not on a local file system."""
-    local = local_checkpoint(location)
-    offsets = local / "offsets" if local else None
-    if offsets is None or not offsets.is_dir():
-        return None
-    batches = sorted((p for p in offsets.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    if not batches:
-        return None
-    lines = batches[-1].read_text().splitlines()
-    try:
-        pinned = json.loads(lines[1]).get("conf", {}).get(PROVIDER_KEY)
-    except (IndexError, json.JSONDecodeError, AttributeError):
-        return None
+    from exactly.spark.checkpoint import batch_numbers, read_offsets
+
+    epochs = batch_numbers(location, "offsets")
+    entry = read_offsets(location, epochs[-1]) if epochs else None
+    pinned = entry.metadata.get("conf", {}).get(PROVIDER_KEY) if entry else None
     return StateBackend.of_provider(pinned) if isinstance(pinned, str) and pinned else None
 
 

@@ -16,7 +16,7 @@ distribution's ``python`` directory), the path is left as Spark set it.
 
 It also imports, once, the modules every worker of an exactly job imports next (exactly's
 data sources and sinks, PyArrow: :data:`PRELOAD`) before it forks any worker, so the task
-workers start with them loaded instead of importing them each (~0.3 s of CPU per process).
+workers start with them loaded instead of each importing them.
 Nothing in them starts a thread or opens a connection at import. Spark starts its
 data-source planning and sink-commit processes through PySpark's own daemon, not this one,
 which is one reason ``start_query`` commits through ``foreachBatch`` (docs/performance.md).
@@ -78,15 +78,10 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> None:
 
 
 def main() -> None:
-    import time as _t
-    with open("/tmp/trace.log", "a") as f:
-        f.write(f"{_t.time():.3f} {os.getpid()} daemon-start {sys.argv}\n")
     sys.path[:] = prefer_installed_pyspark(sys.path)
     from pyspark.daemon import manager
 
     preload()
-    with open("/tmp/trace.log", "a") as f:
-        f.write(f"{_t.time():.3f} {os.getpid()} daemon-ready\n")
     manager()
 
 

@@ -229,6 +229,7 @@ class PublishSession:
         #: held while the session talks to Kafka (the idle reaper never closes it then)
         self.busy = threading.RLock()
         self.last_used = time.monotonic()
+        self._group_metadata: bytes | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -279,6 +280,18 @@ class PublishSession:
         return Consumer({
             **self.options.client_conf(), "group.id": self.options.marker_group(self.query_id),
             "isolation.level": "read_committed", "enable.auto.commit": False})
+
+    def _marker_group(self) -> bytes:
+        """The marker group's metadata for ``send_offsets_to_transaction``: asked of a
+        consumer once per session (confluent-kafka hands it out serialized, independent of
+        the consumer, which is closed at once)."""
+        if self._group_metadata is None:
+            consumer = self._marker_consumer()
+            try:
+                self._group_metadata = consumer.consumer_group_metadata()
+            finally:
+                consumer.close()
+        return self._group_metadata
 
     def published_through(self) -> int:
         """One past the last epoch whose transaction committed (0 when none did).
@@ -379,13 +392,8 @@ class PublishSession:
                     before=lambda: producer.flush(30))
         marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
                                 metadata=json.dumps({"epoch": epoch, "rows": rows}))
-        group = self._marker_consumer()
-        try:
-            metadata = group.consumer_group_metadata()
-        finally:
-            group.close()
-        kafka_call(producer.send_offsets_to_transaction, [marker], metadata, self.timeout_s,
-                   what="send epoch marker")
+        kafka_call(producer.send_offsets_to_transaction, [marker], self._marker_group(),
+                   self.timeout_s, what="send epoch marker")
         kafka_call(producer.commit_transaction, self.timeout_s, what="commit_transaction")
         self.in_transaction = False
         log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
