@@ -123,7 +123,8 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
 @click.option("--input", "input_dir", required=True, type=click.Path(exists=True,
               file_okay=False), help="Directory of JSON-lines events.")
 @click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False),
-              help="Output directory of the 2PC file sink.")
+              help="Output directory of the 2PC file sink; with --sink delta the table "
+                   "(a directory or an s3:// URI).")
 @click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False),
               help="Checkpoint directory (Spark's offset and commit logs).")
 @click.option("--mode", default="exactly_once", show_default=True,
@@ -133,10 +134,14 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
 @click.option("--max-files-per-epoch", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--dead-letter", "dead_letter_dir", default=None,
               type=click.Path(file_okay=False), help="Route malformed rows here and go on.")
+@click.option("--sink", default="files", show_default=True, type=click.Choice(["files", "delta"]),
+              help="exactly.files or exactly.delta (S3 settings: AWS_* environment variables).")
 @reports_failure("pipeline")
 def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
-             output_format: str, max_files_per_epoch: int, dead_letter_dir: str | None) -> None:
-    """Drain an input directory through the demo pipeline into the file sink, then stop.
+             output_format: str, max_files_per_epoch: int, dead_letter_dir: str | None,
+             sink: str) -> None:
+    """Drain an input directory through the demo pipeline into the file sink (or a Delta
+    table with --sink delta), then stop.
 
     Fault injection: set EXACTLY_FAULT=POINT[@EPOCH] (see `exactly faults`). Spark's own
     log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
@@ -147,7 +152,7 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
     if not _verbose():  # Spark's ERROR log repeats the worker's traceback per task
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     spec = PipelineSpec(input_dir, output_dir, checkpoint_dir, mode, output_format,
-                        max_files_per_epoch, dead_letter_dir)
+                        max_files_per_epoch, dead_letter_dir, sink)
     spark = spark_session(app_name="exactly-pipeline")
     try:
         run(spark, spec)

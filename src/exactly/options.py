@@ -33,6 +33,9 @@ DEFAULT_COMPRESSION = "snappy"
 MAX_FILES_PER_TRIGGER = "maxFilesPerTrigger"
 DEAD_LETTER_PATH = "deadLetterPath"
 
+# -- Delta Lake (exactly.delta) ------------------------------------------------------------
+STORAGE_PREFIX = "storage."  #: storage.<KEY> -> deltalake's storage options (and the files')
+
 # -- generator (exactly.datagen) and table source (exactly.postgres read side) ------------
 ROWS_PER_SECOND = "rowsPerSecond"
 TOTAL_ROWS = "totalRows"
@@ -120,10 +123,12 @@ SINK_OPTIONS: dict[str, tuple[str, ...]] = {
     "exactly.kafka": (*SINK_COMMON, KAFKA_BOOTSTRAP, TOPIC, TRANSACTIONAL_ID_PREFIX,
                       KAFKA_TRANSACTION_TIMEOUT_MS, KAFKA_MARKER_TOPIC,
                       KAFKA_PUBLISH_TIMEOUT_MS),
+    "exactly.delta": (*SINK_COMMON, PATH, COMPRESSION),
 }
 #: name prefixes a format passes on to a client library whole (``kafka.<client option>``)
 SOURCE_PREFIXES: dict[str, tuple[str, ...]] = {"exactly.kafka": (KAFKA_PREFIX,)}
-SINK_PREFIXES: dict[str, tuple[str, ...]] = {"exactly.kafka": (KAFKA_PREFIX,)}
+SINK_PREFIXES: dict[str, tuple[str, ...]] = {"exactly.kafka": (KAFKA_PREFIX,),
+                                             "exactly.delta": (STORAGE_PREFIX,)}
 
 
 def known_options(fmt: str, side: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

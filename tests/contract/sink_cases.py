@@ -229,8 +229,58 @@ class KafkaCase(SinkCase):
         return self._read("read_uncommitted")
 
 
+class DeltaCase(SinkCase):
+    """A Delta table in a local directory; visible = what ``deltalake`` reads."""
+
+    name = "delta"
+    already_committed_between_commits = 0  # the epoch becomes visible in one Delta commit
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode, log_dir=str(self.tmp / "log"))
+
+    def table_uri(self) -> str:
+        return str(self.tmp / "table")
+
+    def storage_options(self) -> dict[str, str]:
+        return {}
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.delta.sink import DeltaSink
+
+        sink = DeltaSink(self.table_uri(), Path(settings.log_dir or self.tmp / "log"),
+                         storage_options=self.storage_options())
+        sink.prepare_target(ID_KEY)
+        return sink
+
+    def visible(self) -> list[int]:
+        from deltalake import DeltaTable
+
+        table = DeltaTable(self.table_uri(), storage_options=self.storage_options())
+        return sorted(table.to_pyarrow_table(columns=["id"])["id"].to_pylist())
+
+
+class DeltaS3Case(DeltaCase):
+    """The Delta sink on an S3-compatible object store (s3proxy): nothing renamed."""
+
+    name = "delta_s3"
+    server = True
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.s3: Any = request.getfixturevalue("s3_server")
+        self.bucket = f"contract-{tmp_path.name.lower().replace('_', '-')[-40:]}".rstrip("-")
+        self.s3.create_bucket(self.bucket)
+
+    def table_uri(self) -> str:
+        return f"s3://{self.bucket}/table"
+
+    def storage_options(self) -> dict[str, str]:
+        return self.s3.storage_options()
+
+
 CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, Postgres2pcCase,
-                                     PostgresWalCase, PostgresUpsertCase, KafkaCase)
+                                     PostgresWalCase, PostgresUpsertCase, KafkaCase, DeltaCase,
+                                     DeltaS3Case)
 BY_NAME = {c.name: c for c in CASES}
 
 

@@ -1,4 +1,6 @@
-"""The demo pipeline: a directory of JSON-lines events -> a transformation -> the 2PC file sink.
+"""The demo pipeline: a directory of JSON-lines events -> a transformation -> an exactly sink:
+the 2PC file sink (``sink="files"``) or the Delta Lake sink (``sink="delta"``, the output a
+table path or ``s3://`` URI; S3 settings from the ``AWS_*`` environment variables).
 
 Every input event becomes exactly one output row with the same ``id``. It runs in
 ``availableNow`` mode: it drains what the input directory holds, in epochs of
@@ -29,6 +31,7 @@ class PipelineSpec:
     output_format: str = "parquet"
     max_files_per_epoch: int = 2
     dead_letter_dir: str | None = None
+    sink: str = "files"  #: files | delta
 
 
 def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
@@ -51,7 +54,8 @@ def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 def run(spark: SparkSession, spec: PipelineSpec, out=sys.stdout) -> None:
     """Drain the input into the sink, printing progress; raises if the query fails."""
     config = CheckpointConfig(mode=spec.mode, storage=spec.checkpoint_dir)
-    query = start_query(build(spark, spec), sink_format="exactly.files", path=spec.output_dir,
-                        options={"format": spec.output_format}, checkpoint=config,
+    options = {"format": spec.output_format} if spec.sink == "files" else {}
+    query = start_query(build(spark, spec), sink_format=f"exactly.{spec.sink}",
+                        path=spec.output_dir, options=options, checkpoint=config,
                         available_now=True)
     report_progress(query.query, out)

@@ -9,6 +9,8 @@
 ``exactly.kafka``     write: transactional Kafka sink (:mod:`exactly.connectors.kafka.sink`);
                       read: replayable reader honouring exactly's admission control
                       (:mod:`exactly.connectors.kafka.reader`)
+``exactly.delta``     write: Delta Lake sink, one Delta commit per epoch, on local disk or
+                      object storage (:mod:`exactly.connectors.delta.sink`)
 
 A data source only turns options into a sink or reader of :mod:`exactly.connectors` and
 hands sinks to :class:`~exactly.spark.writer.TwoPhaseStreamWriter`. Sinks are built in one
@@ -215,8 +217,20 @@ class KafkaDataSource(DataSource):
         return stream_writer(self.name(), self.options, schema)
 
 
+class DeltaDataSource(DataSource):
+    """``format("exactly.delta")``: exactly-once appends to a Delta Lake table (options:
+    :mod:`exactly.connectors.delta.sink`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "exactly.delta"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        return stream_writer(self.name(), self.options, schema)
+
+
 DATA_SOURCES = (FilesDataSource, DatagenDataSource, PostgresDataSource, WalDataSource,
-                UpsertDataSource, KafkaDataSource)
+                UpsertDataSource, KafkaDataSource, DeltaDataSource)
 
 
 def register(spark: SparkSession) -> None:
@@ -290,6 +304,18 @@ def _kafka_sink(options: Mapping[str, str], settings: SinkSettings,
     return KafkaSink(kafka, settings)
 
 
+def _delta_sink(options: Mapping[str, str], settings: SinkSettings,
+                schema: StructType | None) -> TwoPhaseCommitSink:
+    from exactly.connectors.delta.sink import DeltaSink
+
+    prefix = opt.STORAGE_PREFIX
+    storage = {key[len(prefix):]: value for key, value in options.items()
+               if key.lower().startswith(prefix)}
+    return DeltaSink(options.get(opt.PATH, ""), settings.require_log_dir("exactly.delta"),
+                     storage_options=storage,
+                     compression=options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
+
+
 #: format -> how its sink is built from options (no connection to the target)
 SINK_BUILDERS: dict[str, SinkBuilder] = {
     "exactly.files": _files_sink,
@@ -297,6 +323,7 @@ SINK_BUILDERS: dict[str, SinkBuilder] = {
     "exactly.wal": _wal_sink,
     "exactly.upsert": _upsert_sink,
     "exactly.kafka": _kafka_sink,
+    "exactly.delta": _delta_sink,
 }
 
 #: sinks that change a key's row in place, as output mode ``update`` needs; for

@@ -1,4 +1,5 @@
-"""pytest fixtures for throw-away servers: a PostgreSQL server and a Kafka broker.
+"""pytest fixtures for throw-away servers: a PostgreSQL server, a Kafka broker and an
+S3-compatible server.
 
 Register the plugin in a root ``conftest.py``::
 
@@ -7,8 +8,8 @@ Register the plugin in a root ``conftest.py``::
 Servers start on first use, once per test session, on 127.0.0.1 with ports and
 directories of their own, and are removed at the end. A missing server binary is a
 failure, not a skip: a test that silently skips proves nothing. ``scripts/setup.sh``
-installs PostgreSQL (Debian's ``postgresql`` package) and the Kafka jars
-(``scripts/install-kafka.sh``).
+installs PostgreSQL (Debian's ``postgresql`` package), the Kafka jars
+(``scripts/install-kafka.sh``) and the S3Proxy jars (``scripts/install-s3proxy.sh``).
 
 Fixtures
 --------
@@ -22,6 +23,9 @@ Fixtures
                 (``transaction.max.timeout.ms`` = 300000); a test that restarts it leaves it
                 running
 ``topic``       a fresh 2-partition topic on ``broker``
+``s3_server``   session: a started :class:`~exactly.testing.s3_server.S3Server` (S3Proxy);
+                a test that restarts it leaves it running; tests share it, so each uses
+                buckets of its own
 """
 
 from __future__ import annotations
@@ -105,3 +109,20 @@ def topic(broker: Any) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     broker.create_topic(name, 2)
     return name
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One S3-compatible server (S3Proxy) for the session; fails naming the installer when
+    its jars are missing."""
+    from exactly.testing.s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("s3-server"))
+    try:
+        server.start()
+    except ConfigError as exc:
+        server.close()
+        pytest.fail(f"{exc}", pytrace=False)
+    yield server
+    server.close()

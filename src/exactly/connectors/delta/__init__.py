@@ -1,0 +1,1 @@
+"""Delta Lake: the exactly-once ``exactly.delta`` sink (:mod:`exactly.connectors.delta.sink`)."""

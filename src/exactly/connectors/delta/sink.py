@@ -1,0 +1,387 @@
+"""Exactly-once Delta Lake sink: one Delta commit per epoch, recognised by the table itself.
+
+Guarantee: in ``exactly_once`` mode every row of an epoch is in the table exactly once, and
+every Delta reader (deltalake, DuckDB, Spark's Delta reader, ...) sees whole epochs only:
+an epoch is one Delta commit. The commit carries an application transaction (Delta's
+``txn`` action) with app id ``exactly-<query id>`` and version = the epoch, so a replayed
+epoch is recognised by the table, whatever happened to exactly's own commit log. In
+``at_least_once`` mode each task commits its file at once (a replay adds it again).
+
+Works on a local directory and on object storage (``s3://bucket/prefix`` and S3-compatible
+stores): nothing is renamed. Delta's own commit (``_delta_log/N.json``) is created only if
+absent, which ``deltalake`` does with the store's conditional put; on S3-compatible stores
+give it storage option ``conditional_put=etag`` when the store needs it (see
+docs/delta.md).
+
+Protocol (DESIGN section 3):
+
+* task (executor): on the first row, a *pending marker*
+  ``_exactly/pending/<query>/<epoch>/<attempt>.json`` names the data file; then the rows go
+  to the data file, written straight to its final place in the table directory
+  (``part-<epoch>-<attempt>-<query>.<codec>.parquet``). A Delta reader ignores a file the log
+  does not name. Pre-commit = the file closed (and fsynced on a local disk); the handle
+  carries its size and statistics.
+* commit (driver): ``commit_handle`` checks the file is there; ``publish_epoch`` commits all
+  files of the epoch in one Delta transaction with the ``txn`` action, unless the table's
+  ``txn`` version for the query already reached the epoch; then the markers are deleted.
+* abort: delete the data file, then the marker. Recovery lists pre-commits by marker.
+
+A data file whose task died before its marker was written cannot happen (marker first); a
+file whose marker was lost is invisible to readers and removed by Delta's ``VACUUM``.
+
+Options: ``path`` (the table), ``storage.<KEY>`` (storage options for ``deltalake`` and the
+data files, e.g. ``storage.AWS_ENDPOINT_URL``; ``AWS_*`` environment variables are used
+for keys not given), ``compression`` (Parquet codec, default snappy). The table is created
+on the first epoch with the stream's schema, or must have the stream's columns and types.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from exactly.connectors.delta.stats import file_stats
+from exactly.errors import ConfigError, CorruptFileError, DataLossError, ExactlyError
+from exactly.fsutil import atomic_write_bytes, fsync_file
+from exactly.logs import log_event
+from exactly.objectstore import Location
+from exactly.protocol.contract import (
+    CommitOutcome,
+    Handle,
+    Payload,
+    TaskInfo,
+    TwoPhaseCommitSink,
+)
+
+logger = logging.getLogger("exactly.delta")
+
+PENDING = "_exactly/pending"
+#: how often ``deltalake`` retries a commit that lost a race with another writer
+COMMIT_RETRIES = 15
+
+
+def app_id(query_id: str) -> str:
+    """The Delta application id under which a query's epochs are recorded in the table."""
+    return f"exactly-{query_id}"
+
+
+@dataclass(frozen=True)
+class DeltaPayload(Payload):
+    """A pre-committed data file: its path relative to the table and its add-action facts
+    (``file`` is ``None`` when the attempt wrote no rows)."""
+
+    file: str | None = None
+    size: int = 0
+    modified_ms: int = 0
+    stats: str = ""
+
+
+@dataclass
+class DeltaTxn:
+    """One task attempt writing one Parquet file into the table directory."""
+
+    task: TaskInfo
+    file: str
+    stream: Any = None
+    writer: pq.ParquetWriter | None = None
+    rows: int = 0
+    schema: pa.Schema | None = None
+
+
+class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
+    """Exactly-once appends to a Delta Lake table: one Delta commit per epoch."""
+
+    name = "delta"
+    payload_type = DeltaPayload
+
+    def __init__(self, table: str, log_dir: Path, *,
+                 storage_options: Mapping[str, str] | None = None,
+                 compression: str = "snappy") -> None:
+        if not table:
+            raise ConfigError("exactly.delta sink: set the table with .option('path', URI) "
+                              "or .start(URI) (a local directory or s3://bucket/prefix)")
+        self.location = Location.parse(table, storage_options)
+        self._log_dir = log_dir
+        self.compression = compression
+        self._table: Any = None  # the driver's DeltaTable, kept across epochs
+        #: (query, epoch, the table's txn version read for it): one read per epoch
+        self._checked: tuple[str, int, int | None] = ("", -1, None)
+
+    def __getstate__(self) -> dict[str, Any]:  # executors get no DeltaTable
+        return {**self.__dict__, "_table": None}
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.location!r}, compression={self.compression!r})"
+
+    # -- locations -------------------------------------------------------------------
+    @property
+    def log_directory(self) -> Path:
+        return self._log_dir
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    def _fs(self) -> tuple[pafs.FileSystem, str]:
+        return self.location.filesystem()
+
+    @staticmethod
+    def _marker_name(task: TaskInfo) -> str:
+        return f"{PENDING}/{task.query_id}/{task.epoch:012d}/{task.attempt_key}.json"
+
+    def _data_name(self, task: TaskInfo) -> str:
+        codec = "" if self.compression == "none" else f".{self.compression}"
+        return f"part-{task.epoch:012d}-{task.attempt_key}-{task.query_id}{codec}.parquet"
+
+    # -- the table -------------------------------------------------------------------
+    def _delta(self, *, fresh: bool = True):
+        from deltalake import DeltaTable
+
+        if self._table is None:
+            self._table = DeltaTable(self.uri, storage_options=self.location.resolved_options())
+        elif fresh:
+            self._table.update_incremental()
+        return self._table
+
+    def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
+        """Create the table with ``schema`` if it does not exist; otherwise require the
+        stream's columns and types (ConfigError naming the differences)."""
+        from deltalake import DeltaTable, Schema
+        from deltalake.exceptions import DeltaError
+
+        wanted = _columns(Schema.from_arrow(schema))
+        options = self.location.resolved_options()
+        try:
+            if not DeltaTable.is_deltatable(self.uri, storage_options=options):
+                DeltaTable.create(self.uri, schema=schema, mode="ignore",
+                                  storage_options=options)
+            table = self._delta()
+        except (DeltaError, OSError) as exc:
+            raise ConfigError(f"exactly.delta sink: cannot open or create the Delta table at "
+                              f"{self.uri} ({exc}); check the path and the storage options "
+                              "(endpoint, credentials, bucket)") from None
+        have = _columns(table.schema())
+        if have != wanted:
+            raise ConfigError(
+                f"exactly.delta sink: the table at {self.uri} has columns {_show(have)}, the "
+                f"stream writes {_show(wanted)}; select the table's columns and types in the "
+                "query, or write to a new table")
+
+    # -- executor side -----------------------------------------------------------------
+    def begin_transaction(self, task: TaskInfo) -> DeltaTxn:
+        return DeltaTxn(task, self._data_name(task))
+
+    def write(self, txn: DeltaTxn, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if txn.writer is None:
+            fs, base = self._fs()
+            _put(fs, f"{base}/{self._marker_name(txn.task)}", json.dumps({
+                "query_id": txn.task.query_id, "run_id": txn.task.run_id,
+                "epoch": txn.task.epoch, "partition": txn.task.partition,
+                "attempt": txn.task.attempt, "file": txn.file}).encode())
+            txn.stream = fs.open_output_stream(f"{base}/{txn.file}")
+            txn.schema = batch.schema
+            txn.writer = pq.ParquetWriter(txn.stream, batch.schema, compression=self.compression)
+        txn.writer.write_batch(batch)
+        txn.rows += batch.num_rows
+
+    def pre_commit(self, txn: DeltaTxn) -> DeltaPayload:
+        if txn.writer is None:
+            return DeltaPayload(0)
+        txn.writer.close()
+        metadata = txn.writer.writer.metadata  # the footer, known once closed
+        txn.writer = None
+        txn.stream.close()  # on S3: the upload completes here, atomically
+        txn.stream = None
+        fs, base = self._fs()
+        path = f"{base}/{txn.file}"
+        if self.location.is_local:
+            fsync_file(path)
+        info = fs.get_file_info(path)
+        modified = info.mtime_ns // 1_000_000 if info.mtime_ns else int(time.time() * 1000)
+        assert txn.schema is not None
+        return DeltaPayload(txn.rows, txn.file, int(info.size or 0), modified,
+                            file_stats(metadata, txn.schema))
+
+    def abort_transaction(self, txn: DeltaTxn) -> None:
+        try:
+            if txn.writer is not None:
+                txn.writer.close()
+            if txn.stream is not None:
+                txn.stream.close()
+        finally:
+            txn.writer = txn.stream = None
+            if txn.rows or txn.schema is not None:
+                self._discard(txn.task, txn.file)
+
+    def commit_visible(self, handle: Handle) -> None:
+        """at_least_once: commit the task's file at once, in a Delta commit of its own
+        without an application transaction (a replay adds it a second time)."""
+        if handle.payload.file:
+            table = self._delta()
+            table.create_write_transaction(
+                [_add(handle)], "append", table.schema(),
+                commit_properties=_commit_properties(None, handle.epoch, handle.query_id))
+        self._delete_marker(handle.task)
+
+    # -- driver side -------------------------------------------------------------------
+    def committed_epoch(self, query_id: str) -> int | None:
+        """The last epoch of ``query_id`` the table holds (its ``txn`` version), or None."""
+        return self._delta().transaction_version(app_id(query_id))
+
+    def commit_handle(self, handle: Handle) -> CommitOutcome:
+        """Nothing moves (the file is in its final place): recognise an epoch the table
+        already holds, else check that the file is still there."""
+        if self._checked[:2] != (handle.query_id, handle.epoch):  # once per epoch
+            self._checked = (handle.query_id, handle.epoch,
+                             self.committed_epoch(handle.query_id))
+        done = self._checked[2]
+        if done is not None and done >= handle.epoch:
+            return CommitOutcome.ALREADY_COMMITTED
+        if not handle.payload.file:
+            return CommitOutcome.COMMITTED
+        fs, base = self._fs()
+        if fs.get_file_info(f"{base}/{handle.payload.file}").type != pafs.FileType.NotFound:
+            return CommitOutcome.COMMITTED
+        done = self.committed_epoch(handle.query_id)  # the cached version may be stale
+        if done is not None and done >= handle.epoch:
+            return CommitOutcome.ALREADY_COMMITTED
+        raise DataLossError(
+            f"epoch {handle.epoch} partition {handle.partition}: the data file "
+            f"{self.location.child(handle.payload.file)} named by the commit intent is gone and "
+            "was never committed to the table; something outside exactly removed it (a VACUUM "
+            "with a retention shorter than the time a crashed query stayed down?)")
+
+    def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
+        if not handles:
+            return
+        query_id = handles[0].query_id
+        table = self._delta()
+        done = table.transaction_version(app_id(query_id))
+        adds = [_add(h) for h in handles if h.payload.file]
+        if adds and (done is None or done < epoch):
+            table.create_write_transaction(
+                adds, "append", table.schema(),
+                commit_properties=_commit_properties(app_id(query_id), epoch, query_id))
+            log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
+                      rows=sum(h.rows for h in handles), table_version=table.version())
+        for handle in handles:
+            self._delete_marker(handle.task)
+
+    def abort(self, handle: Handle) -> None:
+        if handle.payload.file:
+            self._discard(handle.task, handle.payload.file)
+        else:
+            self._delete_marker(handle.task)
+
+    def list_pre_commits(self, query_id: str) -> list[Handle]:
+        fs, base = self._fs()
+        selector = pafs.FileSelector(f"{base}/{PENDING}/{query_id}", recursive=True,
+                                     allow_not_found=True)
+        found: list[Handle] = []
+        for info in fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+                continue
+            record = _read_marker(fs, info.path, self.location.child(
+                info.path[len(base) + 1:]))
+            if record is None:
+                continue
+            task = TaskInfo(record["query_id"], record["run_id"], int(record["epoch"]),
+                            int(record["partition"]), int(record["attempt"]))
+            found.append(Handle(task, DeltaPayload(0, record["file"])))
+        return sorted(found, key=lambda h: h.key)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _discard(self, task: TaskInfo, file: str) -> None:
+        fs, base = self._fs()
+        _delete(fs, f"{base}/{file}")
+        self._delete_marker(task)
+
+    def _delete_marker(self, task: TaskInfo) -> None:
+        fs, base = self._fs()
+        marker = f"{base}/{self._marker_name(task)}"
+        _delete(fs, marker)
+        if self.location.is_local:  # object stores have no directories to leave behind
+            epoch_dir = Path(marker).parent
+            for directory in (epoch_dir, epoch_dir.parent):
+                with contextlib.suppress(OSError):  # not empty: other attempts remain
+                    directory.rmdir()
+
+
+def _columns(schema) -> list[tuple[str, str]]:
+    """``(name, Delta type)`` of a Delta schema's top-level fields, types as compact JSON."""
+    return [(f["name"], json.dumps(f["type"], sort_keys=True, separators=(",", ":")))
+            for f in json.loads(schema.to_json())["fields"]]
+
+
+def _show(columns: list[tuple[str, str]]) -> str:
+    return "(" + ", ".join(f"{name} {kind.strip(chr(34))}" for name, kind in columns) + ")"
+
+
+def _add(handle: Handle):
+    from deltalake.transaction import AddAction
+
+    payload: DeltaPayload = handle.payload
+    assert payload.file is not None
+    return AddAction(payload.file, payload.size, {}, payload.modified_ms, True,
+                     payload.stats or json.dumps({"numRecords": payload.rows}))
+
+
+def _commit_properties(app: str | None, epoch: int, query_id: str):
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        app_transactions=[Transaction(app, epoch, int(time.time() * 1000))] if app else None,
+        custom_metadata={"exactly.queryId": query_id, "exactly.epoch": str(epoch)},
+        max_commit_retries=COMMIT_RETRIES)
+
+
+def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write a small object whole: a local file atomically (temp file, fsync, rename); an
+    object-store PUT is atomic by itself."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        atomic_write_bytes(path, data)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _delete(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if fs.get_file_info(path).type != pafs.FileType.NotFound:
+            raise ExactlyError(f"cannot delete {path}: {exc}") from exc
+
+
+def _read_marker(fs: pafs.FileSystem, path: str, shown: str) -> dict[str, Any] | None:
+    repair = ("delete it and the data file it names, if any, once no driver of this query "
+              "runs: it marks an uncommitted task attempt")
+    try:
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None  # removed since the listing (a concurrent abort)
+    try:
+        record = json.loads(data)
+        missing = [k for k in ("query_id", "run_id", "epoch", "partition", "attempt", "file")
+                   if k not in record]
+    except (ValueError, TypeError) as exc:
+        raise CorruptFileError(shown, f"is not a pending-attempt record ({exc!r})",
+                               repair) from None
+    if missing:
+        raise CorruptFileError(shown, f"lacks the field(s) {', '.join(missing)}", repair)
+    return record
