@@ -126,7 +126,8 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
               help="Output directory of the 2PC file sink; with --sink delta the table "
                    "(a directory or an s3:// URI).")
 @click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False),
-              help="Checkpoint directory (Spark's offset and commit logs).")
+              help="Checkpoint directory (Spark's offset and commit logs), or s3a://bucket/"
+                   "prefix (S3 settings: AWS_* environment variables).")
 @click.option("--mode", default="exactly_once", show_default=True,
               type=click.Choice(["exactly_once", "at_least_once"]))
 @click.option("--format", "output_format", default="parquet", show_default=True,
@@ -153,7 +154,8 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     spec = PipelineSpec(input_dir, output_dir, checkpoint_dir, mode, output_format,
                         max_files_per_epoch, dead_letter_dir, sink)
-    spark = spark_session(app_name="exactly-pipeline")
+    spark = spark_session(app_name="exactly-pipeline",
+                          s3a=checkpoint_dir.startswith("s3a://"))
     try:
         run(spark, spec)
     finally:

@@ -72,6 +72,32 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_dir(target.parent)
 
 
+def create_exclusive_bytes(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if it does not exist; False if it does.
+
+    Atomic and durable like :func:`atomic_write_bytes` (temp file, fsync), but the temp file
+    is hard-linked to the target, which fails when the target exists: of two writers racing
+    for one name, exactly one wins and readers see its whole file.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            return False
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    fsync_dir(target.parent)
+    return True
+
+
 def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
     atomic_write_bytes(path, json.dumps(value, sort_keys=True, indent=1).encode())
 
@@ -90,10 +116,16 @@ def read_json(path: str | os.PathLike[str], repair: str | None = None) -> Any | 
             data = f.read()
     except FileNotFoundError:
         return None
+    return parse_json(data, str(path), repair)
+
+
+def parse_json(data: bytes, where: str, repair: str | None = None) -> Any:
+    """``data`` (the file ``where``) as JSON; CorruptFileError naming ``where``, what is wrong
+    and ``repair`` when it is not."""
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorruptFileError(str(path), f"is not valid JSON ({_describe(data, exc)})",
+        raise CorruptFileError(where, f"is not valid JSON ({_describe(data, exc)})",
                                repair or GENERIC_REPAIR) from None
 
 

@@ -34,6 +34,17 @@ from exactly.errors import ExactlyError
 
 #: environment variable carrying the token of a job run under the crash harness
 JOB_TOKEN_ENV = "EXACTLY_JOB_TOKEN"
+#: names this host in leases instead of its host name (containers that share a host name,
+#: tests that play two hosts on one machine)
+HOST_ID_ENV = "EXACTLY_HOST_ID"
+
+
+def host_identity() -> str:
+    """The name of this host in leases: ``$EXACTLY_HOST_ID`` if set, else the host name.
+
+    Two hosts must never share one: a lease holder whose host matches is checked by pid,
+    exactly, and a holder elsewhere only by the age of its lease."""
+    return os.environ.get(HOST_ID_ENV) or socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class ProcessId:
 
     def is_alive(self) -> bool | None:
         """True/False on this host; ``None`` when the process lives on another host."""
-        if self.host != socket.gethostname():
+        if self.host != host_identity():
             return None
         stat = _stat(self.pid)
         return stat is not None and stat[2] == self.start_ticks
@@ -109,7 +120,7 @@ def current_process() -> ProcessId:
 def process_id(pid: int) -> ProcessId:
     """Identity of process ``pid`` on this host (start time 0 if it is already gone)."""
     stat = _stat(pid)
-    return ProcessId(socket.gethostname(), pid, stat[2] if stat else 0)
+    return ProcessId(host_identity(), pid, stat[2] if stat else 0)
 
 
 def driver_identity() -> ProcessId:
@@ -117,7 +128,7 @@ def driver_identity() -> ProcessId:
     from the Python driver itself (e.g. inside ``foreachBatch``)."""
     pid = jvm_ancestor() or _own_gateway_jvm() or os.getpid()
     stat = _stat(pid)
-    return ProcessId(socket.gethostname(), pid, stat[2] if stat else 0)
+    return ProcessId(host_identity(), pid, stat[2] if stat else 0)
 
 
 def driver_processes() -> list[int]:

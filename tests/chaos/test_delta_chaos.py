@@ -1,5 +1,6 @@
 """Kill -9 at every protocol point, restart, audit: the Delta Lake sink is exactly-once, on a
-local directory and on an S3-compatible object store (s3proxy), and no reader ever sees part
+local directory and with everything on an S3-compatible object store (S3Proxy: the table,
+Spark's checkpoint on s3a://, exactly's commit log and lease), and no reader ever sees part
 of an epoch.
 
 Each test runs the demo pipeline (``exactly pipeline --sink delta``) as its own driver
@@ -67,29 +68,30 @@ def whole_epochs(ids: list[int]) -> bool:
 
 
 @pytest.fixture(params=["local", "s3"])
-def table(request, tmp_path) -> tuple[str, dict[str, str], dict[str, str]]:
-    """``(table URI, storage options for readers, environment for the job)``."""
+def where(request, tmp_path) -> tuple[str, str, dict[str, str], dict[str, str]]:
+    """``(table URI, checkpoint, storage options for readers, environment for the job)``:
+    all local, or all on S3 (the commit log follows the checkpoint)."""
     if request.param == "local":
-        return str(tmp_path / "table"), {}, {}
+        return str(tmp_path / "table"), str(tmp_path / "ck"), {}, {}
     request.applymarker(pytest.mark.server)
     s3 = request.getfixturevalue("s3_server")
-    bucket = f"chaos-{tmp_path.name[-20:].lower().replace('_', '-')}".rstrip("-")
+    bucket = f"chaos-{tmp_path.name[-20:].lower().replace('_', '-')}".strip("-")
     s3.create_bucket(bucket)
-    return f"s3://{bucket}/events", s3.storage_options(), s3.env()
+    return f"s3://{bucket}/events", f"s3a://{bucket}/ck", s3.storage_options(), s3.env()
 
 
 def test_delta_sink_killed_at_every_protocol_point_commits_every_event_exactly_once(
-        tmp_path, table):
+        tmp_path, where):
     """One run, restarted after each kill -9 (one crash per protocol point). After every
     crash the table holds whole epochs, the crashed epoch only when the kill came after its
     Delta commit; a polling reader and every version of the table hold whole epochs only;
     at the end every event is there exactly once, and no data file or pending marker of an
     aborted attempt is left."""
-    uri, options, env = table
+    uri, checkpoint, options, env = where
     events = tmp_path / "input"
     write_events(events, 4 * EPOCH_ROWS, 8, seed=5)
     command = python_command("pipeline", "--sink", "delta", "--input", str(events),
-                             "--output", uri, "--checkpoint", str(tmp_path / "ck"),
+                             "--output", uri, "--checkpoint", checkpoint,
                              "--max-files-per-epoch", "2")
     after_crash: list[tuple[str, int, int]] = []
 

@@ -260,7 +260,8 @@ class DeltaCase(SinkCase):
 
 
 class DeltaS3Case(DeltaCase):
-    """The Delta sink on an S3-compatible object store (s3proxy): nothing renamed."""
+    """The Delta sink with everything on an S3-compatible object store (S3Proxy): the table,
+    and the commit log and lease under ``s3://<bucket>/log``. Nothing is renamed."""
 
     name = "delta_s3"
     server = True
@@ -268,8 +269,22 @@ class DeltaS3Case(DeltaCase):
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         super().__init__(request, tmp_path)
         self.s3: Any = request.getfixturevalue("s3_server")
-        self.bucket = f"contract-{tmp_path.name.lower().replace('_', '-')[-40:]}".rstrip("-")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for key, value in self.s3.env().items():  # the commit log's boto3 client
+            monkeypatch.setenv(key, value)
+        self.bucket = f"contract-{tmp_path.name.lower().replace('_', '-')[-40:]}".strip("-")
         self.s3.create_bucket(self.bucket)
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode, log_dir=f"s3://{self.bucket}/log")
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.delta.sink import DeltaSink
+
+        sink = DeltaSink(self.table_uri(), settings.require_log_location("delta"),
+                         storage_options=self.storage_options())
+        sink.prepare_target(ID_KEY)
+        return sink
 
     def table_uri(self) -> str:
         return f"s3://{self.bucket}/table"

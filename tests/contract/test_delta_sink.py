@@ -60,6 +60,23 @@ def test_an_epoch_the_table_already_holds_is_not_committed_again_even_without_th
         == [1, 2, 3]
 
 
+def test_two_writers_racing_for_one_epoch_the_table_takes_one_and_fences_the_other(tmp_path):
+    """Both drivers read the table before either commits epoch 0 (their lease checks and
+    intents passed, as in a partition): Delta's conflict check on the application
+    transaction refuses the second commit, so the epoch is in the table once."""
+    from exactly.errors import FencedError
+
+    first = ProtocolHarness(new_sink(tmp_path, "log-a"), query_id="q-1")
+    second = ProtocolHarness(new_sink(tmp_path, "log-b"), query_id="q-1")
+    stale = second.sink._delta()  # second's view of the table, before first commits
+    second.sink._delta = lambda fresh=True: stale  # it does not see first's commit
+    first.run_epoch(0, [rows([1, 2])])
+    with pytest.raises(FencedError, match=r"committed to .* by another writer"):
+        second.run_epoch(0, [rows([1, 2])])
+    table = DeltaTable(str(tmp_path / "table"))
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2]
+
+
 def test_files_carry_record_counts_and_exact_bounds_only(tmp_path):
     h = ProtocolHarness(new_sink(tmp_path))
     h.run_epoch(0, [rows([7, 3, 9])])

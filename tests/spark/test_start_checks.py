@@ -171,3 +171,11 @@ def test_spark_session_starts_with_the_masters_cores_as_shuffle_partitions(tmp_p
     assert seen[0] == {"master": "local[3]", "shuffle": "3", "adaptive": "false", "ui": None,
                        "partitions": 3}
     assert seen[1]["shuffle"] == "5" and seen[1]["partitions"] == 5
+
+
+def test_an_s3a_checkpoint_on_a_session_without_s3a_is_refused_naming_the_setting(spark,
+                                                                                   tmp_path):
+    with pytest.raises(ConfigError, match=r"spark_session\(s3a=True\)"):
+        start_query(datagen(spark), sink_format="exactly.files", path=str(tmp_path / "out"),
+                    checkpoint=CheckpointConfig(storage="s3a://bucket/ck"))
+

@@ -43,3 +43,43 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(tmp_path):
     lease = Lease(tmp_path)
     lease.acquire("run-a", ProcessId(socket.gethostname(), 4_000_000, 1))
     assert lease.acquire("run-b", driver_identity()) is True
+
+
+def test_a_heartbeat_keeps_a_lease_on_another_host_alive_and_stops_once_it_is_lost(tmp_path):
+    """The holder's heartbeat renews the lease while its process runs, so a driver on
+    another host is refused for as long as that lasts; once another run holds the lease the
+    heartbeat stops renewing."""
+    import time as _time
+
+    holder = Lease(tmp_path, stale_after=2.0)
+    holder.acquire("run-a", ProcessId("host-a", 42, 7))
+    holder.keep("run-a")
+    _time.sleep(3.0)  # longer than stale_after: only the heartbeat keeps it fresh
+    with pytest.raises(FencedError, match="run-a holds it"):
+        Lease(tmp_path, stale_after=2.0).acquire("run-b", ProcessId("host-b", 43, 8))
+    tmp_path.joinpath("lease.json").unlink()  # an operator removes it: the next start takes it
+    assert Lease(tmp_path, stale_after=2.0).acquire("run-b", ProcessId("host-b", 43, 8))
+    _time.sleep(1.0)  # a heartbeat that found run-b's lease renewed nothing
+    assert holder.current().run_id == "run-b"
+    assert holder.renew("run-a") is False
+
+
+def test_an_intent_is_created_once_and_a_second_run_writing_it_is_fenced(tmp_path):
+    from exactly.protocol.commitlog import CommitLog
+
+    log = CommitLog(tmp_path)
+    log.write_intent(3, "run-b", [])
+    assert log.write_intent(3, "run-b", []).run_id == "run-b"  # its own: a retried call
+    with pytest.raises(FencedError, match="the intent of epoch 3 was written by run run-b"):
+        log.write_intent(3, "run-a", [])
+    assert log.read_intent(3).run_id == "run-b"
+
+
+def test_the_host_identity_can_be_named_so_two_drivers_on_one_machine_act_as_two_hosts(
+        monkeypatch):
+    from exactly.procs import HOST_ID_ENV, host_identity
+
+    monkeypatch.setenv(HOST_ID_ENV, "host-b")
+    assert host_identity() == "host-b"
+    assert driver_identity().host == "host-b"
+    assert ProcessId("host-a", os.getpid(), 1).is_alive() is None  # judged by lease age only

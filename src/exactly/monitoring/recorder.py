@@ -47,7 +47,7 @@ class Watched:
     run_id: str  # Spark's runId: new at every start of the same query
     checkpoint: Path
     store: HistoryStore
-    sink_log: Path | None
+    sink_log: Path | str | None
     backend: str | None
     sizes: CheckpointSizes
     last_epoch: int = -1
@@ -288,7 +288,7 @@ def epoch_in_flight(checkpoint: Path) -> int:
 
 
 def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any],
-          sink_log: Path | None, backend: str | None) -> None:
+          sink_log: Path | str | None, backend: str | None) -> None:
     """Record ``query``'s epochs into ``<checkpoint>/exactly-job/history``, starting with
     ``run_record``. Registers the listener on ``spark`` once."""
     recorder = _the_recorder()

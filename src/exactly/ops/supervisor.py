@@ -30,6 +30,7 @@ and to the structured log.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import shutil
@@ -468,8 +469,8 @@ class Supervisor:
         transactions, open Kafka transactions) -- so nothing is left on the target, even when
         the checkpoint is deleted and the query never starts again."""
         from exactly import options as opt
-        from exactly.fsutil import read_json
         from exactly.protocol.committer import Committer
+        from exactly.protocol.logstore import open_log_store
         from exactly.spark.formats import sink_for
         from exactly.spark.runner import with_sink_log_dir
 
@@ -483,7 +484,8 @@ class Supervisor:
         options[opt.MODE] = self.config.mode.value
         try:
             built = sink_for(job.sink_format, options)
-            owner = read_json(built.sink.log_directory / "query.json")
+            data = open_log_store(built.sink.log_directory).read("query.json")
+            owner = json.loads(data) if data else None
             if isinstance(owner, dict) and owner.get("query_id"):
                 Committer(built.sink, built.settings).recover(str(owner["query_id"]))
         except Exception as exc:  # the sink's next start recovers; say why not now

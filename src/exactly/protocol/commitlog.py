@@ -12,19 +12,25 @@ Intents and completions carry the epoch's ``input``: the source positions Spark 
 epoch is its number *and* its input: a later commit call for the same number is a replay
 only when its input is the same (DESIGN section 3, "Epoch identity").
 
-Every file is written atomically (temp file, fsync, rename, fsync of the directory).
+The log lives in a local (or shared POSIX) directory or under an ``s3://`` prefix
+(:mod:`exactly.protocol.logstore`). Every file is written whole (a directory: temp file,
+fsync, rename, fsync of the directory; S3: one PUT); ``query.json`` and each intent are
+created only if absent (a hard link of the temp file; ``If-None-Match: *``), so the first
+intent of an epoch decides it, even against a driver that resumes after a takeover.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exactly.errors import CorruptFileError, OwnershipError
-from exactly.fsutil import atomic_write_json, read_json, require_fields
+from exactly.errors import CorruptFileError, FencedError, OwnershipError
+from exactly.fsutil import parse_json, require_fields
 from exactly.protocol.contract import Handle, Payload
+from exactly.protocol.logstore import is_remote, open_log_store
 from exactly.protocol.repairs import completion_repair, intent_repair, query_repair
 
 
@@ -46,34 +52,56 @@ class Intent:
 
 
 class CommitLog:
-    """Durable record of commit intents and completed epochs of one query's sink."""
+    """Durable record of commit intents and completed epochs of one query's sink.
+
+    ``directory`` is a local (or shared POSIX) directory or an ``s3://`` prefix (see
+    :mod:`exactly.protocol.logstore` for what each offers)."""
 
     def __init__(self, directory: str | Path, payload_type: type[Payload] = Payload) -> None:
-        self.directory = Path(directory)
+        self.store = open_log_store(directory)
+        #: the log's location: a Path for a directory, the URI for a store
+        self.directory: Path | str = directory if is_remote(directory) else Path(directory)
         self.payload_type = payload_type
-        self.intents = self.directory / "intents"
-        self.complete = self.directory / "complete"
+        self.intents = self._local("intents")
+        self.complete = self._local("complete")
+
+    def _local(self, folder: str) -> Path:
+        return Path(self.store.describe(folder))
+
+    def _read_json(self, name: str, repair: str) -> Any | None:
+        data = self.store.read(name)
+        return None if data is None else parse_json(data, self.store.describe(name), repair)
+
+    @staticmethod
+    def _encode(value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, indent=1).encode()
 
     def claim_owner(self, query_id: str) -> None:
         """Bind the sink to ``query_id`` on first use; refuse any other query afterwards."""
-        path = self.directory / "query.json"
-        owner = read_json(path, repair=query_repair(self.directory))
+        repair = query_repair(self.directory)
+        owner = self._read_json("query.json", repair)
         if owner is not None:
-            require_fields(owner, path, ("query_id",), query_repair(self.directory))
+            require_fields(owner, self.store.describe("query.json"), ("query_id",), repair)
         if owner is None:
-            atomic_write_json(path, {"query_id": query_id, "created_at": time.time()})
-        elif owner["query_id"] != query_id:
+            record = {"query_id": query_id, "created_at": time.time()}
+            if self.store.create("query.json", self._encode(record)):
+                return
+            owner = self._read_json("query.json", repair) or {}  # another driver was first
+        if owner.get("query_id") != query_id:
+            where = (self.directory.parent if isinstance(self.directory, Path)
+                     else self.store.describe())
             raise OwnershipError(
-                f"{self.directory.parent} already holds the output of streaming query "
-                f"{owner['query_id']}; this query is {query_id}. A new checkpoint location "
+                f"{where} already holds the output of streaming query "
+                f"{owner.get('query_id')}; this query is {query_id}. A new checkpoint location "
                 "starts a new query: give it a new, empty output path, or restart the old "
                 "query from its own checkpoint."
             )
 
     def read_intent(self, epoch: int) -> Intent | None:
-        path = self.intent_path(epoch)
+        name = f"intents/{_name(epoch)}"
+        path = self.store.describe(name)
         repair = intent_repair(self.directory, epoch)
-        data = read_json(path, repair=repair)
+        data = self._read_json(name, repair)
         if data is None:
             return None
         require_fields(data, path, ("epoch", "run_id", "handles"), repair)
@@ -86,39 +114,51 @@ class CommitLog:
 
     def write_intent(self, epoch: int, run_id: str, handles: list[Handle],
                      input: dict[str, Any] | None = None) -> Intent:
-        atomic_write_json(self.intents / _name(epoch), {
-            "epoch": epoch, "run_id": run_id, "written_at": time.time(),
-            "handles": [h.to_json() for h in handles], "input": input})
+        """Record that ``epoch`` commits exactly ``handles`` -- only if no intent for it
+        exists: the first intent of an epoch decides it.
+
+        Raises FencedError when another run wrote the epoch's intent first (a driver that
+        took over while this one was paused or partitioned away)."""
+        record = {"epoch": epoch, "run_id": run_id, "written_at": time.time(),
+                  "handles": [h.to_json() for h in handles], "input": input}
+        if not self.store.create(f"intents/{_name(epoch)}", self._encode(record)):
+            other = self.read_intent(epoch)
+            if other is None or other.run_id != run_id:
+                raise FencedError(
+                    f"this instance (run {run_id}) is fenced off: the intent of epoch {epoch} "
+                    f"was written by run {other.run_id if other else '?'} first "
+                    f"({self.intent_path(epoch)}). Another instance of the same query took "
+                    "over; this instance committed nothing of the epoch.")
+            return other
         return Intent(epoch, run_id, tuple(handles), input)
 
     def intent_path(self, epoch: int) -> Path:
-        return self.intents / _name(epoch)
+        return Path(self.store.describe(f"intents/{_name(epoch)}"))
 
     def completion_path(self, epoch: int) -> Path:
-        return self.complete / _name(epoch)
+        return Path(self.store.describe(f"complete/{_name(epoch)}"))
 
     def is_complete(self, epoch: int) -> bool:
-        return (self.complete / _name(epoch)).exists()
+        return self.store.exists(f"complete/{_name(epoch)}")
 
     def mark_complete(self, epoch: int, stats: dict[str, Any]) -> None:
-        atomic_write_json(self.complete / _name(epoch), {"epoch": epoch, **stats})
+        self.store.write(f"complete/{_name(epoch)}", self._encode({"epoch": epoch, **stats}))
 
     def completion(self, epoch: int) -> dict[str, Any] | None:
-        return read_json(self.completion_path(epoch),
-                         repair=completion_repair(self.directory, epoch))
+        return self._read_json(f"complete/{_name(epoch)}",
+                               completion_repair(self.directory, epoch))
 
-    def _epochs(self, folder: Path) -> list[int]:
-        if not folder.is_dir():
-            return []
-        return sorted(int(p.name[:-5]) for p in folder.glob("*.json") if p.name[:-5].isdigit())
+    def _epochs(self, folder: str) -> list[int]:
+        return sorted(int(n[:-5]) for n in self.store.list(folder)
+                      if n.endswith(".json") and n[:-5].isdigit())
 
     def completed_epochs(self) -> list[int]:
-        return self._epochs(self.complete)
+        return self._epochs("complete")
 
     def incomplete_intents(self) -> list[Intent]:
         done = set(self.completed_epochs())
         intents = []
-        for epoch in self._epochs(self.intents):
+        for epoch in self._epochs("intents"):
             if epoch not in done:
                 intent = self.read_intent(epoch)
                 if intent is not None:
@@ -129,5 +169,5 @@ class CommitLog:
         """Forget all but the newest ``keep`` completed epochs (their intents too)."""
         done = self.completed_epochs()
         for epoch in done[:-keep] if keep > 0 else done:
-            (self.intents / _name(epoch)).unlink(missing_ok=True)
-            (self.complete / _name(epoch)).unlink(missing_ok=True)
+            self.store.delete(f"intents/{_name(epoch)}")
+            self.store.delete(f"complete/{_name(epoch)}")

@@ -75,6 +75,7 @@ class Committer:
             log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
                       detail=str(exc))
             raise
+        self.lease.keep(run_id)  # heartbeat while this driver process runs
         self.sink.open_run(query_id, run_id)
         if not new:
             return False

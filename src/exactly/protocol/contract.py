@@ -145,8 +145,9 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
 
     @property
     @abstractmethod
-    def log_directory(self) -> Path:
-        """Local directory holding this sink's commit log and lease."""
+    def log_directory(self) -> Path | str:
+        """Where this sink's commit log and lease live: a directory, or an ``s3://`` prefix
+        (:mod:`exactly.protocol.logstore`)."""
 
     # -- set-up (driver, before the first epoch) ---------------------------------------
     def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
@@ -235,11 +236,27 @@ class SinkSettings:
                    log_dir=options.get(opt.LOG_DIR),
                    checkpoint_location=options.get(opt.CHECKPOINT_LOCATION))
 
-    def require_log_dir(self, sink: str) -> Path:
-        """The commit-log directory for sinks that keep it beside the checkpoint."""
+    def require_log_location(self, sink: str) -> Path | str:
+        """The commit-log location for sinks that keep it beside the checkpoint and need no
+        shared staging files: a Path, or an ``s3://`` URI (:mod:`exactly.protocol.logstore`)."""
         if not self.log_dir:
             raise ConfigError(
-                f"{sink} sink: set option {opt.LOG_DIR} to a local directory for the sink's "
-                "commit log (exactly.spark.runner.start_query sets it under the checkpoint)"
+                f"{sink} sink: set option {opt.LOG_DIR} to a directory (or an s3:// prefix) "
+                "for the sink's commit log (exactly.spark.runner.start_query sets it under "
+                "the checkpoint)"
             )
+        if self.log_dir.startswith(("s3://", "s3a://")):
+            return self.log_dir
         return Path(self.log_dir.removeprefix("file://"))
+
+    def require_log_dir(self, sink: str) -> Path:
+        """The commit-log directory for sinks that also stage pre-commits there as files
+        the driver and the executors share: a local or shared POSIX directory."""
+        location = self.require_log_location(sink)
+        if isinstance(location, str):
+            raise ConfigError(
+                f"{sink} sink: {opt.LOG_DIR}={location} is on object storage, but this sink "
+                "stages its pre-commits there as files shared by the driver and the "
+                f"executors, which needs a POSIX directory: set {opt.LOG_DIR} to a local or "
+                "shared POSIX directory")
+        return location

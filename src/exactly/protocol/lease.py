@@ -1,27 +1,50 @@
 """Fencing: at most one live instance of a query may commit to a sink.
 
-The lease is a small JSON file beside the sink's commit log, changed only under an
-exclusive ``flock``. It names the run (Spark's ``runId``, new at every start) and the
+The lease is a small JSON file beside the sink's commit log (a directory or an ``s3://``
+prefix), changed only by compare-and-swap (``flock`` on a directory, ``If-Match`` on S3).
+It names the run (Spark's ``runId``, new at every start) and the
 driver process that holds it. A run takes the lease on its first commit when the lease
-is free, held by a dead driver, or held by its own driver (a restart inside one Spark
-application). A run whose driver finds the lease held by another *live* driver gets
-:class:`~exactly.errors.FencedError` and never commits. Liveness of a holder on this
-host is exact (pid plus kernel start time); a holder on another host counts as alive
-until ``stale_after`` seconds pass without a commit renewing the lease.
+is free, held by a dead driver, expired, or held by its own driver (a restart inside one
+Spark application). A run whose driver finds the lease held by another *live* driver gets
+:class:`~exactly.errors.FencedError` and never commits.
+
+Liveness of a holder on this host is exact (pid plus kernel start time). A holder on
+another host (see :func:`exactly.procs.host_identity`) is alive while its lease is younger
+than ``stale_after`` seconds (option ``exactly.leaseStaleAfterSeconds``): the holder renews
+it at every commit, at its intent check (step 2b), and from a heartbeat thread
+(:class:`LeaseKeeper`, every ``stale_after / 4``) while its driver process runs. A driver
+that stops renewing -- killed, partitioned away, a paused VM -- loses the lease to the next
+driver ``stale_after`` seconds after its last renewal, and when it comes back it is fenced
+at its next commit or intent: it commits nothing after the takeover. Two guards close the
+remaining windows: a renewal or intent check finds another run's lease and fails, and
+each epoch's intent is created only if absent (:meth:`CommitLog.write_intent`), so a
+resumed zombie cannot replace the intent of the driver that took over. Hosts' clocks must
+agree to well within ``stale_after`` (NTP).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from exactly.errors import CorruptFileError, FencedError
-from exactly.fsutil import atomic_write_json, file_lock, read_json, require_fields
+from exactly.errors import CorruptFileError, ExactlyError, FencedError
+from exactly.fsutil import parse_json, require_fields
+from exactly.logs import log_event
 from exactly.procs import ProcessId
+from exactly.protocol.logstore import is_remote, open_log_store
+
+logger = logging.getLogger("exactly.lease")
 
 DEFAULT_STALE_AFTER_S = 600.0
+LEASE_FILE = "lease.json"
+T = TypeVar("T")
 
 #: the safe repair of a damaged lease.json
 LEASE_REPAIR = ("delete it once no driver of this query runs (the holder's pid, if still "
@@ -49,18 +72,27 @@ class LeaseState:
                 "renewed_at": self.renewed_at, "token": uuid.uuid4().hex}
 
 
+def _encode(state: LeaseState) -> bytes:
+    return json.dumps(state.to_json(), sort_keys=True, indent=1).encode()
+
+
 class Lease:
-    """The lease file of one sink commit log directory."""
+    """The lease file of one sink commit log (a directory or an ``s3://`` prefix).
+
+    Every change is a compare-and-swap of ``lease.json`` (:meth:`LogStore.swap`: ``flock``
+    on a directory, ``If-Match`` on S3), retried when another writer changed it meanwhile,
+    so two drivers deciding at once never both hold it."""
 
     def __init__(self, directory: str | Path, *, stale_after: float = DEFAULT_STALE_AFTER_S,
                  clock=time.time) -> None:
-        self.directory = Path(directory)
+        self.store = open_log_store(directory)
+        self.directory: Path | str = directory if is_remote(directory) else Path(directory)
         self.stale_after = stale_after
         self._clock = clock
 
     @property
     def path(self) -> Path:
-        return self.directory / "lease.json"
+        return Path(self.store.describe(LEASE_FILE))
 
     def current(self) -> LeaseState | None:
         """The lease as written, or ``None`` when nobody holds it.
@@ -70,16 +102,34 @@ class Lease:
         CorruptFileError
             When ``lease.json`` is damaged (names it and the repair: delete it).
         """
-        data = read_json(self.path, repair=LEASE_REPAIR)
-        if data is None:
-            return None
-        require_fields(data, self.path, ("run_id", "generation", "holder", "acquired_at",
-                                         "renewed_at"), LEASE_REPAIR)
+        found = self.store.read_versioned(LEASE_FILE)
+        return None if found is None else self._parse(found[0])
+
+    def _parse(self, data: bytes) -> LeaseState:
+        where = self.store.describe(LEASE_FILE)
+        value = parse_json(data, where, LEASE_REPAIR)
+        require_fields(value, where, ("run_id", "generation", "holder", "acquired_at",
+                                      "renewed_at"), LEASE_REPAIR)
         try:
-            return LeaseState.from_json(data)
+            return LeaseState.from_json(value)
         except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptFileError(str(self.path), f"has a malformed field ({exc!r})",
+            raise CorruptFileError(where, f"has a malformed field ({exc!r})",
                                    LEASE_REPAIR) from None
+
+    def _change(self, decide: Callable[[LeaseState | None, float], tuple[T, LeaseState | None]],
+                ) -> T:
+        """Read the lease, ``decide`` (the result and the new state, None: leave it), and
+        swap the new state in unless someone changed the lease since; then decide again."""
+        for _ in range(50):
+            found = self.store.read_versioned(LEASE_FILE)
+            cur = None if found is None else self._parse(found[0])
+            result, new = decide(cur, self._clock())
+            if new is None or self.store.swap(LEASE_FILE, _encode(new),
+                                              None if found is None else found[1]):
+                return result
+        raise ExactlyError(f"{self.path}: the lease kept changing under 50 attempts to update "
+                           "it; several drivers of one query are starting at once: stop all "
+                           "but one")
 
     def acquire(self, run_id: str, me: ProcessId) -> bool:
         """Take or renew the lease for ``run_id``; True when this call took it (a new run).
@@ -89,35 +139,50 @@ class Lease:
         FencedError
             When another live driver holds the lease for a different run.
         """
-        with file_lock(self.directory / "lease.lock"):
-            now = self._clock()
-            cur = self.current()
+        def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
             if cur is not None and cur.run_id == run_id:
-                if now - cur.renewed_at > self.stale_after / 10:
-                    self._write(LeaseState(run_id, cur.generation, cur.holder, cur.acquired_at,
-                                           now))
-                return False
+                return False, self._renewed(cur, now)
             if cur is not None and cur.holder != me and self._alive(cur, now):
                 raise self._fenced(run_id, cur)
             generation = cur.generation + 1 if cur else 1
-            self._write(LeaseState(run_id, generation, me, now, now))
-            return True
+            return True, LeaseState(run_id, generation, me, now, now)
+
+        return self._change(decide)
 
     def refuse_if_held(self, me: ProcessId) -> None:
         """Before a start: raise FencedError when another live driver holds the lease, so a
         second instance fails on fencing first, not on what its (older) checkpoint lacks."""
-        with file_lock(self.directory / "lease.lock"):
-            cur = self.current()
-            if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
-                raise self._fenced("not started yet", cur)
+        cur = self.current()
+        if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
+            raise self._fenced("not started yet", cur)
 
     def verify(self, run_id: str) -> int:
-        """Check that ``run_id`` still holds the lease (step 2b); returns the generation."""
-        with file_lock(self.directory / "lease.lock"):
-            cur = self.current()
+        """Check that ``run_id`` still holds the lease (step 2b), renewing it when it is
+        older than ``stale_after / 10``; returns the generation. Raises FencedError when
+        another run holds it or nobody does."""
+        def decide(cur: LeaseState | None, now: float) -> tuple[int, LeaseState | None]:
             if cur is None or cur.run_id != run_id:
                 raise self._fenced(run_id, cur)
-            return cur.generation
+            return cur.generation, self._renewed(cur, now)
+
+        return self._change(decide)
+
+    def renew(self, run_id: str) -> bool:
+        """Heartbeat: renew the lease if ``run_id`` still holds it; False when it does not
+        (another run took it over, or the file was removed)."""
+        def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
+            if cur is None or cur.run_id != run_id:
+                return False, None  # never recreate a removed lease (or its directory)
+            return True, LeaseState(run_id, cur.generation, cur.holder, cur.acquired_at, now)
+
+        return self._change(decide)
+
+    def _renewed(self, cur: LeaseState, now: float) -> LeaseState | None:
+        """``cur`` renewed at ``now`` when it is older than ``stale_after / 10`` (rarely a
+        write), else None."""
+        if now - cur.renewed_at > self.stale_after / 10:
+            return LeaseState(cur.run_id, cur.generation, cur.holder, cur.acquired_at, now)
+        return None
 
     def _alive(self, state: LeaseState, now: float) -> bool:
         alive = state.holder.is_alive()
@@ -125,8 +190,15 @@ class Lease:
             return now - state.renewed_at < self.stale_after
         return alive
 
-    def _write(self, state: LeaseState) -> None:
-        atomic_write_json(self.path, state.to_json())
+    def keep(self, run_id: str) -> None:
+        """Renew the lease of ``run_id`` from a heartbeat thread of this process until the
+        run loses it or the process ends (one thread per lease and run)."""
+        key = (str(self.path), run_id)
+        with _KEEPERS_LOCK:
+            keeper = _KEEPERS.get(key)
+            if keeper is None or not keeper.is_alive():
+                _KEEPERS[key] = keeper = LeaseKeeper(self, run_id)
+                keeper.start()
 
     @staticmethod
     def _fenced(run_id: str, holder: LeaseState | None) -> FencedError:
@@ -140,5 +212,38 @@ class Lease:
         return FencedError(
             f"this instance ({me}) is fenced off: {who}. Another instance of the same "
             "query is live; stop it before starting this one, or give this query its own "
-            "checkpoint location and sink path. This instance committed nothing."
+            "checkpoint location and sink path. (A driver that could not renew its lease for "
+            "exactly.leaseStaleAfterSeconds -- paused, partitioned away -- loses it to the "
+            "next one and ends here.) This instance committed nothing after losing the lease."
         )
+
+
+#: (lease file, run) -> the heartbeat thread renewing it in this process
+_KEEPERS: dict[tuple[str, str], LeaseKeeper] = {}
+_KEEPERS_LOCK = threading.Lock()
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews one run's lease every ``stale_after / 4`` seconds (at least every 30 s, at most
+    every 0.5 s) until the run loses it; a daemon thread, so it ends with its process. A
+    failed renewal (a full disk, a storage outage) is logged and tried again."""
+
+    def __init__(self, lease: Lease, run_id: str) -> None:
+        super().__init__(name=f"exactly-lease-{run_id[:8]}", daemon=True)
+        self.lease = lease
+        self.run_id = run_id
+        self.interval = min(30.0, max(0.5, lease.stale_after / 4))
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                if not self.lease.renew(self.run_id):
+                    log_event(logger, "lease_lost", logging.WARNING, run_id=self.run_id,
+                              lease=str(self.lease.path),
+                              detail="another run holds the lease: this run is fenced off "
+                                     "and will commit nothing")
+                    return
+            except Exception as exc:  # keep trying: the lease goes stale only if this persists
+                log_event(logger, "lease_renewal_failed", logging.WARNING, run_id=self.run_id,
+                          lease=str(self.lease.path), error=repr(exc))

@@ -18,15 +18,20 @@ recovery earlier, when Spark plans the first epoch of a new driver process:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import tempfile
 import time
+from pathlib import Path
 
 from exactly.errors import CorruptFileError
-from exactly.fsutil import atomic_write_json, file_lock, read_json, require_fields
+from exactly.fsutil import file_lock, parse_json, require_fields
 from exactly.procs import ProcessId, driver_identity
 from exactly.protocol.committer import Committer
 from exactly.protocol.contract import SinkSettings, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultSpec
 from exactly.protocol.lease import Lease
+from exactly.protocol.logstore import is_remote, open_log_store
 from exactly.protocol.repairs import marker_repair, query_repair
 
 MARKER_NAME = "recovered-by.json"
@@ -36,15 +41,20 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
                           fault: FaultSpec | None = None) -> bool:
     """Finish unfinished intents and abort orphans once per driver; True when it recovered."""
     directory = sink.log_directory
-    owner = read_json(directory / "query.json", repair=query_repair(directory))
-    if owner is None:
+    store = open_log_store(directory)
+    data = store.read("query.json")
+    if data is None:
         return False
-    require_fields(owner, directory / "query.json", ("query_id",), query_repair(directory))
+    where = store.describe("query.json")
+    owner = require_fields(parse_json(data, where, query_repair(directory)), where,
+                           ("query_id",), query_repair(directory))
     me = driver_identity()
-    with file_lock(directory / "startup.lock"):
-        marker = directory / MARKER_NAME
-        seen = read_json(marker, repair=marker_repair(directory))
-        if seen is not None and _marker_driver(seen, marker) == me:
+    with file_lock(_startup_lock(directory)):  # the driver's processes: one host
+        marker = store.describe(MARKER_NAME)
+        seen_data = store.read(MARKER_NAME)
+        seen = (None if seen_data is None
+                else parse_json(seen_data, marker, marker_repair(directory)))
+        if seen is not None and _marker_driver(seen, marker, directory) == me:
             return False
         lease = Lease(directory, stale_after=settings.lease_stale_after)
         holder = lease.current()
@@ -54,14 +64,24 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
                          and time.time() - holder.renewed_at < settings.lease_stale_after):
                 return False  # a live instance owns the sink; it is not ours to touch
         Committer(sink, settings, fault).recover(owner["query_id"])
-        atomic_write_json(directory / MARKER_NAME, {"driver": me.to_json(), "at": time.time()})
+        store.write(MARKER_NAME, json.dumps({"driver": me.to_json(), "at": time.time()},
+                                            sort_keys=True, indent=1).encode())
         return True
 
 
-def _marker_driver(seen: object, marker) -> ProcessId:
-    data = require_fields(seen, marker, ("driver",), marker_repair(marker.parent))
+def _startup_lock(directory: Path | str) -> Path:
+    """The lock the driver's processes take around recovery: beside a local log, in the
+    temp directory for a log on object storage (the processes share one host)."""
+    if is_remote(directory):
+        digest = hashlib.sha256(str(directory).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"exactly-startup-{digest}.lock"
+    return Path(directory) / "startup.lock"
+
+
+def _marker_driver(seen: object, marker: str, directory: Path | str) -> ProcessId:
+    data = require_fields(seen, marker, ("driver",), marker_repair(directory))
     try:
         return ProcessId.from_json(data["driver"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptFileError(str(marker), f"has a malformed driver ({exc!r})",
-                               marker_repair(marker.parent)) from None
+        raise CorruptFileError(marker, f"has a malformed driver ({exc!r})",
+                               marker_repair(directory)) from None

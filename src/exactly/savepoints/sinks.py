@@ -126,7 +126,7 @@ def _files_log(job: Job) -> Path:
     from exactly.spark.runner import sink_log_directory
 
     log = sink_log_directory("exactly.files", job.path, _options(job, None))
-    assert log is not None
+    assert isinstance(log, Path)  # the file sink's log is <output>/_exactly
     return log
 
 

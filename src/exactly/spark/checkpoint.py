@@ -74,7 +74,9 @@ def _read_text(location: str, relative: str, repair: str | None = None) -> str |
                 str(path), "is not UTF-8 text", repair or _repair_hint(relative)) from None
     from pyarrow import fs as pafs
 
-    filesystem, root = pafs.FileSystem.from_uri(location)
+    from exactly.objectstore import Location
+
+    filesystem, root = Location.parse(location).filesystem()  # s3a:// -> S3, AWS_* settings
     remote = f"{root.rstrip('/')}/{relative}"
     if filesystem.get_file_info(remote).type == pafs.FileType.NotFound:
         return None

@@ -266,7 +266,7 @@ def _postgres_sink(options: Mapping[str, str], settings: SinkSettings,
 
     return PostgresTwoPhaseSink(
         resolve_dsn(options, what="exactly.postgres sink"), options.get(opt.TABLE, ""),
-        settings.require_log_dir("exactly.postgres"),
+        settings.require_log_location("exactly.postgres"),
         write_mode=options.get(opt.WRITE_MODE, opt.DEFAULT_WRITE_MODE),
         key_columns=_key_columns(options),
         marker_table=options.get(opt.MARKER_TABLE, opt.DEFAULT_2PC_MARKER_TABLE),
@@ -291,7 +291,7 @@ def _upsert_sink(options: Mapping[str, str], settings: SinkSettings,
 
     return IdempotentUpsertSink(
         resolve_dsn(options, what="exactly.upsert sink"), options.get(opt.TABLE, ""),
-        _key_columns(options), settings.require_log_dir("exactly.upsert"),
+        _key_columns(options), settings.require_log_location("exactly.upsert"),
         epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
         lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)))
 
@@ -311,7 +311,8 @@ def _delta_sink(options: Mapping[str, str], settings: SinkSettings,
     prefix = opt.STORAGE_PREFIX
     storage = {key[len(prefix):]: value for key, value in options.items()
                if key.lower().startswith(prefix)}
-    return DeltaSink(options.get(opt.PATH, ""), settings.require_log_dir("exactly.delta"),
+    return DeltaSink(options.get(opt.PATH, ""),
+                     settings.require_log_location("exactly.delta"),
                      storage_options=storage,
                      compression=options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
 

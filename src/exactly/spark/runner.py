@@ -44,8 +44,10 @@ from exactly.logs import log_event
 from exactly.procs import driver_identity
 from exactly.protocol.epoch_identity import check_checkpoint_against_log
 from exactly.protocol.lease import Lease
+from exactly.protocol.logstore import is_remote, open_log_store
 from exactly.spark.checkpoint import local_checkpoint
 from exactly.spark.formats import check_output_mode, check_sink
+from exactly.spark.s3a import require_s3a
 
 logger = logging.getLogger("exactly.spark.runner")
 
@@ -217,6 +219,7 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     check_source_options(df)
     check_output_mode(sink_format, mode_name, options)
     location = checkpoint_location(checkpoint)
+    require_s3a(df.sparkSession, location)
     options = with_sink_log_dir(location, options)
     local = local_checkpoint(location)
     options.setdefault(opt.CHECKPOINT_INTERVAL_MS, str(int(checkpoint.interval_seconds * 1000)))
@@ -232,14 +235,17 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
         spark.conf.set(key, value)
     if checkpoint.mode is Mode.EXACTLY_ONCE and checkpoint.is_memory_storage:
         warn_memory_storage(sink_format, location)
-    if local is not None and checkpoint.mode is Mode.EXACTLY_ONCE:
-        log_dir = sink_log_directory(sink_format, path, options)
-        if log_dir is not None and log_dir.is_dir():
-            # a second live instance fails on fencing, before anything about its checkpoint
-            Lease(log_dir).refuse_if_held(driver_identity())
+    log_dir = sink_log_directory(sink_format, path, options)
+    if checkpoint.mode is Mode.EXACTLY_ONCE and log_dir is not None and (
+            isinstance(log_dir, str) or log_dir.is_dir()):
+        # a second live instance fails on fencing, before anything about its checkpoint
+        stale = (built.settings.lease_stale_after if built
+                 else opt.DEFAULT_LEASE_STALE_AFTER_S)
+        Lease(log_dir, stale_after=stale).refuse_if_held(driver_identity())
+        if local is not None and isinstance(log_dir, Path):
             if checkpoint.is_memory_storage:
                 refuse_memory_checkpoint_on_owned_log(log_dir)
-            check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails here
+            check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails
     writer: Any
     via_foreach_batch = built is not None and (mode_name == "update" or commit_in_driver())
     if via_foreach_batch and built is not None:
@@ -319,23 +325,28 @@ def refuse_memory_checkpoint_on_owned_log(log_dir: Path) -> None:
 
 def with_sink_log_dir(location: str, options: Mapping[str, str] | None) -> dict[str, str]:
     """``options`` plus the default commit-log directory of sinks without one of their own
-    (``exactly.logDir`` = ``<checkpoint>/exactly-sink`` for a local checkpoint), unless the
-    options name one."""
+    (``exactly.logDir`` = ``<checkpoint>/exactly-sink`` for a local or ``s3a://``
+    checkpoint), unless the options name one."""
     merged = dict(options or {})
     local = local_checkpoint(location)
     if local is not None:
         merged.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
+    elif is_remote(location):  # a checkpoint on S3: the log beside it, on S3 too
+        merged.setdefault(opt.LOG_DIR, f"{location.rstrip('/')}/{opt.LOG_DIR_NAME}")
     return merged
 
 
 def sink_log_directory(sink_format: str, path: str | None,
-                       options: dict[str, str]) -> Path | None:
+                       options: dict[str, str]) -> Path | str | None:
     """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
-    option ``exactly.logDir`` for the others; ``None`` for sinks that are not exactly's."""
+    option ``exactly.logDir`` for the others (an ``s3://`` URI stays a string); ``None`` for
+    sinks that are not exactly's."""
     if sink_format == "exactly.files":
         output = path or options.get(opt.PATH)
         return Path(output.removeprefix("file://")).absolute() / "_exactly" if output else None
     if sink_format.startswith("exactly.") and options.get(opt.LOG_DIR):
+        if is_remote(options[opt.LOG_DIR]):
+            return options[opt.LOG_DIR]
         return Path(options[opt.LOG_DIR].removeprefix("file://"))
     return None
 
@@ -347,7 +358,7 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
     and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
     of the sink's commit log fails here too, with its repair."""
-    from exactly.fsutil import read_json
+    from exactly.fsutil import parse_json
     from exactly.protocol.repairs import query_repair
     from exactly.spark.checkpoint import preflight
 
@@ -355,6 +366,11 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     if local is None or not local.is_dir():
         return
     log_dir = sink_log_directory(sink_format, path, with_sink_log_dir(location, options))
-    owner = read_json(log_dir / "query.json", repair=query_repair(log_dir)) if log_dir else None
+    owner = None
+    if log_dir is not None:
+        store = open_log_store(log_dir)
+        data = store.read("query.json")
+        owner = (parse_json(data, store.describe("query.json"), query_repair(log_dir))
+                 if data is not None else None)
     sink_query_id = owner.get("query_id") if isinstance(owner, dict) else None
     preflight(location, sink_query_id)

@@ -109,9 +109,12 @@ def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | Non
 def spark_session(master: str | None = None, app_name: str = "exactly",
                   conf: dict[str, str] | None = None, *, ui: bool = False,
                   shuffle_partitions: int | None = None,
-                  adaptive: bool | None = None) -> SparkSession:
+                  adaptive: bool | None = None, s3a: bool = False) -> SparkSession:
     """Get or create a session with exactly's sources registered (settings:
     :func:`session_conf`).
+
+    ``s3a=True`` adds Spark's S3A file system, for checkpoints on ``s3a://`` (jars and
+    settings: :func:`exactly.spark.s3a.s3a_conf`, from the ``AWS_*`` environment variables).
 
     ``master`` defaults to ``EXACTLY_SPARK_MASTER``, else ``local[2]``. ``ui=True`` keeps
     Spark's web UI (on 127.0.0.1 for masters on this machine). ``conf`` overrides every
@@ -127,6 +130,10 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     if on_this_machine(master):
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # the UI and block manager too
     builder = SparkSession.builder.master(master).appName(app_name)
+    if s3a:
+        from exactly.spark.s3a import s3a_conf
+
+        conf = {**s3a_conf(), **(conf or {})}
     settings = session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
                             adaptive=adaptive, conf=conf)
     settings = with_env_java_options(settings)

@@ -64,6 +64,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import pyarrow as pa
@@ -324,7 +325,8 @@ class ProtocolHarness(Generic[SinkT]):
                 "print('holding', flush=True)\n"
                 "sys.stdin.read()\n")
         directory = self._sink.log_directory
-        directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(directory, Path):
+            directory.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [sys.executable, "-c", code, str(directory), run,
              str(self.settings.lease_stale_after)],

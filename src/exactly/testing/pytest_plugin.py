@@ -9,7 +9,7 @@ Servers start on first use, once per test session, on 127.0.0.1 with ports and
 directories of their own, and are removed at the end. A missing server binary is a
 failure, not a skip: a test that silently skips proves nothing. ``scripts/setup.sh``
 installs PostgreSQL (Debian's ``postgresql`` package), the Kafka jars
-(``scripts/install-kafka.sh``) and the S3Proxy jars (``scripts/install-s3proxy.sh``).
+(``scripts/install-kafka.sh``) and the S3Proxy jars (``scripts/install-objectstore.sh``).
 
 Fixtures
 --------

@@ -2,7 +2,7 @@
 
 The server is `S3Proxy <https://github.com/gaul/s3proxy>`_ 4.0.0 over its ``filesystem-nio2``
 backend: buckets are directories and objects files of a data directory of its own. It runs
-from the jars that ``scripts/install-s3proxy.sh`` (run by ``scripts/setup.sh``) fetches from
+from the jars that ``scripts/install-objectstore.sh`` (run by ``scripts/setup.sh``) fetches from
 Maven Central into the per-user cache ``${XDG_CACHE_HOME:-~/.cache}/exactly/s3proxy/jars``;
 ``EXACTLY_S3PROXY_JARS`` names another directory. Missing jars are a
 :class:`~exactly.errors.ConfigError` naming both fixes.
@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exactly.cache import user_cache
+from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError, ExactlyError
 from exactly.testing.ports import free_port
 
@@ -71,15 +71,14 @@ _XATTR = "user.exactly-probe"
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/exactly/s3proxy`` (``~/.cache/exactly/s3proxy`` when that is unset
-    or not absolute): where ``scripts/install-s3proxy.sh`` puts the jars (in ``jars/``)."""
+    or not absolute): where ``scripts/install-objectstore.sh`` puts the jars (in ``jars/``)."""
     return user_cache("s3proxy")
 
 
 def jars_dir() -> Path:
     """The directory of the S3Proxy jars: ``$EXACTLY_S3PROXY_JARS`` if set, else
     ``<cache>/exactly/s3proxy/jars``. Not checked here."""
-    configured = os.environ.get(JARS_ENV)
-    return Path(configured).expanduser() if configured else cache_dir() / "jars"
+    return configured_dir(JARS_ENV, cache_dir() / "jars")
 
 
 def s3proxy_jars_dir() -> Path:
@@ -87,17 +86,8 @@ def s3proxy_jars_dir() -> Path:
     directory = jars_dir()
     if any(directory.glob("s3proxy-*.jar")):
         return directory
-    if os.environ.get(JARS_ENV):
-        where = f"{directory} (from {JARS_ENV})"
-        fix = (f"point {JARS_ENV} at a directory holding them, or unset it and run "
-               "scripts/setup.sh (or scripts/install-s3proxy.sh) to fetch them into "
-               f"{cache_dir() / 'jars'}")
-    else:
-        where = str(directory)
-        fix = ("run scripts/setup.sh (or scripts/install-s3proxy.sh) to fetch them from Maven "
-               f"Central, or set {JARS_ENV} to a directory holding them")
-    raise ConfigError(f"S3Proxy jars (org.gaul:s3proxy and its dependencies) are missing in "
-                      f"{where}: {fix}")
+    raise missing_jars("S3Proxy jars (org.gaul:s3proxy and its dependencies)", directory,
+                       JARS_ENV, "scripts/install-objectstore.sh", cache_dir() / "jars")
 
 
 def _check_xattrs(directory: Path) -> None:

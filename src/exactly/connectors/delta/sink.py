@@ -51,7 +51,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from exactly.connectors.delta.stats import file_stats
-from exactly.errors import ConfigError, CorruptFileError, DataLossError, ExactlyError
+from exactly.errors import (
+    ConfigError,
+    CorruptFileError,
+    DataLossError,
+    ExactlyError,
+    FencedError,
+)
 from exactly.fsutil import atomic_write_bytes, fsync_file
 from exactly.logs import log_event
 from exactly.objectstore import Location
@@ -104,7 +110,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
     name = "delta"
     payload_type = DeltaPayload
 
-    def __init__(self, table: str, log_dir: Path, *,
+    def __init__(self, table: str, log_dir: Path | str, *,
                  storage_options: Mapping[str, str] | None = None,
                  compression: str = "snappy") -> None:
         if not table:
@@ -125,7 +131,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     # -- locations -------------------------------------------------------------------
     @property
-    def log_directory(self) -> Path:
+    def log_directory(self) -> Path | str:
         return self._log_dir
 
     @property
@@ -271,9 +277,19 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         done = table.transaction_version(app_id(query_id))
         adds = [_add(h) for h in handles if h.payload.file]
         if adds and (done is None or done < epoch):
-            table.create_write_transaction(
-                adds, "append", table.schema(),
-                commit_properties=_commit_properties(app_id(query_id), epoch, query_id))
+            from deltalake.exceptions import CommitFailedError
+
+            try:
+                table.create_write_transaction(
+                    adds, "append", table.schema(),
+                    commit_properties=_commit_properties(app_id(query_id), epoch, query_id))
+            except CommitFailedError as exc:
+                # the table's own fencing: another writer set this query's transaction
+                # version between our read and our commit
+                raise FencedError(
+                    f"epoch {epoch} of query {query_id} was committed to {self.uri} by another "
+                    f"writer at the same time ({exc}); another instance of the query is live. "
+                    "This instance committed nothing of the epoch.") from exc
             log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
                       rows=sum(h.rows for h in handles), table_version=table.version())
         for handle in handles:

@@ -14,10 +14,9 @@ both fixes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from exactly.cache import user_cache
+from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError
 
 CONNECTOR_ENV = "EXACTLY_KAFKA_CONNECTOR_JARS"
@@ -33,22 +32,12 @@ def cache_dir() -> Path:
 def jars_dir(kind: str, env: str) -> Path:
     """The directory of the ``kind`` jars (``connector`` | ``broker``): ``$env`` if set,
     else the per-user cache. Not checked here."""
-    configured = os.environ.get(env)
-    return Path(configured).expanduser() if configured else cache_dir() / kind
+    return configured_dir(env, cache_dir() / kind)
 
 
 def missing(what: str, directory: Path, env: str) -> ConfigError:
     """The error for jars that are not in ``directory``, naming both fixes."""
-    if os.environ.get(env):
-        where = f"{directory} (from {env})"
-        fix = (f"point {env} at a directory holding them, or unset it and run "
-               "scripts/setup.sh (or scripts/install-kafka.sh) to fetch them into "
-               f"{cache_dir()}")
-    else:
-        where = str(directory)
-        fix = ("run scripts/setup.sh (or scripts/install-kafka.sh) to fetch them from Maven "
-               f"Central, or set {env} to a directory holding them")
-    return ConfigError(f"{what} are missing in {where}: {fix}")
+    return missing_jars(what, directory, env, "scripts/install-kafka.sh", cache_dir())
 
 
 def connector_jars() -> list[str]:

@@ -199,13 +199,14 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         self.key_columns = tuple(key_columns)
         self.retry_seconds = retry_seconds
         self.lock_timeout_ms = lock_timeout_ms
-        self._log_dir = Path(log_dir)
+        self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
+                                     else Path(log_dir))
 
     def __repr__(self) -> str:  # never show the DSN's password
         return f"PostgresTwoPhaseSink(dsn={redact_dsn(self.dsn)!r}, table={self.table})"
 
     @property
-    def log_directory(self) -> Path:
+    def log_directory(self) -> Path | str:
         return self._log_dir
 
     # -- setup (driver, at start) ------------------------------------------------------

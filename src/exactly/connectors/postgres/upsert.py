@@ -80,13 +80,14 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
         self.key_columns = tuple(key_columns)
         self.epoch_column = epoch_column
         self.lock_timeout_ms = lock_timeout_ms
-        self._log_dir = Path(log_dir)
+        self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
+                                     else Path(log_dir))
 
     def __repr__(self) -> str:
         return f"IdempotentUpsertSink(dsn={redact_dsn(self.dsn)!r}, table={self.table})"
 
     @property
-    def log_directory(self) -> Path:
+    def log_directory(self) -> Path | str:
         return self._log_dir
 
     def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Object storage for exactly. Idempotent, cached:
+#   - S3Proxy (org.gaul:s3proxy), the S3-compatible server of the tests  -> $CACHE/s3proxy/jars/
+#   - Spark's S3A file system (hadoop-aws + the AWS SDK v2 modules it needs), for
+#     checkpoints on s3a://                                              -> $CACHE/s3a/jars/
+# CACHE is the per-user cache ${XDG_CACHE_HOME:-~/.cache}/exactly, where
+# exactly.testing.s3_server and exactly.spark.object_store look (EXACTLY_S3PROXY_JARS /
+# EXACTLY_S3A_JARS name other directories instead); it does not depend on where exactly is
+# installed from. Jars come from Maven Central through scripts/<kind>/pom.xml and are fetched
+# again only when that pom changes. Called by scripts/setup.sh; runs on its own too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { printf '[install-objectstore] %s\n' "$*" >&2; }
+
+case "${XDG_CACHE_HOME:-}" in
+  /*) cache_home="$XDG_CACHE_HOME" ;;
+  *) cache_home="$HOME/.cache" ;;  # unset, empty or relative (the XDG spec ignores those)
+esac
+
+need_mvn() {
+  command -v mvn >/dev/null 2>&1 && return 0
+  if declare -F apt_install >/dev/null; then
+    apt_install maven
+  else
+    log "Maven (mvn) is missing: install it (Debian: apt-get install maven) and run again"
+    exit 1
+  fi
+}
+
+fetch() {  # fetch KIND: the runtime jars of scripts/KIND/pom.xml into $cache_home/exactly/KIND/jars
+  local kind="$1" pom="scripts/$1/pom.xml"
+  local dir="$cache_home/exactly/$kind/jars" tmp="$cache_home/exactly/$kind/.jars.tmp.$$"
+  local want; want="$(sha256sum "$pom" | cut -d' ' -f1)"
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ]; then
+    log "$kind: $(ls "$dir" | wc -l) jars in $dir"
+    return 0
+  fi
+  need_mvn
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  log "fetching the $kind jars from Maven Central into $dir"
+  if ! mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies \
+      -DoutputDirectory="$tmp" -DincludeScope=runtime >"$tmp.log" 2>&1; then
+    cat "$tmp.log" >&2
+    rm -rf "$tmp" "$tmp.log"
+    log "mvn could not fetch the $kind jars (is Maven Central reachable?)"
+    exit 1
+  fi
+  rm -f "$tmp.log"
+  echo "$want" > "$tmp/.stamp"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  log "$kind: $(ls "$dir" | wc -l) jars in $dir"
+}
+
+fetch s3proxy
+fetch s3a

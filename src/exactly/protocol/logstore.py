@@ -1,0 +1,234 @@
+"""Where a sink's commit log and lease live: a local (or shared POSIX) directory, or an S3
+prefix. Both offer the four primitives the protocol needs, and nothing else is used:
+
+=====================  =====================================  ================================
+primitive              POSIX directory                        S3 (and S3-compatible stores)
+=====================  =====================================  ================================
+whole-file write       temp file, fsync, rename, fsync dir    PUT (atomic by itself)
+create if absent       temp file, fsync, hard link            PUT ``If-None-Match: *``
+compare-and-swap       ``flock`` + compare + rename           PUT ``If-Match: <ETag>``
+list, read, delete     directory entries                      LIST (strongly consistent), GET
+=====================  =====================================  ================================
+
+An S3 store is named by ``s3://bucket/prefix`` (``s3a://`` too); its endpoint and
+credentials come from the ``AWS_*`` environment variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), read by boto3. A store that
+refuses conditional writes (``501 NotImplemented``) fails the first lease or intent write
+with a ConfigError that says so: exactly does not fall back to an unconditional write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from exactly.errors import ConfigError
+from exactly.fsutil import atomic_write_bytes, create_exclusive_bytes, file_lock
+
+
+class LogStore(ABC):
+    """Files of one log, named by ``/``-separated paths relative to its root."""
+
+    @abstractmethod
+    def describe(self, name: str = "") -> str:
+        """The path or URI of ``name`` (the root for ``""``), for messages."""
+
+    @abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+
+    @abstractmethod
+    def read_versioned(self, name: str) -> tuple[bytes, str] | None:
+        """The file's bytes and a token naming this version, or None."""
+
+    @abstractmethod
+    def write(self, name: str, data: bytes) -> None:
+        """Replace the file whole: readers see the old or the new bytes."""
+
+    @abstractmethod
+    def create(self, name: str, data: bytes) -> bool:
+        """Create the file only if it does not exist; False when it does."""
+
+    @abstractmethod
+    def swap(self, name: str, data: bytes, token: str | None) -> bool:
+        """Replace the file only if its version is still ``token`` (``None``: only if it
+        does not exist); False when someone changed it since."""
+
+    @abstractmethod
+    def list(self, folder: str) -> list[str]:
+        """Names of the files directly in ``folder`` (not sorted)."""
+
+    @abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove the file; a missing file is not an error."""
+
+    def exists(self, name: str) -> bool:
+        return self.read(name) is not None
+
+
+def open_log_store(location: str | Path) -> LogStore:
+    """The store of a log ``location``: ``s3://`` / ``s3a://`` URIs are S3 prefixes,
+    ``file://`` URIs and plain paths local directories. Raises ConfigError for another
+    scheme."""
+    text = str(location)
+    if text.startswith(("s3://", "s3a://")):
+        return S3LogStore(text)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    elif "://" in text:
+        raise ConfigError(f"{text}: a sink's commit log needs a local or shared POSIX "
+                          "directory or an s3:// prefix")
+    return LocalLogStore(Path(text))
+
+
+def is_remote(location: str | Path) -> bool:
+    return str(location).startswith(("s3://", "s3a://"))
+
+
+class LocalLogStore(LogStore):
+    """A directory: atomic renames, hard links for create-if-absent, ``flock`` for swaps."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def describe(self, name: str = "") -> str:
+        return str(self.root / name) if name else str(self.root)
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def read_versioned(self, name: str) -> tuple[bytes, str] | None:
+        data = self.read(name)
+        return None if data is None else (data, hashlib.sha256(data).hexdigest())
+
+    def write(self, name: str, data: bytes) -> None:
+        atomic_write_bytes(self.root / name, data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        return create_exclusive_bytes(self.root / name, data)
+
+    def swap(self, name: str, data: bytes, token: str | None) -> bool:
+        folder, _, base = name.rpartition("/")
+        lock = self.root / folder / f"{base.rsplit('.', 1)[0]}.lock"  # lease.json: lease.lock
+        with file_lock(lock):
+            current = self.read_versioned(name)
+            if (current[1] if current else None) != token:
+                return False
+            self.write(name, data)
+            return True
+
+    def list(self, folder: str) -> list[str]:
+        directory = self.root / folder
+        if not directory.is_dir():
+            return []
+        return [p.name for p in directory.iterdir()
+                if p.is_file() and not p.name.endswith((".lock", ".tmp"))]
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+
+class S3LogStore(LogStore):
+    """An S3 prefix through boto3, with conditional PUTs for create-if-absent and swaps."""
+
+    def __init__(self, uri: str) -> None:
+        rest = uri.split("://", 1)[1].strip("/")
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ConfigError(f"{uri}: name a bucket, s3://BUCKET/PREFIX")
+        self.bucket = bucket
+        self.prefix = prefix
+        self._client: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:  # a client does not travel to other processes
+        return {**self.__dict__, "_client": None}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._client = boto3.client(
+                "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+                config=Config(s3={"addressing_style": "path"},
+                              retries={"max_attempts": 5, "mode": "standard"}))
+        return self._client
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def describe(self, name: str = "") -> str:
+        key = self._key(name) if name else self.prefix
+        return f"s3://{self.bucket}/{key}"
+
+    def _get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def read(self, name: str) -> bytes | None:
+        found = self.read_versioned(name)
+        return None if found is None else found[0]
+
+    def read_versioned(self, name: str) -> tuple[bytes, str] | None:
+        response = self._get(name)
+        if response is None:
+            return None
+        return response["Body"].read(), response["ETag"]
+
+    def write(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+
+    def _put_if(self, name: str, data: bytes, **condition: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data,
+                                   **condition)
+            return True
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409,
+                                                                                           412):
+                return False
+            if code == "NoSuchKey" and "IfMatch" in condition:
+                return False  # swapped against a version that was deleted since
+            if code == "NotImplemented" or status == 501:
+                raise ConfigError(
+                    f"{self.describe(name)}: this S3 store refuses conditional writes "
+                    "(If-None-Match / If-Match), which the commit log and the lease need to be "
+                    "safe with two drivers; use a store that has them (AWS S3, MinIO, "
+                    "S3Proxy >= 3) or keep exactly.logDir on a shared POSIX directory") from None
+            raise
+
+    def create(self, name: str, data: bytes) -> bool:
+        return self._put_if(name, data, IfNoneMatch="*")
+
+    def swap(self, name: str, data: bytes, token: str | None) -> bool:
+        if token is None:
+            return self.create(name, data)
+        return self._put_if(name, data, IfMatch=token)
+
+    def list(self, folder: str) -> list[str]:
+        prefix = self._key(folder).rstrip("/") + "/"
+        names: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            names.extend(obj["Key"][len(prefix):] for obj in page.get("Contents", []))
+        return names
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(self.client.exceptions.NoSuchKey):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+
+
