@@ -41,7 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", choices=["datagen", "table"], default="datagen")
     p.add_argument("--source-table", default="exactly_source")
     p.add_argument("--table", required=True)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True,
+                   help="a directory, or s3a://bucket/prefix (AWS_* environment variables)")
     p.add_argument("--rows", type=int, default=10_000)
     p.add_argument("--rows-per-epoch", type=int, default=2_500)
     p.add_argument("--partitions", type=int, default=2)
@@ -171,7 +172,8 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
     from exactly.spark.session import spark_session
 
     conf = {"spark.sql.shuffle.partitions": str(args.partitions)}
-    spark = spark_session(master=args.master, app_name="exactly-postgres-job", conf=conf)
+    spark = spark_session(master=args.master, app_name="exactly-postgres-job", conf=conf,
+                          s3a=args.checkpoint.startswith("s3a://"))
     try:
         report_progress(start(spark, args), out)
     finally:

@@ -65,8 +65,9 @@ class CommitLog:
         self.intents = self._local("intents")
         self.complete = self._local("complete")
 
-    def _local(self, folder: str) -> Path:
-        return Path(self.store.describe(folder))
+    def _local(self, folder: str) -> Path | str:
+        where = self.store.describe(folder)
+        return where if is_remote(where) else Path(where)
 
     def _read_json(self, name: str, repair: str) -> Any | None:
         data = self.store.read(name)
@@ -132,11 +133,11 @@ class CommitLog:
             return other
         return Intent(epoch, run_id, tuple(handles), input)
 
-    def intent_path(self, epoch: int) -> Path:
-        return Path(self.store.describe(f"intents/{_name(epoch)}"))
+    def intent_path(self, epoch: int) -> Path | str:
+        return self._local(f"intents/{_name(epoch)}")
 
-    def completion_path(self, epoch: int) -> Path:
-        return Path(self.store.describe(f"complete/{_name(epoch)}"))
+    def completion_path(self, epoch: int) -> Path | str:
+        return self._local(f"complete/{_name(epoch)}")
 
     def is_complete(self, epoch: int) -> bool:
         return self.store.exists(f"complete/{_name(epoch)}")

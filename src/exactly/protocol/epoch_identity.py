@@ -59,7 +59,7 @@ def same_input(recorded: dict[str, Any] | None, current: dict[str, Any] | None) 
 
 
 def replanned_error(epoch: int, recorded: dict[str, Any], current: dict[str, Any] | None,
-                    record_path: Path, log_directory: str | Path,
+                    record_path: Path | str, log_directory: str | Path,
                     checkpoint: str | None) -> ReplannedEpochError:
     """The error for a commit (or a start) whose epoch ``epoch`` differs from the record."""
     ck = checkpoint or "<checkpoint>"

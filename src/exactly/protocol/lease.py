@@ -91,8 +91,10 @@ class Lease:
         self._clock = clock
 
     @property
-    def path(self) -> Path:
-        return Path(self.store.describe(LEASE_FILE))
+    def path(self) -> Path | str:
+        """``lease.json``: a Path in a directory, a URI on object storage."""
+        where = self.store.describe(LEASE_FILE)
+        return where if is_remote(where) else Path(where)
 
     def current(self) -> LeaseState | None:
         """The lease as written, or ``None`` when nobody holds it.

@@ -1,0 +1,47 @@
+"""The PostgreSQL 2PC pipeline with its whole state on S3 (S3Proxy): Spark's checkpoint on
+s3a:// and exactly's commit log and lease beside it on s3://, killed with SIGKILL at the
+protocol points where the commit log decides the outcome, restarted, audited."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from exactly.audit import audit_ids, pg_table_ids
+from exactly.connectors.postgres.two_phase import prepared_count
+from exactly.demos.postgres_job import DSN_ENV, command
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.faults import FaultPoint, FaultSpec
+from exactly.testing.chaos import run_with_crashes
+
+pytestmark = [pytest.mark.server, pytest.mark.chaos]
+ROWS, PER_EPOCH = 4_000, 1_000
+#: before the intent (presumed abort), after it (recovery commits it), between the handle
+#: commits (half of the epoch visible), after the completion record (Spark replays it)
+POINTS = [FaultSpec(FaultPoint.BEFORE_INTENT, 0), FaultSpec(FaultPoint.AFTER_INTENT, 1),
+          FaultSpec(FaultPoint.BETWEEN_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
+
+
+def test_2pc_with_checkpoint_and_commit_log_on_s3_survives_kills_exactly_once(
+        pg, conn, s3_server, monkeypatch):
+    bucket = f"pg-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    table = f"ev_{uuid.uuid4().hex[:8]}"
+    checkpoint = f"s3a://{bucket}/ck"
+    attempts = run_with_crashes(
+        command("--sink", "2pc", "--table", table, "--checkpoint", checkpoint, "--rows",
+                str(ROWS), "--rows-per-epoch", str(PER_EPOCH)),
+        POINTS, env={DSN_ENV: pg.dsn, **s3_server.env()}, timeout=480)
+    assert [a.fired["point"] for a in attempts if a.crashed] == [p.point for p in POINTS]
+    report = audit_ids(pg_table_ids(conn, table), np.arange(ROWS))
+    assert report.ok, report.to_json()
+    assert prepared_count(conn) == 0
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    log = CommitLog(f"s3://{bucket}/ck/exactly-sink")  # the log followed the checkpoint
+    assert log.completed_epochs() == list(range(ROWS // PER_EPOCH))
+    client = s3_server.boto3_client()
+    offsets = client.list_objects_v2(Bucket=bucket, Prefix="ck/offsets/").get("Contents", [])
+    assert offsets, "Spark's offsets log is not on S3"
