@@ -53,8 +53,9 @@ FOLDER_LANES = {
 
 #: the longest test files, started first so that two pytest workers end together
 LONGEST_FIRST = ("postgres/test_pg_chaos.py", "kafka/test_kafka_chaos.py",
-                 "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
-                 "chaos/test_delta_chaos.py", "ops/test_outages.py")
+                 "chaos/test_cluster_lane.py", "chaos/test_file_sink_chaos.py",
+                 "chaos/test_multi_input_chaos.py", "chaos/test_delta_chaos.py",
+                 "ops/test_outages.py")
 
 
 def _start_order(item) -> int:
