@@ -48,6 +48,7 @@ FOLDER_LANES = {
     "ops": ("spark",),  # exactly run end to end; its server cases also carry ``server``
     "savepoints": ("spark",),  # its PostgreSQL and Kafka cases also carry ``server``
     "monitoring": ("spark",),  # a live job, `exactly ui`, headless Chromium
+    "objectstore": ("server",),  # S3Proxy: the S3 server, logs and checkpoints on it
 }
 
 

@@ -92,6 +92,9 @@ def test_a_paused_driver_loses_its_lease_to_another_host_and_commits_nothing_aft
         run_a = held["run_id"]
         shutil.copytree(ck_a, ck_b)  # the checkpoint as the other host sees it
         done_by_a = {e for e, run in completions(log).items() if run == run_a}
+        # B starts once A's lease has expired (a B started earlier is refused: A counts as
+        # live until then -- tests/unit/test_lease.py); A is frozen, so nothing renews it
+        time.sleep(max(0.0, held["renewed_at"] + STALE_AFTER_S + 0.5 - time.time()))
 
         b = start(out, ck_b, "host-b", token_b, tmp_path / "b.log")
         running_b = ((b, tmp_path / "b.log"),)
