@@ -28,15 +28,8 @@ fresh() {  # fresh DIR: DIR holds the jars of this pom
   [ -f "$1/.stamp" ] && [ "$(cat "$1/.stamp")" = "$want" ]
 }
 
-need_mvn() {
-  command -v mvn >/dev/null 2>&1 && return 0
-  if declare -F apt_install >/dev/null; then
-    apt_install maven
-  else
-    log "Maven (mvn) is missing: install it (Debian: apt-get install maven) and run again"
-    exit 1
-  fi
-}
+# shellcheck source=lib/maven.sh
+. scripts/lib/maven.sh
 
 fetch() {  # fetch PROFILE EXTRA_MVN_ARGS...
   local profile="$1"; shift

@@ -17,15 +17,8 @@ case "${XDG_CACHE_HOME:-}" in
   *) cache_home="$HOME/.cache" ;;  # unset, empty or relative (the XDG spec ignores those)
 esac
 
-need_mvn() {
-  command -v mvn >/dev/null 2>&1 && return 0
-  if declare -F apt_install >/dev/null; then
-    apt_install maven
-  else
-    log "Maven (mvn) is missing: install it (Debian: apt-get install maven) and run again"
-    exit 1
-  fi
-}
+# shellcheck source=lib/maven.sh
+. scripts/lib/maven.sh
 
 fetch() {  # fetch KIND: the runtime jars of scripts/KIND/pom.xml into $cache_home/exactly/KIND/jars
   local kind="$1" pom="scripts/$1/pom.xml"

@@ -49,12 +49,8 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old or the new file, never a part.
-
-    Temp file in the same directory, fsync, rename over the target, fsync the directory.
-    """
-    target = Path(path)
+def _durable_temp(target: Path, data: bytes) -> Path:
+    """A temp file beside ``target`` holding ``data``, fsynced; errors name the target."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     try:
@@ -68,7 +64,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if exc.filename is None:
             raise OSError(exc.errno, exc.strerror, str(target)) from exc
         raise
-    os.replace(tmp, target)
+    return tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old or the new file, never a part.
+
+    Temp file in the same directory, fsync, rename over the target, fsync the directory.
+    """
+    target = Path(path)
+    os.replace(_durable_temp(target, data), target)
     fsync_dir(target.parent)
 
 
@@ -80,20 +85,13 @@ def create_exclusive_bytes(path: str | os.PathLike[str], data: bytes) -> bool:
     for one name, exactly one wins and readers see its whole file.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    tmp = _durable_temp(target, data)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, target)
-        except FileExistsError:
-            return False
+        os.link(tmp, target)
+    except FileExistsError:
+        return False
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     fsync_dir(target.parent)
     return True
 

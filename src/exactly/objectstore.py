@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 import pyarrow.fs as pafs
 
@@ -106,18 +106,25 @@ class Location:
         return f"Location({self.uri!r}, {shown})"
 
 
+def checked_endpoint(endpoint: str, allow_http: str | None) -> ParseResult:
+    """``AWS_ENDPOINT_URL`` parsed; ConfigError unless it is an http(s) URL, and a plain
+    ``http://`` one only with ``AWS_ALLOW_HTTP=true``."""
+    parsed = urlparse(endpoint)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is not an http(s) URL such as "
+                          "http://127.0.0.1:9000")
+    if parsed.scheme == "http" and (allow_http or "").lower() != "true":
+        raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is plain http: set "
+                          "AWS_ALLOW_HTTP=true to allow it (test servers only)")
+    return parsed
+
+
 def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
     opts = {k.upper(): v for k, v in options.items()}
     kwargs: dict[str, object] = {}
     endpoint = opts.get("AWS_ENDPOINT_URL") or opts.get("AWS_ENDPOINT")
     if endpoint:
-        parsed = urlparse(endpoint)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is not an http(s) URL such as "
-                              "http://127.0.0.1:9000")
-        if parsed.scheme == "http" and opts.get("AWS_ALLOW_HTTP", "").lower() != "true":
-            raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is plain http: set storage "
-                              "option AWS_ALLOW_HTTP=true to allow it (test servers only)")
+        parsed = checked_endpoint(endpoint, opts.get("AWS_ALLOW_HTTP"))
         kwargs["endpoint_override"] = parsed.netloc + parsed.path.rstrip("/")
         kwargs["scheme"] = parsed.scheme
     if opts.get("AWS_ACCESS_KEY_ID"):

@@ -212,20 +212,26 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def job_processes(token: str) -> list[psutil.Process]:
-    """Living processes on this host whose environment carries ``EXACTLY_JOB_TOKEN=token``
-    (never this process)."""
+def processes_with_env(name: str, value: str) -> list[psutil.Process]:
+    """Living processes on this host whose environment carries ``name=value`` (never this
+    process)."""
     me = os.getpid()
     found = []
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(JOB_TOKEN_ENV) == token and is_alive(proc):
+            if proc.environ().get(name) == value and is_alive(proc):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def job_processes(token: str) -> list[psutil.Process]:
+    """Living processes on this host whose environment carries ``EXACTLY_JOB_TOKEN=token``
+    (never this process)."""
+    return processes_with_env(JOB_TOKEN_ENV, token)
 
 
 def _descendants(root: psutil.Process | None) -> list[psutil.Process]:

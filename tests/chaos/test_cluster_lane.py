@@ -25,21 +25,19 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
 from exactly.audit import audit_ids, pg_table_ids, verify
-from exactly.connectors.delta.sink import PENDING
 from exactly.connectors.postgres.two_phase import prepared_count
 from exactly.demos import postgres_job
 from exactly.demos.files import write_events
 from exactly.demos.kafka import run_chaos
-from exactly.objectstore import Location
 from exactly.procs import ProcessInfo, is_alive
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, python_command, run_with_crashes
+from exactly.testing.delta_output import leftovers
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 from exactly.testing.spark_cluster import Executor, StandaloneCluster
 
@@ -200,13 +198,7 @@ def test_delta_sink_on_the_cluster(cluster, tmp_path, events):
     for version in range(final.version() + 1):  # every version holds whole epochs
         seen = DeltaTable(uri, version=version).to_pyarrow_table(columns=["id"])["id"]
         assert len(seen) % PER_EPOCH == 0 and len(set(seen.to_pylist())) == len(seen)
-    fs, base = Location.parse(uri, {}).filesystem()
-    listed = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    parquet = {Path(i.path).name for i in listed if i.path.endswith(".parquet")
-               and "/_delta_log/" not in i.path}
-    assert parquet == {Path(u).name for u in final.file_uris()}  # aborted attempts removed
-    assert [i.path for i in listed if f"/{PENDING}/" in i.path and i.path.endswith(".json")] \
-        == []
+    assert leftovers(uri, {}) == []  # aborted attempts' files and markers removed
 
 
 # -- PostgreSQL ------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,29 +27,15 @@ import pytest
 from exactly.audit import data_files
 from exactly.procs import HOST_ID_ENV, JOB_TOKEN_ENV, job_processes, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
+from exactly.testing.chaos import continuous_files_job
 
 pytestmark = pytest.mark.chaos
 STALE_AFTER_S = 6.0
 
 
-def job(out: Path, ck: Path) -> list[str]:
-    code = (
-        "from exactly.spark.session import spark_session\n"
-        "from exactly.config import CheckpointConfig\n"
-        "from exactly.spark.runner import start_query\n"
-        "spark = spark_session()\n"
-        "df = (spark.readStream.format('exactly.datagen').option('rowsPerSecond', 200)\n"
-        "      .option('numPartitions', 2).load())\n"
-        f"q = start_query(df, sink_format='exactly.files', path={str(out)!r},\n"
-        f"                options={{'exactly.leaseStaleAfterSeconds': '{STALE_AFTER_S}'}},\n"
-        f"                checkpoint=CheckpointConfig(interval='500ms', storage={str(ck)!r}))\n"
-        "q.await_termination()\n"
-    )
-    return [sys.executable, "-c", code]
-
-
 def start(out: Path, ck: Path, host: str, token: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(job(out, ck), stdout=subprocess.DEVNULL,
+    command = continuous_files_job(out, ck, {"exactly.leaseStaleAfterSeconds": str(STALE_AFTER_S)})
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL,
                             stderr=log.open("w"), start_new_session=True,
                             env={**os.environ, JOB_TOKEN_ENV: token, HOST_ID_ENV: host})
 

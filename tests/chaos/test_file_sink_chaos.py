@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.spark.runner import COMMIT_PATH_ENV, COMMIT_PATHS
-from exactly.testing.chaos import python_command, run_with_crashes
+from exactly.testing.chaos import continuous_files_job, python_command, run_with_crashes
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 
 pytestmark = pytest.mark.chaos
@@ -52,7 +51,13 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
 
 
-@pytest.mark.parametrize("commit_path", COMMIT_PATHS)
+@pytest.mark.parametrize("commit_path", [
+    pytest.param(path, marks=[] if path == "driver" else [pytest.mark.slow, pytest.mark.skipif(
+        os.environ.get("EXACTLY_SLOW") != "1",
+        reason="the sink-runner commit path under kills: set EXACTLY_SLOW=1 (the default "
+               "lane runs start_query's default path; tests/spark/test_commit_path.py runs "
+               "both)")])
+    for path in COMMIT_PATHS])
 def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
         events_dir, tmp_path, commit_path):
     """One run, restarted after each kill -9: one crash per protocol point. After every
@@ -97,23 +102,6 @@ def test_at_least_once_mode_duplicates_after_the_same_crash(events_dir, tmp_path
     assert report.duplicate_extra_rows == 1000  # epoch 1 (two files of 500) twice
 
 
-def _continuous_job(out: Path, ck: Path) -> list[str]:
-    code = (
-        "import sys, time\n"
-        "from exactly.spark.session import spark_session\n"
-        "from exactly.config import CheckpointConfig\n"
-        "from exactly.spark.runner import start_query\n"
-        "spark = spark_session()\n"
-        "df = (spark.readStream.format('exactly.datagen').option('rowsPerSecond', 200)\n"
-        "      .option('numPartitions', 2).load())\n"
-        f"q = start_query(df, sink_format='exactly.files', path={str(out)!r},\n"
-        f"                checkpoint=CheckpointConfig(interval='500ms', storage={str(ck)!r}))\n"
-        "print('started', flush=True)\n"
-        "q.await_termination()\n"
-    )
-    return [sys.executable, "-c", code]
-
-
 def _wait_for(predicate, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -128,14 +116,14 @@ def test_a_second_instance_of_the_query_is_fenced_and_never_commits(tmp_path):
     out, ck = tmp_path / "out", tmp_path / "ck"
     log = CommitLog(out / "_exactly")
     token = new_job_token()
-    a = subprocess.Popen(_continuous_job(out, ck), stdout=subprocess.PIPE,
+    a = subprocess.Popen(continuous_files_job(out, ck), stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, start_new_session=True,
                          env={**os.environ, JOB_TOKEN_ENV: token})
     try:
         _wait_for(lambda: len(log.completed_epochs()) >= 2)
         shutil.copytree(ck, tmp_path / "ck-copy")
         lease_before = json.loads((out / "_exactly" / "lease.json").read_text())
-        b = subprocess.run(_continuous_job(out, tmp_path / "ck-copy"), capture_output=True,
+        b = subprocess.run(continuous_files_job(out, tmp_path / "ck-copy"), capture_output=True,
                            text=True, timeout=300)
         assert b.returncode != 0
         assert "is fenced off" in b.stderr and lease_before["run_id"] in b.stderr

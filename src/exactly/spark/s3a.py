@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlparse
 
 from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError
+from exactly.objectstore import checked_endpoint
 
 JARS_ENV = "EXACTLY_S3A_JARS"
 _HADOOP = "spark.hadoop.fs.s3a."
@@ -52,13 +52,7 @@ def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
             "spark.executor.extraClassPath": classpath}
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:
-        parsed = urlparse(endpoint)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is not an http(s) URL such as "
-                              "http://127.0.0.1:9000")
-        if parsed.scheme == "http" and env.get("AWS_ALLOW_HTTP", "").lower() != "true":
-            raise ConfigError(f"AWS_ENDPOINT_URL={endpoint!r} is plain http: set "
-                              "AWS_ALLOW_HTTP=true to allow it (test servers only)")
+        parsed = checked_endpoint(endpoint, env.get("AWS_ALLOW_HTTP"))
         conf[_HADOOP + "endpoint"] = endpoint
         conf[_HADOOP + "path.style.access"] = "true"
         conf[_HADOOP + "connection.ssl.enabled"] = str(parsed.scheme == "https").lower()

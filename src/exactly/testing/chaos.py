@@ -289,3 +289,25 @@ def report_progress(query, out=sys.stdout, poll_seconds: float = 0.5) -> None:
 def python_command(*args: str) -> list[str]:
     """The ``exactly`` command line run by this interpreter."""
     return [sys.executable, "-m", "exactly.cli", *args]
+
+
+def continuous_files_job(out: str | Path, checkpoint: str | Path,
+                         options: dict[str, str] | None = None) -> list[str]:
+    """A command line that runs a never-ending query until killed: 200 generated rows/s in
+    2 partitions into the file sink at ``out``, a 500 ms trigger, checkpoint ``checkpoint``,
+    sink ``options`` added. Prints ``started`` once the query runs."""
+    code = (
+        "from exactly.spark.session import spark_session\n"
+        "from exactly.config import CheckpointConfig\n"
+        "from exactly.spark.runner import start_query\n"
+        "spark = spark_session()\n"
+        "df = (spark.readStream.format('exactly.datagen').option('rowsPerSecond', 200)\n"
+        "      .option('numPartitions', 2).load())\n"
+        f"q = start_query(df, sink_format='exactly.files', path={str(out)!r},\n"
+        f"                options={dict(options or {})!r},\n"
+        f"                checkpoint=CheckpointConfig(interval='500ms', "
+        f"storage={str(checkpoint)!r}))\n"
+        "print('started', flush=True)\n"
+        "q.await_termination()\n"
+    )
+    return [sys.executable, "-c", code]

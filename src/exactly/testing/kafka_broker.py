@@ -17,8 +17,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -30,6 +28,7 @@ from exactly.connectors.kafka.jars import BROKER_ENV, jars_dir, missing
 from exactly.errors import ExactlyError
 from exactly.retry import retry_call
 from exactly.testing.ports import free_port
+from exactly.testing.server_process import ServerProcess
 
 BOOTSTRAP_ENV = "EXACTLY_KAFKA_BOOTSTRAP"
 
@@ -57,7 +56,7 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class KafkaBroker:
+class KafkaBroker(ServerProcess):
     """One KRaft broker+controller process with its own data directory.
 
     Parameters
@@ -187,33 +186,6 @@ class KafkaBroker:
         except Exception as exc:
             raise ExactlyError(f"the Kafka broker on {self.bootstrap} did not start within "
                                f"{timeout:.0f}s ({exc}); see {self.log_file}") from None
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash); :meth:`start` brings it back on the same data."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        """Stop the broker and remove its directory if this object created it."""
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def create_topic(self, name: str, partitions: int = 2, **config: str) -> None:
         """Create ``name`` (no-op if it exists)."""

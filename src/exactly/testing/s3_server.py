@@ -51,8 +51,6 @@ import contextlib
 import http.client
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -62,6 +60,7 @@ from typing import Any
 from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError, ExactlyError
 from exactly.testing.ports import free_port
+from exactly.testing.server_process import ServerProcess
 
 JARS_ENV = "EXACTLY_S3PROXY_JARS"
 MAIN_CLASS = "org.gaul.s3proxy.Main"
@@ -115,7 +114,7 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
 
 
-class S3Server:
+class S3Server(ServerProcess):
     """One S3Proxy process with its own data directory and key pair, on 127.0.0.1:``port``.
 
     Parameters
@@ -290,33 +289,6 @@ class S3Server:
                     f"({last}); see {self.workdir / 's3proxy.out'} and {self.log_file}. Its "
                     f"output ends:\n{_tail(self.workdir / 's3proxy.out')}")
             time.sleep(0.05)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL the server (a crash); :meth:`start` brings it back on the same data."""
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.proc = None
-
-    def close(self) -> None:
-        """Stop the server and remove its directory if this object created it."""
-        self.stop()
-        if self._own_dir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> S3Server:
         return self.start()

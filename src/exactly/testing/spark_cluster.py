@@ -33,7 +33,7 @@ from types import TracebackType
 import psutil
 import pyspark
 
-from exactly.procs import ProcessesSurvived, ProcessInfo, is_alive
+from exactly.procs import ProcessesSurvived, ProcessInfo, is_alive, processes_with_env
 from exactly.spark.session import MASTER_ENV
 from exactly.testing.pgcluster import free_port
 
@@ -198,17 +198,7 @@ class StandaloneCluster:
     def processes(self) -> list[psutil.Process]:
         """Living processes carrying this cluster's ident: master, workers, executors and
         the executors' Python workers (never this process)."""
-        me = os.getpid()
-        found = []
-        for proc in psutil.process_iter():
-            if proc.pid == me:
-                continue
-            try:
-                if proc.environ().get(CLUSTER_ENV) == self.ident and is_alive(proc):
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
+        return processes_with_env(CLUSTER_ENV, self.ident)
 
     def application_processes(self) -> list[psutil.Process]:
         """Living processes of applications on the cluster: executor JVMs and their Python
