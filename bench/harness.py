@@ -152,6 +152,25 @@ def over(runs: Iterable[Run], variant: str, baseline: str,
     return added, [a / t for a, t in zip(added, target_s, strict=True)]
 
 
+def own_work(runs: Iterable[Run], variant: str, target: str, target_label: str,
+             bench: str, per_m: float) -> tuple[list[str], Headline]:
+    """The table row and headline of ``variant``'s own work: its time over ``python_noop``
+    (Spark handing the rows to Python), per million rows and divided by ``target``'s."""
+    own, ratio = over(runs, variant, "python_noop", target)
+    row = [f"{variant} over python_noop (its own work)", spread([a * per_m for a in own]),
+           spread(ratio), "-"]
+    return row, Headline(bench, f"{variant} own work (over python_noop) / {target_label}",
+                         spread(ratio), "", None)
+
+
+def noop_row(runs: Iterable[Run], count: int, per_m: float) -> list[str]:
+    """The table row of Spark's ``noop`` sink: its whole time per million rows, and the
+    thousands of rows (of ``count``) it moved per second."""
+    noop = per_rep(runs, "seconds", "noop")
+    return ["noop (Spark alone: its total s)", spread([s * per_m for s in noop]), "-",
+            spread([count / s / 1000 for s in noop], ".0f")]
+
+
 def at_most(ratios: Sequence[float], limit: float) -> bool | None:
     """Whether the median of ``ratios`` is within ``limit`` (None without ratios)."""
     return statistics.median(ratios) <= limit if ratios else None

@@ -344,14 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "exactly_once":
             headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
                                         h.spread(ratio), "<= 1.0", h.at_most(ratio, 1.0)))
-    own, own_ratio = h.over(runs, "exactly_once", "python_noop", "plain_producer")
-    rows.append(["exactly_once over python_noop (its own work)",
-                 h.spread([a * per_m for a in own]), h.spread(own_ratio), "-"])
-    headlines.append(h.Headline("kafka_sink", "exactly_once own work (over python_noop) / "
-                                "plain producer", h.spread(own_ratio), "", None))
-    noop = h.per_rep(runs, "seconds", "noop")
-    rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
-                 h.spread([args.records / s / 1000 for s in noop], ".0f")])
+    own_row, own_headline = h.own_work(runs, "exactly_once", "plain_producer",
+                                       "plain producer", "kafka_sink", per_m)
+    rows.append(own_row)
+    headlines.append(own_headline)
+    rows.append(h.noop_row(runs, args.records, per_m))
     print()
     print(h.table(["variant", "added s per 1M records", "added / plain producer",
                    "k records/s"], rows))

@@ -214,14 +214,11 @@ def main(argv: list[str] | None = None) -> int:
                                     h.spread(ratio), goal,
                                     h.at_most(ratio, 1.0) if goal else None))
     if "python_noop" in sinks and "2pc" in sinks:
-        own, own_ratio = h.over(runs, "2pc", "python_noop", "client_copy")
-        rows.append(["2pc over python_noop (its own work)", h.spread([a * per_m for a in own]),
-                     h.spread(own_ratio), "-"])
-        headlines.append(h.Headline("postgres_sink", "2pc own work (over python_noop) / "
-                                    "client COPY", h.spread(own_ratio), "", None))
-    noop = h.per_rep(runs, "seconds", "noop")
-    rows.append(["noop (Spark alone: its total s)", h.spread([s * per_m for s in noop]), "-",
-                 h.spread([args.rows / t / 1000 for t in noop], ".0f")])
+        own_row, own_headline = h.own_work(runs, "2pc", "client_copy", "client COPY",
+                                           "postgres_sink", per_m)
+        rows.append(own_row)
+        headlines.append(own_headline)
+    rows.append(h.noop_row(runs, args.rows, per_m))
     print()
     print(h.table(["variant", "added s per 1M rows", "added / client COPY", "k rows/s"], rows))
     print(f"\n{h.machine()}")

@@ -18,6 +18,7 @@ Secrets are never part of ``repr`` or of any message.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -93,7 +94,8 @@ class Location:
         if self.is_local:
             return pafs.LocalFileSystem(), self.uri
         if self.scheme == "s3":
-            return _s3_filesystem(self.resolved_options()), self.uri[len("s3://"):]
+            options = tuple(sorted(self.resolved_options().items()))
+            return _s3_filesystem(options), self.uri[len("s3://"):]
         try:
             fs, path = pafs.FileSystem.from_uri(self.uri)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -119,8 +121,11 @@ def checked_endpoint(endpoint: str, allow_http: str | None) -> ParseResult:
     return parsed
 
 
-def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
-    opts = {k.upper(): v for k, v in options.items()}
+@functools.lru_cache(maxsize=16)
+def _s3_filesystem(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    """One S3 client per set of settings and process: a sink opens its location for every
+    marker, file and check, and a new client resolves its credentials again."""
+    opts = {k.upper(): v for k, v in options}
     kwargs: dict[str, object] = {}
     endpoint = opts.get("AWS_ENDPOINT_URL") or opts.get("AWS_ENDPOINT")
     if endpoint:
