@@ -119,7 +119,8 @@ class SqliteWalCase(SinkCase):
         from exactly.connectors.wal import SqliteWalTarget, WriteAheadSink
 
         self.path = self.tmp / "db.sqlite"
-        sink = WriteAheadSink(SqliteWalTarget(str(self.path), "events"), self.tmp / "log")
+        log = settings.require_log_location("wal") if settings.log_dir else self.tmp / "log"
+        sink = WriteAheadSink(SqliteWalTarget(str(self.path), "events"), log)
         sink.prepare_target(ID_KEY)
         return sink
 
@@ -259,24 +260,31 @@ class DeltaCase(SinkCase):
         return sorted(table.to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
 
-class DeltaS3Case(DeltaCase):
-    """The Delta sink with everything on an S3-compatible object store (S3Proxy): the table,
-    and the commit log and lease under ``s3://<bucket>/log``. Nothing is renamed."""
+class _OnS3:
+    """A case with its sink's commit log, lease and staging under ``s3://<bucket>/log`` on
+    an S3-compatible object store (S3Proxy), the store in the ``AWS_*`` environment."""
 
-    name = "delta_s3"
     server = True
+    tmp: Path
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-        super().__init__(request, tmp_path)
+        super().__init__(request, tmp_path)  # type: ignore[call-arg]
         self.s3: Any = request.getfixturevalue("s3_server")
         monkeypatch = request.getfixturevalue("monkeypatch")
-        for key, value in self.s3.env().items():  # the commit log's boto3 client
+        for key, value in self.s3.env().items():  # the commit log's and the stage's clients
             monkeypatch.setenv(key, value)
         self.bucket = f"contract-{tmp_path.name.lower().replace('_', '-')[-40:]}".strip("-")
         self.s3.create_bucket(self.bucket)
 
     def settings(self, mode: Mode) -> SinkSettings:
         return SinkSettings(mode=mode, log_dir=f"s3://{self.bucket}/log")
+
+
+class DeltaS3Case(_OnS3, DeltaCase):
+    """The Delta sink with everything on an S3-compatible object store (S3Proxy): the table,
+    and the commit log and lease under ``s3://<bucket>/log``. Nothing is renamed."""
+
+    name = "delta_s3"
 
     def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
         from exactly.connectors.delta.sink import DeltaSink
@@ -293,9 +301,21 @@ class DeltaS3Case(DeltaCase):
         return self.s3.storage_options()
 
 
-CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, Postgres2pcCase,
-                                     PostgresWalCase, PostgresUpsertCase, KafkaCase, DeltaCase,
-                                     DeltaS3Case)
+class SqliteWalS3Case(_OnS3, SqliteWalCase):
+    """The write-ahead sink with its staged Parquet files, log and lease on S3."""
+
+    name = "sqlite_wal_s3"
+
+
+class KafkaS3Case(_OnS3, KafkaCase):
+    """The Kafka sink with its staged Arrow files, log and lease on S3."""
+
+    name = "kafka_s3"
+
+
+CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, SqliteWalS3Case,
+                                     Postgres2pcCase, PostgresWalCase, PostgresUpsertCase,
+                                     KafkaCase, KafkaS3Case, DeltaCase, DeltaS3Case)
 BY_NAME = {c.name: c for c in CASES}
 
 

@@ -1,6 +1,7 @@
-"""The PostgreSQL 2PC pipeline with its whole state on S3 (S3Proxy): Spark's checkpoint on
-s3a:// and exactly's commit log and lease beside it on s3://, killed with SIGKILL at the
-protocol points where the commit log decides the outcome, restarted, audited."""
+"""The PostgreSQL pipelines with their whole state on S3 (S3Proxy): Spark's checkpoint on
+s3a:// and exactly's commit log and lease beside it on s3:// (and, for the write-ahead sink,
+its staged Parquet files), killed with SIGKILL at the protocol points where the commit log
+decides the outcome, restarted, audited."""
 
 from __future__ import annotations
 
@@ -31,14 +32,15 @@ ROWS, PER_EPOCH = 4_000, 1_000
 POINTS = [FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 2)]
 
 
-def test_2pc_with_checkpoint_and_commit_log_on_s3_survives_kills_exactly_once(
-        pg, conn, s3_server, monkeypatch):
+@pytest.mark.parametrize("sink", ["2pc", "wal"])
+def test_with_checkpoint_commit_log_and_staging_on_s3_survives_kills_exactly_once(
+        sink, pg, conn, s3_server, monkeypatch):
     bucket = f"pg-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(bucket)
     table = f"ev_{uuid.uuid4().hex[:8]}"
     checkpoint = f"s3a://{bucket}/ck"
     attempts = run_with_crashes(
-        command("--sink", "2pc", "--table", table, "--checkpoint", checkpoint, "--rows",
+        command("--sink", sink, "--table", table, "--checkpoint", checkpoint, "--rows",
                 str(ROWS), "--rows-per-epoch", str(PER_EPOCH)),
         POINTS, env={DSN_ENV: pg.dsn, **s3_server.env()}, timeout=480)
     assert [a.fired["point"] for a in attempts if a.crashed] == [p.point for p in POINTS]
@@ -52,3 +54,5 @@ def test_2pc_with_checkpoint_and_commit_log_on_s3_survives_kills_exactly_once(
     client = s3_server.boto3_client()
     offsets = client.list_objects_v2(Bucket=bucket, Prefix="ck/offsets/").get("Contents", [])
     assert offsets, "Spark's offsets log is not on S3"
+    staged = client.list_objects_v2(Bucket=bucket, Prefix="ck/exactly-sink/wal/")
+    assert staged.get("Contents", []) == []  # every staged file loaded, then removed

@@ -1,5 +1,5 @@
-"""Where a sink's commit log may live: start_query's default beside the checkpoint (local
-or s3a://), an s3:// prefix for sinks without shared staging files, refused for the rest."""
+"""Where a sink's commit log (and staging) may live: start_query's default beside the
+checkpoint (local or s3a://), a local directory or an s3:// prefix for every exactly sink."""
 
 from __future__ import annotations
 
@@ -19,9 +19,17 @@ def test_the_log_follows_the_checkpoint_locally_and_on_s3():
     assert with_sink_log_dir("s3a://lake/ck", {opt.LOG_DIR: "/mine"})[opt.LOG_DIR] == "/mine"
 
 
-def test_sinks_that_stage_files_in_their_log_refuse_one_on_object_storage():
+def test_the_log_location_is_a_path_or_an_s3_uri_and_the_stage_follows_it(tmp_path):
+    from exactly.protocol.object_staging import ObjectStagingArea
+    from exactly.protocol.staging import StagingArea, open_stage
+
     settings = SinkSettings(log_dir="s3://lake/log")
-    assert settings.require_log_location("exactly.delta") == "s3://lake/log"
-    with pytest.raises(ConfigError, match="needs a POSIX directory"):
-        settings.require_log_dir("exactly.kafka")
-    assert SinkSettings(log_dir="file:///l").require_log_dir("exactly.wal") == Path("/l")
+    assert settings.require_log_location("exactly.kafka") == "s3://lake/log"
+    assert SinkSettings(log_dir="file:///l").require_log_location("exactly.wal") == Path("/l")
+    with pytest.raises(ConfigError, match=r"set option exactly\.logDir"):
+        SinkSettings().require_log_location("exactly.wal")
+    local = open_stage(f"file://{tmp_path}", "wal", "rows.parquet")
+    assert isinstance(local, StagingArea) and local.base == tmp_path / "wal"
+    remote = open_stage("s3a://lake/log", "staging", "rows.arrow")
+    assert isinstance(remote, ObjectStagingArea)
+    assert remote.base == "s3://lake/log/staging"

@@ -13,12 +13,13 @@ in the table" become true in the same commit, so a repeated load finds the marke
 nothing.
 
 Executor side: each task writes its rows to ``<log dir>/wal/<epoch>/<attempt>/rows.parquet``
-(fsynced; the handle names the file). Driver side: ``publish_epoch`` opens one transaction,
-inserts the marker (a conflict means the epoch is already loaded: roll back, done), loads every
-staged file of the epoch, commits, then removes the staged files. Works with any
-transactional store; PostgreSQL (COPY) and SQLite (embedded, no server) are built in. The
-log directory must be reachable from the executors and the driver (local disk for ``local``
-mode and one-host clusters, a shared mount otherwise).
+(fsynced on a disk, one completed upload on object storage; the handle names the file). Driver
+side: ``publish_epoch`` opens one transaction, inserts the marker (a conflict means the epoch
+is already loaded: roll back, done), loads every staged file of the epoch, commits, then
+removes the staged files. Works with any transactional store; PostgreSQL (COPY) and SQLite
+(embedded, no server) are built in. The log location must be reachable from the executors and
+the driver: local disk for ``local`` mode and one-host clusters, a shared mount or an ``s3://``
+prefix otherwise (:mod:`exactly.protocol.staging`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from exactly.connectors.sql import (
 )
 from exactly.errors import ConfigError, DataLossError
 from exactly.protocol.contract import CommitOutcome, Handle
-from exactly.protocol.staging import StagedTxn, StagingArea, StagingSink
+from exactly.protocol.staging import StagedTxn, StagingSink, open_stage
 
 DEFAULT_MARKER_TABLE = opt.DEFAULT_WAL_MARKER_TABLE
 
@@ -238,18 +239,17 @@ class WriteAheadSink(StagingSink):
 
     def __init__(self, target: WalTarget, log_dir: str | Path) -> None:
         self.target = target
-        self._log_dir = Path(log_dir).absolute()
-        self.stage = StagingArea(self._log_dir / "wal", self._log_dir, "rows.parquet")
+        self.stage = open_stage(log_dir, "wal", "rows.parquet")
 
     def __repr__(self) -> str:
         return f"WriteAheadSink({self.target.describe()})"
 
     @property
-    def log_directory(self) -> Path:
-        return self._log_dir
+    def log_directory(self) -> Path | str:
+        return self.stage.root
 
     @property
-    def staging(self) -> Path:
+    def staging(self) -> Path | str:
         return self.stage.base
 
     def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
@@ -260,7 +260,7 @@ class WriteAheadSink(StagingSink):
         if batch.num_rows == 0:
             return
         if txn.writer is None:
-            txn.writer = pq.ParquetWriter(txn.data_file, batch.schema)
+            txn.writer = pq.ParquetWriter(self.stage.open_output(txn), batch.schema)
         txn.writer.write_batch(batch)
         txn.rows += batch.num_rows
 
@@ -273,14 +273,14 @@ class WriteAheadSink(StagingSink):
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """A staged file only becomes visible with its whole epoch (``publish_epoch``);
         here it is checked to be there, or recognised as loaded by the epoch's marker."""
-        staged = self._log_dir / handle.payload.dir
-        if staged.is_dir() and (not handle.payload.file
-                                or (staged / handle.payload.file).exists()):
+        staged = self.stage.staged_file(handle)
+        if self.stage.has_attempt(handle) and (staged is None or staged.exists()):
             return CommitOutcome.COMMITTED
         if self.target.has_marker(handle.query_id, handle.epoch):
             return CommitOutcome.ALREADY_COMMITTED
         raise DataLossError(
-            f"epoch {handle.epoch} partition {handle.partition}: the staged rows {staged} named "
+            f"epoch {handle.epoch} partition {handle.partition}: the staged rows "
+            f"{staged or self.stage.describe(handle)} named "
             f"by the commit intent are gone and the epoch's marker is not in "
             f"{self.target.describe()}; something outside exactly removed them"
         )
@@ -297,9 +297,12 @@ class WriteAheadSink(StagingSink):
 
     def _tables(self, handles: Sequence[Handle]) -> Iterator[pa.Table]:
         for handle in handles:
-            if handle.payload.file:
-                path = self._log_dir / handle.payload.dir / handle.payload.file
-                if not path.exists():
-                    raise DataLossError(f"epoch {handle.epoch}: staged rows {path} vanished "
-                                        "before the epoch was loaded")
-                yield pq.read_table(path)
+            staged = self.stage.staged_file(handle)
+            if staged is not None:
+                try:
+                    source = staged.open()
+                except FileNotFoundError:
+                    raise DataLossError(f"epoch {handle.epoch}: staged rows {staged} vanished "
+                                        "before the epoch was loaded") from None
+                with source:
+                    yield pq.read_table(source)

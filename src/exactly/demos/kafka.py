@@ -118,10 +118,14 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
               restart_broker_after_epoch: int | None = None,
               on_line: Callable[[Attempt, dict], None] | None = None,
               on_start: Callable[[Attempt], None] | None = None,
-              on_end: Callable[[Attempt], None] | None = None) -> ChaosRun:
+              on_end: Callable[[Attempt], None] | None = None,
+              checkpoint: str | None = None,
+              env: dict[str, str] | None = None) -> ChaosRun:
     """Produce the input, run the job under ``schedule`` until drained, audit the output.
 
-    ``restart_broker`` is called once, in the first attempt that reports an epoch
+    ``checkpoint`` defaults to ``<workdir>/checkpoint`` (an ``s3a://`` URI puts it, and the
+    sink's log and staging beside it, on object storage; ``env`` then carries the ``AWS_*``
+    settings to the job). ``restart_broker`` is called once, in the first attempt that reports an epoch
     ``>= restart_broker_after_epoch`` after the schedule is exhausted (a broker crash while
     the job runs).
     """
@@ -134,7 +138,8 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
     workdir.mkdir(parents=True)
     command = [sys.executable, "-m", "exactly.demos.kafka_job", "--bootstrap", bootstrap,
                "--input", input_topic, "--output", output_topic,
-               "--checkpoint", str(workdir / "checkpoint"), "--sink", sink, "--mode", mode,
+               "--checkpoint", checkpoint or str(workdir / "checkpoint"), "--sink", sink,
+               "--mode", mode,
                "--prefix", f"demo-{name}",
                "--max-offsets-per-trigger", str(math.ceil(events / epochs))]
     restarts = 0
@@ -149,7 +154,7 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
             restarts += 1
             restart_broker()
 
-    attempts = run_with_crashes(command, schedule, on_line=line, on_start=on_start,
+    attempts = run_with_crashes(command, schedule, env=env, on_line=line, on_start=on_start,
                                 on_end=on_end, timeout=900)
     committed = audit_output(bootstrap, output_topic, events, "read_committed")
     uncommitted = audit_output(bootstrap, output_topic, events, "read_uncommitted")

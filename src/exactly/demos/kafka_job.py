@@ -99,7 +99,7 @@ def spark_sink_writer(bootstrap: str, output_topic: str):
 
 
 def run(args: argparse.Namespace, out=sys.stdout) -> None:
-    spark = _session()
+    spark = _session(args.checkpoint)
     try:
         df = build(spark, args.bootstrap, args.input, args.max_offsets_per_trigger)
         config = CheckpointConfig(mode=args.mode, storage=args.checkpoint,
@@ -125,10 +125,11 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
         spark.stop()
 
 
-def _session() -> SparkSession:
+def _session(checkpoint: str) -> SparkSession:
     from exactly.spark.session import spark_session
 
-    return spark_session(app_name="exactly-kafka-job", conf=spark_kafka_conf())
+    return spark_session(app_name="exactly-kafka-job", conf=spark_kafka_conf(),
+                         s3a=checkpoint.startswith("s3a://"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,7 +138,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--input", required=True, help="input topic")
     p.add_argument("--output", required=True, help="output topic")
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True,
+                   help="a directory, or s3a://bucket/prefix (AWS_* environment variables); "
+                        "the sink's log and staging go beside it")
     p.add_argument("--sink", choices=("exactly", "spark"), default="exactly")
     p.add_argument("--mode", choices=("exactly_once", "at_least_once"), default="exactly_once")
     p.add_argument("--prefix", default="exactly-kafka-job", help="transactional id prefix")

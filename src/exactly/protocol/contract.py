@@ -237,8 +237,9 @@ class SinkSettings:
                    checkpoint_location=options.get(opt.CHECKPOINT_LOCATION))
 
     def require_log_location(self, sink: str) -> Path | str:
-        """The commit-log location for sinks that keep it beside the checkpoint and need no
-        shared staging files: a Path, or an ``s3://`` URI (:mod:`exactly.protocol.logstore`)."""
+        """The location of the sink's commit log (and of its staged pre-commits, for the
+        staging sinks) beside the checkpoint: a Path, or an ``s3://`` URI
+        (:mod:`exactly.protocol.logstore`, :mod:`exactly.protocol.staging`)."""
         if not self.log_dir:
             raise ConfigError(
                 f"{sink} sink: set option {opt.LOG_DIR} to a directory (or an s3:// prefix) "
@@ -248,15 +249,3 @@ class SinkSettings:
         if self.log_dir.startswith(("s3://", "s3a://")):
             return self.log_dir
         return Path(self.log_dir.removeprefix("file://"))
-
-    def require_log_dir(self, sink: str) -> Path:
-        """The commit-log directory for sinks that also stage pre-commits there as files
-        the driver and the executors share: a local or shared POSIX directory."""
-        location = self.require_log_location(sink)
-        if isinstance(location, str):
-            raise ConfigError(
-                f"{sink} sink: {opt.LOG_DIR}={location} is on object storage, but this sink "
-                "stages its pre-commits there as files shared by the driver and the "
-                f"executors, which needs a POSIX directory: set {opt.LOG_DIR} to a local or "
-                "shared POSIX directory")
-        return location

@@ -19,6 +19,7 @@ with a ConfigError that says so: exactly does not fall back to an unconditional 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import os
@@ -61,6 +62,11 @@ class LogStore(ABC):
     @abstractmethod
     def list(self, folder: str) -> list[str]:
         """Names of the files directly in ``folder`` (not sorted)."""
+
+    @abstractmethod
+    def list_tree(self, folder: str) -> builtins.list[str]:
+        """Names (relative to ``folder``, ``/``-separated) of every file below ``folder``,
+        at any depth (not sorted)."""
 
     @abstractmethod
     def delete(self, name: str) -> None:
@@ -129,6 +135,11 @@ class LocalLogStore(LogStore):
         if not directory.is_dir():
             return []
         return [p.name for p in directory.iterdir()
+                if p.is_file() and not p.name.endswith((".lock", ".tmp"))]
+
+    def list_tree(self, folder: str) -> builtins.list[str]:
+        directory = self.root / folder
+        return [p.relative_to(directory).as_posix() for p in directory.rglob("*")
                 if p.is_file() and not p.name.endswith((".lock", ".tmp"))]
 
     def delete(self, name: str) -> None:
@@ -220,11 +231,18 @@ class S3LogStore(LogStore):
         return self._put_if(name, data, IfMatch=token)
 
     def list(self, folder: str) -> list[str]:
+        return self._list(folder, Delimiter="/")
+
+    def list_tree(self, folder: str) -> builtins.list[str]:
+        return self._list(folder)
+
+    def _list(self, folder: str, **delimiter: str) -> builtins.list[str]:
         prefix = self._key(folder).rstrip("/") + "/"
-        names: list[str] = []
+        names: builtins.list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
-            names.extend(obj["Key"][len(prefix):] for obj in page.get("Contents", []))
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, **delimiter):
+            names.extend(obj["Key"][len(prefix):] for obj in page.get("Contents", [])
+                         if not obj["Key"].endswith("/"))  # directory markers of other tools
         return names
 
     def delete(self, name: str) -> None:

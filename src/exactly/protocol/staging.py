@@ -4,15 +4,26 @@ Layout under ``base``: ``<epoch:012d>/<attempt key>/task.json`` plus the attempt
 file. ``task.json`` is written when the transaction begins, so even an attempt that died
 mid-write can be listed (and aborted) by recovery. Handle payloads name the attempt
 directory relative to ``root``, so the sink can find it from the driver.
+
+Two kinds of area offer the same :class:`Stage` interface: :class:`StagingArea`, a local or
+shared POSIX directory (files fsynced, directory entries made durable), and
+:class:`~exactly.protocol.object_staging.ObjectStagingArea`, a prefix on object storage
+(``s3://``), where an object appears whole when its upload completes and needs no fsync.
+:func:`open_stage` picks one for a sink's log location. The file sink needs the POSIX one: it
+publishes by renaming staged files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
 
 from exactly.errors import CorruptFileError
 from exactly.fsutil import (
@@ -20,10 +31,14 @@ from exactly.fsutil import (
     fsync_dir,
     fsync_file,
     naming,
+    parse_json,
     read_json,
     require_fields,
 )
 from exactly.protocol.contract import Handle, Payload, TaskInfo, TwoPhaseCommitSink
+
+TASK_FILE = "task.json"
+TASK_FIELDS = ("query_id", "run_id", "epoch", "partition", "attempt")
 
 
 @dataclass(frozen=True)
@@ -37,13 +52,55 @@ class StagedPayload(Payload):
 
 @dataclass
 class StagedTxn:
-    """One task attempt writing a single staged data file."""
+    """One task attempt writing a single staged data file.
+
+    ``directory`` and ``data_file`` name the attempt's directory and data file in the stage:
+    local paths in a POSIX area, names relative to the root on object storage. A sink either
+    writes ``data_file`` by name (POSIX only) or asks
+    :meth:`Stage.open_output` for a stream, which the pre-commit closes after ``writer``.
+    """
 
     task: TaskInfo
-    directory: Path
-    data_file: Path
+    directory: str
+    data_file: str
     writer: Any = None  # opened on the first non-empty batch; has close()
+    stream: Any = None  # the output stream ``writer`` writes to, when the stage opened it
     rows: int = 0
+
+    def close(self) -> None:
+        """Close the writer, then the stream under it (a completed upload on object
+        storage); both are cleared even when closing fails."""
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            self.writer = None
+            stream, self.stream = self.stream, None
+            if stream is not None and not stream.closed:
+                stream.close()
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A staged data file, for the driver to read back: ``shown`` names it in messages."""
+
+    fs: pafs.FileSystem
+    path: str
+    shown: str
+
+    def exists(self) -> bool:
+        return self.fs.get_file_info(self.path).type == pafs.FileType.File
+
+    def open(self) -> pa.RandomAccessFile:
+        """The whole file for random access: a memory map on a local disk, the object read
+        in one request on object storage. Raises FileNotFoundError when it is gone."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            return pa.memory_map(self.path)
+        with self.fs.open_input_stream(self.path) as source:
+            return pa.BufferReader(source.read_buffer())
+
+    def __str__(self) -> str:
+        return self.shown
 
 
 def remove_if_empty(directory: Path) -> None:
@@ -51,8 +108,89 @@ def remove_if_empty(directory: Path) -> None:
         directory.rmdir()
 
 
-class StagingArea:
-    """Attempt directories below ``base``; payload paths are relative to ``root``."""
+class Stage(ABC):
+    """Where a staging sink's executors leave pre-committed rows for the driver.
+
+    Guarantees the committer relies on: once :meth:`pre_commit` returned, the data file is
+    complete and durable, and :meth:`staged_file` finds it from any process that reaches the
+    location; :meth:`list` finds every attempt whose ``task.json`` was written, including
+    attempts that died mid-write, so recovery can abort them.
+    """
+
+    root: Path | str  # the sink's log location; payload paths are relative to it
+    base: Path | str
+    data_name: str
+
+    @abstractmethod
+    def begin_txn(self, task: TaskInfo) -> StagedTxn:
+        """Create the attempt's directory and its ``task.json``."""
+
+    @abstractmethod
+    def open_output(self, txn: StagedTxn) -> pa.NativeFile:
+        """A stream that writes the attempt's data file (kept in ``txn.stream``)."""
+
+    @abstractmethod
+    def pre_commit(self, txn: StagedTxn) -> StagedPayload:
+        """Close the data file and make it durable; return the handle's payload."""
+
+    @abstractmethod
+    def abort_txn(self, txn: StagedTxn) -> None:
+        """Close the writer (if any) and remove the attempt's directory."""
+
+    @abstractmethod
+    def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
+        """True while the attempt's directory (or any file of it) is there."""
+
+    @abstractmethod
+    def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
+        """The attempt's data file, ``None`` when it wrote no rows."""
+
+    @abstractmethod
+    def describe(self, handle: Handle[StagedPayload]) -> str:
+        """The attempt's directory, for messages."""
+
+    @abstractmethod
+    def discard(self, handle: Handle) -> None:
+        """Remove the attempt's directory, and its epoch's directory once empty."""
+
+    @abstractmethod
+    def list(self, query_id: str) -> list[Handle]:
+        """Every staged attempt of ``query_id``."""
+
+
+def open_stage(root: Path | str, folder: str, data_name: str) -> Stage:
+    """The staging area ``<root>/<folder>`` of a sink whose log is at ``root``: a POSIX
+    :class:`StagingArea` for a path, an object-store area for an ``s3://`` (or ``s3a://``)
+    URI. Raises ConfigError for a URI the object store layer cannot open."""
+    if isinstance(root, str) and "://" in root and not root.startswith("file://"):
+        from exactly.protocol.object_staging import ObjectStagingArea
+
+        return ObjectStagingArea(root, folder, data_name)
+    local = Path(str(root).removeprefix("file://")).absolute()
+    return StagingArea(local / folder, local, data_name)
+
+
+def task_record(task: TaskInfo) -> dict[str, Any]:
+    """What ``task.json`` holds."""
+    return {"query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
+            "partition": task.partition, "attempt": task.attempt}
+
+
+def task_info(task: dict[str, Any] | None, query_id: str, epoch: int) -> TaskInfo:
+    """The attempt's task from its ``task.json`` (already checked by :func:`checked_task`);
+    an unknown task of ``query_id`` when the attempt died before writing it."""
+    if task is None:
+        return TaskInfo(query_id, "", epoch, -1, -1)
+    return TaskInfo(task["query_id"], task["run_id"], int(task["epoch"]),
+                    int(task["partition"]), int(task["attempt"]))
+
+
+class StagingArea(Stage):
+    """Attempt directories below ``base`` on a local or shared POSIX file system; payload
+    paths are relative to ``root``. Files are fsynced and directory entries made durable."""
+
+    root: Path
+    base: Path
 
     def __init__(self, base: Path, root: Path, data_name: str) -> None:
         self.base = base
@@ -64,42 +202,33 @@ class StagingArea:
 
     def begin_txn(self, task: TaskInfo) -> StagedTxn:
         """Begin a transaction whose rows go to this area's data file."""
-        directory = self.begin(task)
-        return StagedTxn(task, directory, directory / self.data_name)
+        directory = self.epoch_dir(task.epoch) / task.attempt_key
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(directory / TASK_FILE, task_record(task))
+        return StagedTxn(task, str(directory), str(directory / self.data_name))
+
+    def open_output(self, txn: StagedTxn) -> pa.NativeFile:
+        with naming(txn.data_file):
+            txn.stream = pa.OSFile(txn.data_file, "wb")
+        return txn.stream
 
     def pre_commit(self, txn: StagedTxn) -> StagedPayload:
         """Close and fsync the data file; return the handle's payload."""
         has_file = txn.writer is not None
         if has_file:
             with naming(txn.data_file):
-                txn.writer.close()
-                txn.writer = None
+                txn.close()
                 fsync_file(txn.data_file)
-        return self.payload(txn.directory, txn.rows, has_file)
+        directory = Path(txn.directory)
+        fsync_dir(directory)
+        return StagedPayload(txn.rows, str(directory.relative_to(self.root)),
+                             self.data_name if has_file else None)
 
     def abort_txn(self, txn: StagedTxn) -> None:
-        """Close the writer (if any) and remove the attempt's directory."""
         try:
-            if txn.writer is not None:
-                txn.writer.close()
+            txn.close()
         finally:
-            txn.writer = None
             shutil.rmtree(txn.directory, ignore_errors=True)
-
-    def begin(self, task: TaskInfo) -> Path:
-        """Create the attempt's directory and record which task it belongs to."""
-        directory = self.epoch_dir(task.epoch) / task.attempt_key
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / "task.json", {
-            "query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,
-            "partition": task.partition, "attempt": task.attempt})
-        return directory
-
-    def payload(self, directory: Path, rows: int, has_file: bool) -> StagedPayload:
-        """The handle payload of a pre-committed attempt (directory entries made durable)."""
-        fsync_dir(directory)
-        return StagedPayload(rows, str(directory.relative_to(self.root)),
-                             self.data_name if has_file else None)
 
     def directory(self, handle: Handle[StagedPayload]) -> Path:
         return self.root / handle.payload.dir
@@ -108,8 +237,17 @@ class StagingArea:
         name = handle.payload.file
         return self.directory(handle) / name if name else None
 
+    def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
+        return self.directory(handle).is_dir()
+
+    def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
+        path = self.data_file(handle)
+        return None if path is None else StagedFile(_LOCAL, str(path), str(path))
+
+    def describe(self, handle: Handle[StagedPayload]) -> str:
+        return str(self.directory(handle))
+
     def discard(self, handle: Handle) -> None:
-        """Remove the attempt's directory, and its epoch's directory once empty."""
         shutil.rmtree(self.directory(handle), ignore_errors=True)
         remove_if_empty(self.epoch_dir(handle.epoch))
 
@@ -124,39 +262,51 @@ class StagingArea:
             for attempt in sorted(epoch_dir.iterdir()):
                 if attempt.name.startswith("_") or not attempt.is_dir():
                     continue
-                task = _read_task(attempt) or {
-                    "query_id": query_id, "run_id": "", "epoch": int(epoch_dir.name),
-                    "partition": -1, "attempt": -1}
-                if task["query_id"] != query_id:
+                path = attempt / TASK_FILE
+                task = checked_task(read_json(path, repair=_repair(attempt)), str(path),
+                                    str(attempt))
+                info = task_info(task, query_id, int(epoch_dir.name))
+                if info.query_id != query_id:
                     continue
                 has_file = (attempt / self.data_name).exists()
-                info = TaskInfo(task["query_id"], task["run_id"], int(task["epoch"]),
-                                int(task["partition"]), int(task["attempt"]))
                 found.append(Handle(info, StagedPayload(
                     0, str(attempt.relative_to(self.root)),
                     self.data_name if has_file else None)))
         return found
 
 
-def _read_task(attempt: Path) -> dict[str, Any] | None:
-    """``task.json`` of an attempt directory; ``None`` if the attempt died before writing it.
+#: local files are read back through a memory map
+_LOCAL = pafs.LocalFileSystem(use_mmap=True)
+
+
+def _repair(attempt: str | Path) -> str:
+    from exactly.protocol.repairs import task_repair
+
+    return task_repair(attempt)
+
+
+def checked_task(task: Any, where: str, attempt: str | Path) -> dict[str, Any] | None:
+    """A parsed ``task.json`` (the file ``where`` of ``attempt``) checked for its fields;
+    ``None`` (the attempt died before writing it) passes through.
 
     Raises :class:`CorruptFileError` (naming the file and the repair) when it is damaged.
     """
-    from exactly.protocol.repairs import task_repair
-
-    path = attempt / "task.json"
-    task = read_json(path, repair=task_repair(attempt))
     if task is None:
         return None
-    require_fields(task, path, ("query_id", "run_id", "epoch", "partition", "attempt"),
-                   task_repair(attempt))
+    require_fields(task, where, TASK_FIELDS, _repair(attempt))
     try:
         int(task["epoch"]), int(task["partition"]), int(task["attempt"])
     except (TypeError, ValueError) as exc:
-        raise CorruptFileError(str(path), f"has a malformed field ({exc})",
-                               task_repair(attempt)) from None
+        raise CorruptFileError(where, f"has a malformed field ({exc})",
+                               _repair(attempt)) from None
     return task
+
+
+def parse_task(data: bytes | None, where: str, attempt: str) -> dict[str, Any] | None:
+    """``task.json`` read as bytes (``None``: absent), parsed and checked."""
+    if data is None:
+        return None
+    return checked_task(parse_json(data, where, _repair(attempt)), where, attempt)
 
 
 class StagingSink(TwoPhaseCommitSink[StagedTxn]):
@@ -165,7 +315,7 @@ class StagingSink(TwoPhaseCommitSink[StagedTxn]):
     subclass adds ``write``, ``commit_handle`` and ``publish_epoch``."""
 
     payload_type = StagedPayload
-    stage: StagingArea
+    stage: Stage
 
     def begin_transaction(self, task: TaskInfo) -> StagedTxn:
         return self.stage.begin_txn(task)

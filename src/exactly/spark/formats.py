@@ -282,7 +282,7 @@ def _wal_sink(options: Mapping[str, str], settings: SinkSettings,
     from exactly.connectors.wal import WriteAheadSink, target_from_options
 
     target = target_from_options(options, resolve_dsn(options, required=False))
-    return WriteAheadSink(target, settings.require_log_dir("exactly.wal"))
+    return WriteAheadSink(target, settings.require_log_location("exactly.wal"))
 
 
 def _upsert_sink(options: Mapping[str, str], settings: SinkSettings,

@@ -53,6 +53,7 @@ class FileSink(StagingSink):
     """Exactly-once Parquet / JSON-lines files, published one whole epoch at a time."""
 
     name = "files"
+    stage: StagingArea  # POSIX only: an epoch is published by renaming staged files
 
     def __init__(self, path: str, file_format: str = "parquet",
                  compression: str = "snappy") -> None:

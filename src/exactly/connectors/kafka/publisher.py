@@ -39,7 +39,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -49,6 +48,7 @@ from exactly.connectors.kafka.options import KafkaSinkError, KafkaSinkOptions
 from exactly.errors import ConfigError, DataLossError, FencedError
 from exactly.logs import log_event
 from exactly.protocol.faults import maybe_crash, register_point
+from exactly.protocol.staging import StagedFile
 from exactly.retry import retry_call
 
 logger = logging.getLogger("exactly.connectors.kafka.publisher")
@@ -327,7 +327,7 @@ class PublishSession:
             raise KafkaSinkError(f"reading the epoch marker failed: {tp.error}")
         return max(tp.offset, 0)
 
-    def publish(self, epoch: int, files: list[Path]) -> None:
+    def publish(self, epoch: int, files: list[StagedFile]) -> None:
         """Publish the rows staged in ``files`` as epoch ``epoch``, unless it already is.
 
         Raises FencedError when a newer producer of the query took over, KafkaSinkError
@@ -364,19 +364,21 @@ class PublishSession:
                 f"{_describe(exc)}. The epoch stays staged and is published by the next "
                 "run; check the brokers, or raise exactly.kafka.publishTimeoutMs.") from exc
 
-    def _publish_once(self, epoch: int, files: list[Path], attempt: int) -> None:
+    def _publish_once(self, epoch: int, files: list[StagedFile], attempt: int) -> None:
         from confluent_kafka import TopicPartition
 
         if self.published_through() > epoch:
             log_event(logger, "epoch_already_published", epoch=epoch)
             return
         tables = []
-        for path in files:
-            if not path.exists():
+        for staged in files:
+            try:
+                source = staged.open()
+            except FileNotFoundError:
                 raise DataLossError(
-                    f"epoch {epoch}: staged rows {path} named by the commit intent "
-                    "are gone and the epoch is not in Kafka")
-            with pa.memory_map(str(path)) as source:
+                    f"epoch {epoch}: staged rows {staged} named by the commit intent "
+                    "are gone and the epoch is not in Kafka") from None
+            with source:
                 tables.append(pa.ipc.open_file(source).read_all())
         started = time.perf_counter()
         producer = self.producer

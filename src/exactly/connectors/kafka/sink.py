@@ -13,7 +13,8 @@ runs in a different process from the tasks. So, on the generic committer
 (:mod:`exactly.protocol.committer`):
 
 * **pre-commit (executors)** - each task stages its rows durably (an Arrow IPC file under
-  the sink's log directory, ``exactly.logDir``, beside the checkpoint) and returns a handle
+  the sink's log location, ``exactly.logDir``, beside the checkpoint: a local or shared
+  directory, or an ``s3://`` prefix, :mod:`exactly.protocol.staging`) and returns a handle
   naming the file. Nothing reaches Kafka.
 * **commit (driver side)** - ``commit_handle`` checks that the staged file is there;
   ``publish_epoch`` (a :class:`~exactly.connectors.kafka.publisher.PublishSession`) uses the
@@ -49,8 +50,6 @@ the publishing producer, the epoch marker and the error handling:
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +68,6 @@ from exactly.connectors.kafka.publisher import (
     produce_batch,
 )
 from exactly.errors import DataLossError
-from exactly.fsutil import fsync_file
 from exactly.protocol.contract import (
     CommitOutcome,
     Handle,
@@ -77,7 +75,7 @@ from exactly.protocol.contract import (
     TaskInfo,
     TwoPhaseCommitSink,
 )
-from exactly.protocol.staging import StagedPayload, StagingArea
+from exactly.protocol.staging import StagedPayload, StagedTxn, open_stage
 
 _STAGED = "rows.arrow"
 
@@ -87,10 +85,8 @@ class KafkaTxn:
     """One task attempt: a staging file (exactly_once) or a live producer (at_least_once)."""
 
     task: TaskInfo
-    directory: Path | None = None
+    staged: StagedTxn | None = None
     rows: int = 0
-    writer: Any = field(default=None, repr=False)
-    sink: Any = field(default=None, repr=False)
     producer: Any = field(default=None, repr=False)
     errors: list[str] = field(default_factory=list)
 
@@ -104,17 +100,17 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     def __init__(self, options: KafkaSinkOptions, settings: SinkSettings) -> None:
         self.options = options
         self.mode = settings.mode
-        self.root = settings.require_log_dir("exactly.kafka")
-        self.stage = StagingArea(self.root / "staging", self.root, _STAGED)
+        self.root = settings.require_log_location("exactly.kafka")
+        self.stage = open_stage(self.root, "staging", _STAGED)
         self._run_id: str | None = None
 
     @property
-    def log_directory(self) -> Path:
+    def log_directory(self) -> Path | str:
         return self.root
 
     @property
-    def staging(self) -> Path:
-        return self.root / "staging"
+    def staging(self) -> Path | str:
+        return self.stage.base
 
     def transactional_id(self, query_id: str) -> str:
         return self.options.transactional_id(query_id)
@@ -133,7 +129,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
 
             txn.producer = new_producer(self.options, {"on_delivery": on_delivery})
             return txn
-        return KafkaTxn(task, directory=self.stage.begin(task))
+        return KafkaTxn(task, staged=self.stage.begin_txn(task))
 
     def write(self, txn: KafkaTxn, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -141,11 +137,12 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         if txn.producer is not None:
             produce_batch(txn.producer, batch, self.options.topic)
         else:
-            assert txn.directory is not None
-            if txn.writer is None:
-                txn.sink = pa.OSFile(str(txn.directory / _STAGED), "wb")
-                txn.writer = pa.ipc.new_file(txn.sink, batch.schema)
-            txn.writer.write_batch(batch)
+            staged = txn.staged
+            assert staged is not None
+            if staged.writer is None:
+                staged.writer = pa.ipc.new_file(self.stage.open_output(staged), batch.schema)
+            staged.writer.write_batch(batch)
+            staged.rows += batch.num_rows
         txn.rows += batch.num_rows
 
     def pre_commit(self, txn: KafkaTxn) -> StagedPayload:
@@ -155,25 +152,15 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
                 raise KafkaSinkError(f"Kafka refused records of epoch {txn.task.epoch}: "
                                      f"{txn.errors[0]} ({len(txn.errors)} errors)")
             return StagedPayload(txn.rows)
-        assert txn.directory is not None
-        has_file = txn.writer is not None
-        if has_file:
-            txn.writer.close()
-            txn.sink.close()
-            txn.writer = txn.sink = None
-            fsync_file(txn.directory / _STAGED)
-        return self.stage.payload(txn.directory, txn.rows, has_file)
+        assert txn.staged is not None
+        return self.stage.pre_commit(txn.staged)
 
     def abort_transaction(self, txn: KafkaTxn) -> None:
         if txn.producer is not None:
             txn.producer.purge()  # what is not sent yet; what was sent stays (at least once)
             return
-        with contextlib.suppress(Exception):
-            if txn.writer is not None:
-                txn.writer.close()
-                txn.sink.close()
-        if txn.directory is not None:
-            shutil.rmtree(txn.directory, ignore_errors=True)
+        if txn.staged is not None:
+            self.stage.abort_txn(txn.staged)
 
     def commit_visible(self, handle: Handle) -> None:
         """at_least_once: the task already produced and flushed its rows."""
@@ -181,13 +168,14 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     # -- driver side -------------------------------------------------------------------
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Check that the pre-commit can still be published (the publish does the work)."""
-        if not handle.payload.file or self._staged(handle).exists():
+        staged = self.stage.staged_file(handle)
+        if staged is None or staged.exists():
             return CommitOutcome.COMMITTED
         if self._publisher(handle.query_id).published_through() > handle.epoch:
             return CommitOutcome.ALREADY_COMMITTED
         raise DataLossError(
             f"epoch {handle.epoch} partition {handle.partition}: the staged rows "
-            f"{self._staged(handle)} named by the commit intent are gone and the epoch was "
+            f"{staged} named by the commit intent are gone and the epoch was "
             "never published to Kafka; something outside exactly removed them")
 
     def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
@@ -196,7 +184,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         Idempotent: an epoch whose marker is already committed is not produced again.
         Raises FencedError when a newer producer of the same query took over.
         """
-        files = [self._staged(h) for h in handles if h.payload.file]
+        files = [f for f in map(self.stage.staged_file, handles) if f is not None]
         if files:
             session = self._publisher(handles[0].query_id)
             try:
@@ -216,9 +204,6 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         return self.stage.list(query_id)
 
     # -- helpers -----------------------------------------------------------------------
-    def _staged(self, handle: Handle) -> Path:
-        return self.stage.directory(handle) / _STAGED
-
     def _remove(self, handle: Handle) -> None:
         self.stage.discard(handle)
 
