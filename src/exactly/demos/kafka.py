@@ -125,9 +125,9 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
 
     ``checkpoint`` defaults to ``<workdir>/checkpoint`` (an ``s3a://`` URI puts it, and the
     sink's log and staging beside it, on object storage; ``env`` then carries the ``AWS_*``
-    settings to the job). ``restart_broker`` is called once, in the first attempt that reports an epoch
-    ``>= restart_broker_after_epoch`` after the schedule is exhausted (a broker crash while
-    the job runs).
+    settings to the job). ``restart_broker`` is called once, in the first attempt that
+    reports an epoch ``>= restart_broker_after_epoch`` after the schedule is exhausted (a
+    broker crash while the job runs).
     """
     name = uuid.uuid4().hex[:8]
     input_topic, output_topic = f"in-{name}", f"out-{name}"

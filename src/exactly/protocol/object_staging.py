@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from exactly.objectstore import Location
 from exactly.protocol.contract import Handle, TaskInfo
@@ -56,7 +58,19 @@ class ObjectStagingArea(Stage):
         self.base = location.child(folder)
         self.data_name = data_name
         self.store = S3LogStore(self.root)
-        self.fs, self._root_path = location.filesystem()
+        self._location = location
+        self._fs: pafs.FileSystem | None = None
+        self._root_path = self.root[len("s3://"):]
+
+    def __getstate__(self) -> dict[str, Any]:  # the executors open their own client
+        return {**self.__dict__, "_fs": None}
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """PyArrow's S3 file system (one per settings and process, created on first use)."""
+        if self._fs is None:
+            self._fs = self._location.filesystem()[0]
+        return self._fs
 
     def __repr__(self) -> str:
         return f"ObjectStagingArea({self.base!r})"

@@ -160,9 +160,11 @@ class Stage(ABC):
 
 def open_stage(root: Path | str, folder: str, data_name: str) -> Stage:
     """The staging area ``<root>/<folder>`` of a sink whose log is at ``root``: a POSIX
-    :class:`StagingArea` for a path, an object-store area for an ``s3://`` (or ``s3a://``)
-    URI. Raises ConfigError for a URI the object store layer cannot open."""
-    if isinstance(root, str) and "://" in root and not root.startswith("file://"):
+    :class:`StagingArea` for a path (or ``file://`` URI), an object-store area for an
+    ``s3://`` (or ``s3a://``) URI: the stores the commit log has (:mod:`.logstore`)."""
+    from exactly.protocol.logstore import is_remote
+
+    if isinstance(root, str) and is_remote(root):
         from exactly.protocol.object_staging import ObjectStagingArea
 
         return ObjectStagingArea(root, folder, data_name)
