@@ -10,6 +10,10 @@ and the restarted driver gets new executors. Once that restarted attempt has mad
 SIGKILLed while it runs a task: Spark loses the executor, the worker launches a new one and
 the lost tasks run again.
 
+The Kafka and write-ahead sinks run with their checkpoint, commit log and staged files on
+S3 (S3Proxy): their executors, in JVMs of their own, stage to the object store and the
+restarted driver publishes from it.
+
 Audits as in the sinks' own chaos tests: every id exactly once, no prepared transaction, no
 staged or pending leftovers.
 """
@@ -204,38 +208,70 @@ def test_delta_sink_on_the_cluster(cluster, tmp_path, events):
 # -- PostgreSQL ------------------------------------------------------------------------
 
 
+class OnS3:
+    """A fresh bucket for a job's checkpoint (``s3a://``), with the sink's log and staging
+    beside it on ``s3://``; ``env`` carries the store's ``AWS_*`` settings to the driver,
+    which passes them on to its executors (``spark_session(s3a=True)``)."""
+
+    def __init__(self, s3_server, monkeypatch) -> None:
+        self.server = s3_server
+        self.bucket = f"cluster-{uuid.uuid4().hex[:12]}"
+        s3_server.create_bucket(self.bucket)
+        self.checkpoint = f"s3a://{self.bucket}/ck"
+        self.env = s3_server.env()
+        for key, value in self.env.items():  # for the test's own reads of the log
+            monkeypatch.setenv(key, value)
+
+    def keys(self, prefix: str) -> list[str]:
+        listed = self.server.boto3_client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for o in listed.get("Contents", [])]
+
+    def check_log_and_staging(self, staging: str) -> list[int]:
+        """The completed epochs of the log on S3; fails if staged objects were left."""
+        assert self.keys("ck/offsets/"), "Spark's offsets log is not on S3"
+        assert self.keys(f"ck/exactly-sink/{staging}/") == [], "staged objects left behind"
+        return CommitLog(f"s3://{self.bucket}/ck/exactly-sink").completed_epochs()
+
+
 @pytest.mark.server
 @pytest.mark.parametrize("sink", ["2pc", "wal", "upsert"])
-def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink):
-    table, ck = f"ev_{uuid.uuid4().hex[:8]}", tmp_path / "ck"
+def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink, request, monkeypatch):
+    """The write-ahead sink runs with its checkpoint, log and staged files on S3: executors
+    on other JVMs stage to the object store, the restarted driver loads from it."""
+    table = f"ev_{uuid.uuid4().hex[:8]}"
+    s3 = OnS3(request.getfixturevalue("s3_server"), monkeypatch) if sink == "wal" else None
+    ck = s3.checkpoint if s3 else str(tmp_path / "ck")
     run(cluster, postgres_job.command(
-        "--sink", sink, "--table", table, "--checkpoint", str(ck), "--rows", str(ROWS),
+        "--sink", sink, "--table", table, "--checkpoint", ck, "--rows", str(ROWS),
         "--rows-per-epoch", str(PER_EPOCH), "--master", cluster.url),
-        env={postgres_job.DSN_ENV: pg.dsn})
+        env={postgres_job.DSN_ENV: pg.dsn, **(s3.env if s3 else {})})
     report = audit_ids(pg_table_ids(conn, table), np.arange(ROWS))
     assert report.ok, report.to_json()
     assert report.found_rows == ROWS
     assert prepared_count(conn) == 0, "a prepared transaction was left behind"
-    assert CommitLog(ck / "exactly-sink").completed_epochs() == list(range(ROWS // PER_EPOCH))
-    if sink == "wal":
-        assert not list((ck / "exactly-sink" / "wal").glob("*/*")), "staged files left behind"
+    completed = (s3.check_log_and_staging("wal") if s3
+                 else CommitLog(tmp_path / "ck" / "exactly-sink").completed_epochs())
+    assert completed == list(range(ROWS // PER_EPOCH))
 
 
 # -- Kafka -----------------------------------------------------------------------------
 
 
 @pytest.mark.server
-def test_kafka_sink_on_the_cluster(cluster, broker, tmp_path, monkeypatch):
-    """Kafka -> stateful job -> Kafka (``exactly.kafka`` transactional sink): a
-    ``read_committed`` consumer sees every id once and per key the sequence 1..n."""
+def test_kafka_sink_on_the_cluster(cluster, broker, s3_server, tmp_path, monkeypatch):
+    """Kafka -> stateful job -> Kafka (``exactly.kafka`` transactional sink), with the
+    checkpoint, log and staged files on S3: a ``read_committed`` consumer sees every id once
+    and per key the sequence 1..n."""
+    s3 = OnS3(s3_server, monkeypatch)
     for key, value in cluster.client_env().items():  # run_chaos starts the job with ours
         monkeypatch.setenv(key, value)
     with ExecutorKiller(cluster) as killer:
         result = run_chaos(broker.bootstrap, tmp_path / "job", events=ROWS // 2,
                            epochs=ROWS // PER_EPOCH, schedule=DRIVER_KILL,
                            on_start=killer.on_start, on_line=killer.on_line,
-                           on_end=killer.on_end)
+                           on_end=killer.on_end, checkpoint=s3.checkpoint, env=s3.env)
     killer.check(result.attempts)
     assert result.committed.report.ok, result.committed.report.to_json()
     assert result.committed.report.found_rows == ROWS // 2
     assert result.committed.seq_errors == 0
+    assert s3.check_log_and_staging("staging")

@@ -4,8 +4,6 @@ from conditional PUTs, and the protocol files built on them behave as on a local
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from exactly.errors import FencedError, OwnershipError
@@ -18,13 +16,9 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture
-def log_uri(s3_server, monkeypatch) -> str:
+def log_uri(s3_bucket) -> str:
     """``s3://<fresh bucket>/ck/exactly-sink``, with the server in the AWS_* environment."""
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    bucket = f"log-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(bucket)
-    return f"s3://{bucket}/ck/exactly-sink"
+    return f"s3://{s3_bucket}/ck/exactly-sink"
 
 
 @pytest.fixture(params=["local", "s3"])

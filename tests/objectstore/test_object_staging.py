@@ -5,8 +5,6 @@ behind -- not even the directory markers other S3 clients create."""
 
 from __future__ import annotations
 
-import uuid
-
 import pyarrow as pa
 import pytest
 
@@ -20,17 +18,8 @@ pytestmark = pytest.mark.server
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
-@pytest.fixture
-def bucket(s3_server, monkeypatch) -> str:
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"stage-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    return name
-
-
-def keys(s3_server, bucket: str) -> list[str]:
-    listed = s3_server.boto3_client().list_objects_v2(Bucket=bucket)
+def keys(s3_server, s3_bucket: str) -> list[str]:
+    listed = s3_server.boto3_client().list_objects_v2(Bucket=s3_bucket)
     return sorted(o["Key"] for o in listed.get("Contents", []))
 
 
@@ -43,8 +32,8 @@ def write_rows(stage, task: TaskInfo, ids: list[int], *, close: bool = True):
 
 
 def test_a_staged_file_is_listed_and_read_back_whole_and_a_dead_attempt_only_by_its_task(
-        s3_server, bucket):
-    stage = open_stage(f"s3a://{bucket}/ck/exactly-sink", "staging", "rows.arrow")
+        s3_server, s3_bucket):
+    stage = open_stage(f"s3a://{s3_bucket}/ck/exactly-sink", "staging", "rows.arrow")
     assert isinstance(stage, ObjectStagingArea)
     done = TaskInfo("q", "run-1", 3, 0, 0)
     payload = write_rows(stage, done, [1, 2, 3])
@@ -57,7 +46,7 @@ def test_a_staged_file_is_listed_and_read_back_whole_and_a_dead_attempt_only_by_
     assert handles[1].payload.file is None  # its upload never completed: nothing to read
     assert stage.has_attempt(handles[1])
     staged = stage.staged_file(handles[0])
-    assert staged is not None and str(staged).startswith(f"s3://{bucket}/ck/exactly-sink/")
+    assert staged is not None and str(staged).startswith(f"s3://{s3_bucket}/ck/exactly-sink/")
     with staged.open() as source:
         assert pa.ipc.open_file(source).read_all()["id"].to_pylist() == [1, 2, 3]
     assert stage.list("another query") == []
@@ -66,25 +55,25 @@ def test_a_staged_file_is_listed_and_read_back_whole_and_a_dead_attempt_only_by_
     for handle in stage.list("q"):
         stage.discard(handle)
     assert stage.list("q") == []
-    assert keys(s3_server, bucket) == []  # no directory markers either
+    assert keys(s3_server, s3_bucket) == []  # no directory markers either
 
 
-def test_a_damaged_task_record_is_named_by_its_s3_uri_with_the_repair(s3_server, bucket):
-    stage = open_stage(f"s3://{bucket}/log", "wal", "rows.parquet")
+def test_a_damaged_task_record_is_named_by_its_s3_uri_with_the_repair(s3_server, s3_bucket):
+    stage = open_stage(f"s3://{s3_bucket}/log", "wal", "rows.parquet")
     key = "log/wal/000000000007/00000-deadbeef-0/task.json"
-    s3_server.boto3_client().put_object(Bucket=bucket, Key=key, Body=b'{"query_id": "q"')
+    s3_server.boto3_client().put_object(Bucket=s3_bucket, Key=key, Body=b'{"query_id": "q"')
     with pytest.raises(CorruptFileError) as err:
         stage.list("q")
-    assert f"s3://{bucket}/{key}" in str(err.value)
+    assert f"s3://{s3_bucket}/{key}" in str(err.value)
     assert "intent" in str(err.value)  # the repair: which intent names it, else delete it
 
 
-def test_a_staged_file_removed_behind_the_sinks_back_is_not_found(s3_server, bucket):
-    stage = open_stage(f"s3://{bucket}/log", "staging", "rows.arrow")
+def test_a_staged_file_removed_behind_the_sinks_back_is_not_found(s3_server, s3_bucket):
+    stage = open_stage(f"s3://{s3_bucket}/log", "staging", "rows.arrow")
     write_rows(stage, TaskInfo("q", "run-1", 0, 0, 0), [1])
     (handle,) = stage.list("q")
     s3_server.boto3_client().delete_object(
-        Bucket=bucket, Key=f"log/{handle.payload.dir}/rows.arrow")
+        Bucket=s3_bucket, Key=f"log/{handle.payload.dir}/rows.arrow")
     staged = stage.staged_file(handle)
     assert staged is not None and not staged.exists()
     with pytest.raises(FileNotFoundError):

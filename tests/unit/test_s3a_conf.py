@@ -29,6 +29,10 @@ def test_an_endpoint_and_keys_become_path_style_s3a_settings_with_the_jars_on_th
     assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
     assert conf["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(
         "SimpleAWSCredentialsProvider")
+    # the executors' Python (staged files, Delta files) reaches the same store
+    assert conf["spark.executorEnv.AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert conf["spark.executorEnv.AWS_ALLOW_HTTP"] == "true"
+    assert conf["spark.executorEnv.AWS_SECRET_ACCESS_KEY"] == "secret"
 
 
 def test_without_keys_s3a_keeps_its_default_credential_chain(jars):

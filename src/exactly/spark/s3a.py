@@ -24,7 +24,7 @@ from pathlib import Path
 
 from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError
-from exactly.objectstore import checked_endpoint
+from exactly.objectstore import S3_KEYS, checked_endpoint
 
 JARS_ENV = "EXACTLY_S3A_JARS"
 _HADOOP = "spark.hadoop.fs.s3a."
@@ -45,11 +45,19 @@ def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     path, and ``fs.s3a.*`` from ``AWS_ENDPOINT_URL`` (path-style access, TLS off for an
     ``http://`` endpoint, which needs ``AWS_ALLOW_HTTP=true``), ``AWS_REGION`` and
     ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``. Without keys S3A
-    uses its default credential chain. Raises ConfigError naming the fix."""
+    uses its default credential chain.
+
+    The same ``AWS_*`` variables go to the executors' environment (``spark.executorEnv.*``),
+    where exactly's sinks write to S3 from Python (staged files, Delta data files and
+    markers); Spark's UI redacts the secret key and token. Raises ConfigError naming the
+    fix."""
     env = os.environ if env is None else env
     classpath = f"{jars_dir()}/*"
     conf = {"spark.driver.extraClassPath": classpath,
             "spark.executor.extraClassPath": classpath}
+    for key in S3_KEYS:
+        if env.get(key):
+            conf[f"spark.executorEnv.{key}"] = env[key]
     endpoint = env.get("AWS_ENDPOINT_URL")
     if endpoint:
         parsed = checked_endpoint(endpoint, env.get("AWS_ALLOW_HTTP"))
