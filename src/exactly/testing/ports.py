@@ -1,12 +1,17 @@
-"""Free TCP ports on 127.0.0.1 for the throw-away servers of tests."""
+"""Free TCP ports on 127.0.0.1 for the throw-away servers of tests and demos."""
 
 from __future__ import annotations
 
-import socket
-
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 that nothing listens on now, outside the OS's ephemeral range.
+
+    A port the OS picks (``bind(("127.0.0.1", 0))``) comes from the ephemeral range, the
+    same range every outgoing connection takes its source port from: between the pick and
+    the server's own bind, a client anywhere on the machine could take it ("Address already
+    in use": measured once in a full test run, the Kafka broker failing to start).
+    ``port-for`` picks a random unused port outside that range instead.
+    """
+    import port_for
+
+    return int(port_for.select_random())

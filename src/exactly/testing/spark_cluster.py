@@ -35,7 +35,7 @@ import pyspark
 
 from exactly.procs import ProcessesSurvived, ProcessInfo, is_alive, processes_with_env
 from exactly.spark.session import MASTER_ENV
-from exactly.testing.pgcluster import free_port
+from exactly.testing.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
