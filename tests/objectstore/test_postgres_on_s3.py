@@ -54,5 +54,6 @@ def test_with_checkpoint_commit_log_and_staging_on_s3_survives_kills_exactly_onc
     client = s3_server.boto3_client()
     offsets = client.list_objects_v2(Bucket=bucket, Prefix="ck/offsets/").get("Contents", [])
     assert offsets, "Spark's offsets log is not on S3"
-    staged = client.list_objects_v2(Bucket=bucket, Prefix="ck/exactly-sink/wal/")
-    assert staged.get("Contents", []) == []  # every staged file loaded, then removed
+    if sink == "wal":  # every staged file loaded, then removed
+        staged = client.list_objects_v2(Bucket=bucket, Prefix="ck/exactly-sink/wal/")
+        assert staged.get("Contents", []) == []

@@ -274,7 +274,7 @@ class WriteAheadSink(StagingSink):
         """A staged file only becomes visible with its whole epoch (``publish_epoch``);
         here it is checked to be there, or recognised as loaded by the epoch's marker."""
         staged = self.stage.staged_file(handle)
-        if self.stage.has_attempt(handle) and (staged is None or staged.exists()):
+        if staged.exists() if staged is not None else self.stage.has_attempt(handle):
             return CommitOutcome.COMMITTED
         if self.target.has_marker(handle.query_id, handle.epoch):
             return CommitOutcome.ALREADY_COMMITTED

@@ -64,11 +64,6 @@ class LogStore(ABC):
         """Names of the files directly in ``folder`` (not sorted)."""
 
     @abstractmethod
-    def list_tree(self, folder: str) -> builtins.list[str]:
-        """Names (relative to ``folder``, ``/``-separated) of every file below ``folder``,
-        at any depth (not sorted)."""
-
-    @abstractmethod
     def delete(self, name: str) -> None:
         """Remove the file; a missing file is not an error."""
 
@@ -135,11 +130,6 @@ class LocalLogStore(LogStore):
         if not directory.is_dir():
             return []
         return [p.name for p in directory.iterdir()
-                if p.is_file() and not p.name.endswith((".lock", ".tmp"))]
-
-    def list_tree(self, folder: str) -> builtins.list[str]:
-        directory = self.root / folder
-        return [p.relative_to(directory).as_posix() for p in directory.rglob("*")
                 if p.is_file() and not p.name.endswith((".lock", ".tmp"))]
 
     def delete(self, name: str) -> None:
@@ -234,6 +224,7 @@ class S3LogStore(LogStore):
         return self._list(folder, Delimiter="/")
 
     def list_tree(self, folder: str) -> builtins.list[str]:
+        """Names (relative to ``folder``) of every object below ``folder``, at any depth."""
         return self._list(folder)
 
     def _list(self, folder: str, **delimiter: str) -> builtins.list[str]:

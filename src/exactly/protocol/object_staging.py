@@ -105,9 +105,7 @@ class ObjectStagingArea(Stage):
 
     # -- driver side -------------------------------------------------------------------
     def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
-        staged = self.staged_file(handle)
-        return self.store.exists(f"{handle.payload.dir}/{TASK_FILE}") or (
-            staged is not None and staged.exists())
+        return self.store.exists(f"{handle.payload.dir}/{TASK_FILE}")
 
     def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
         name = handle.payload.file

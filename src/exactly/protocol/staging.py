@@ -139,7 +139,8 @@ class Stage(ABC):
 
     @abstractmethod
     def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
-        """True while the attempt's directory (or any file of it) is there."""
+        """True while the attempt is staged (checked for attempts that wrote no rows: for
+        the others, their data file says it)."""
 
     @abstractmethod
     def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:

@@ -86,7 +86,7 @@ class KafkaTxn:
 
     task: TaskInfo
     staged: StagedTxn | None = None
-    rows: int = 0
+    rows: int = 0  # at_least_once; a staged attempt counts its rows in ``staged``
     producer: Any = field(default=None, repr=False)
     errors: list[str] = field(default_factory=list)
 
@@ -136,14 +136,14 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             return
         if txn.producer is not None:
             produce_batch(txn.producer, batch, self.options.topic)
-        else:
-            staged = txn.staged
-            assert staged is not None
-            if staged.writer is None:
-                staged.writer = pa.ipc.new_file(self.stage.open_output(staged), batch.schema)
-            staged.writer.write_batch(batch)
-            staged.rows += batch.num_rows
-        txn.rows += batch.num_rows
+            txn.rows += batch.num_rows
+            return
+        staged = txn.staged
+        assert staged is not None
+        if staged.writer is None:
+            staged.writer = pa.ipc.new_file(self.stage.open_output(staged), batch.schema)
+        staged.writer.write_batch(batch)
+        staged.rows += batch.num_rows
 
     def pre_commit(self, txn: KafkaTxn) -> StagedPayload:
         if txn.producer is not None:  # at_least_once: delivered (acknowledged) = done
