@@ -19,7 +19,7 @@ _EXPORTS = {
     "ExactlyQuery": "exactly.spark.runner",
     "spark_session": "exactly.spark.session",
     "register": "exactly.spark.formats",
-    "verify": "exactly.audit",
+    "verify": "exactly.auditor",
     "TwoPhaseCommitSink": "exactly.protocol.contract",
     "Handle": "exactly.protocol.contract",
     "Job": "exactly.ops.job",
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from exactly.audit import verify
+    from exactly.auditor import verify
     from exactly.config import CheckpointConfig, Mode, StateBackend
     from exactly.ops.driver import run_job
     from exactly.ops.job import Job

@@ -1,10 +1,13 @@
-"""Exactly-once verification: compare the ids of a source with the ids a sink made visible.
+"""Id audits in memory: compare the ids of a source with the ids a sink made visible.
 
-A run is exactly-once when every input id appears exactly once in the output: no id
-missing, no id duplicated, no id the input never had. :func:`audit_ids` is that comparison,
+The user-facing auditor, with filters, values, aggregates and every target, is
+:mod:`exactly.auditor` (``exactly verify``); this module is its small in-memory sibling for
+tests and benchmarks that already hold the ids. A run is exactly-once when every input id
+appears exactly once in the output: no id missing, no id duplicated, no id the input never
+had. :func:`audit_ids` is that comparison,
 for ids from anywhere; the readers below give it the ids of a sink:
 
-* files (:func:`verify`, :func:`file_ids`): files and directories whose names start with
+* files (:func:`file_ids`): files and directories whose names start with
   ``_`` or ``.`` (staging, commit logs) are not output, as for any reader;
 * database tables (:func:`pg_table_ids`, :func:`sqlite_table_ids`);
 * consumed records with JSON values, e.g. a Kafka topic (:func:`json_ids`).
@@ -13,7 +16,6 @@ for ids from anywhere; the readers below give it the ids of a sink:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,19 +72,13 @@ class AuditReport:
 
 
 def data_files(root: Path) -> list[Path]:
-    """Data files below ``root``, skipping hidden and ``_``-prefixed files and directories."""
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
+    """Parquet and JSON-lines files below ``root``, skipping hidden and ``_``-prefixed files
+    and directories; ConfigError when ``root`` does not exist."""
+    from exactly.auditor.files import data_files as listed
+
+    if not root.exists():
         raise ConfigError(f"{root} does not exist")
-    found = []
-    # os.walk skips directories that vanish while it lists (a sink's staging area being
-    # cleaned up); hidden and ``_`` directories are pruned, never entered
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
-        found += [Path(directory, f) for f in files
-                  if not f.startswith((".", "_")) and Path(f).suffix in DATA_SUFFIXES]
-    return sorted(found)
+    return listed(root, DATA_SUFFIXES)
 
 
 def read_ids(path: Path, column: str) -> tuple[np.ndarray, int]:
@@ -142,13 +138,6 @@ def file_ids(root: Path, column: str = "id") -> tuple[np.ndarray, int]:
         parts.append(ids.astype(np.int64, copy=False))
         bad += unreadable
     return (np.concatenate(parts) if parts else np.array([], dtype=np.int64)), bad
-
-
-def verify(input_path: str | Path, output_path: str | Path, id_column: str = "id") -> AuditReport:
-    """Compare ids in ``input_path`` (files or a directory) with ids in ``output_path``."""
-    source, malformed = file_ids(Path(input_path), id_column)
-    sink, _ = file_ids(Path(output_path), id_column)
-    return audit_ids(sink, source, malformed_input_rows=malformed)
 
 
 def pg_table_ids(conn, table: str, column: str = "id") -> np.ndarray:

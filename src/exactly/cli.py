@@ -162,28 +162,98 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
         spark.stop()  # before the root cause is printed, so it stays the last line
 
 
-@main.command()
-@click.option("--input", "input_path", required=True, type=click.Path(exists=True),
-              help="Source files (JSON lines or Parquet) or a directory of them.")
-@click.option("--output", "output_path", required=True, type=click.Path(exists=True),
-              help="Sink output directory.")
-@click.option("--id-column", default="id", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@reports_failure("verify")
-def verify(input_path: str, output_path: str, id_column: str, as_json: bool) -> None:
-    """Audit: every input id exactly once in the output. Exit 1 on any mismatch."""
-    from exactly.audit import verify as run_verify
+VERIFY_EPILOG = """\b
+Locations (--input, --output):
+  DIR or FILE                       JSON lines, Parquet or CSV files (the file sink's output)
+  postgresql://user@host/db?table=T a PostgreSQL table or view (or --dsn-env with --table)
+  kafka://host:port/topic           every record of a topic, JSON values
+  sqlite:///file.db?table=T         a SQLite table (sqlite:////abs/path.db: absolute)
+\b
+Examples:
+  exactly verify --input data/in --output data/out --where "amount > 0"
+  exactly verify --input data/in --dsn-env PG_DSN --table totals --key key \\
+      --expect "select key, count(*) as n from input group by key" --compare-columns n
+Exit status: 0 exactly once, 1 any mismatch, 2 bad input, 3 the audit failed.
+"""
 
-    report = run_verify(input_path, output_path, id_column)
+
+@main.command(epilog=VERIFY_EPILOG)
+@click.option("--input", "input_path", metavar="LOCATION",
+              help="The job's input: files, a table or a topic (see below).")
+@click.option("--output", "output_path", metavar="LOCATION",
+              help="What the sink made visible: files, a table or a topic.")
+@click.option("--table", help="PostgreSQL table of --output, with --dsn-env (or for a URL "
+                              "without ?table=).")
+@click.option("--input-table", help="PostgreSQL table of --input, with --dsn-env.")
+@click.option("--dsn-env", metavar="VARIABLE",
+              help="Environment variable holding the PostgreSQL DSN (the password stays out "
+                   "of the command line and is never printed).")
+@click.option("--key", "--id-column", "keys", default="id", show_default=True,
+              help="Column(s) identifying a row, comma-separated: an event id, or the "
+                   "group-by keys of an aggregation.")
+@click.option("--where", metavar="SQL", help="The job's filter, as a SQL predicate over the "
+                                             "input's columns: expected = input WHERE SQL.")
+@click.option("--expect", metavar="SQL",
+              help="The expected rows as a SQL query over the table `input` (DuckDB SQL), "
+                   "e.g. a projection or the batch truth of an aggregation.")
+@click.option("--compare-columns", metavar="COLS",
+              help="Columns whose values must agree too, comma-separated; * for every expected "
+                   "column the output has.")
+@click.option("--tolerance", default=1e-9, show_default=True, type=click.FloatRange(0),
+              help="Float difference allowed, relative to the larger value (absolute below 1).")
+@click.option("--latest-by-key", is_flag=True,
+              help="Compare each key's newest row of the output (a topic of updates, "
+                   "upserts across epoch directories).")
+@click.option("--monotonic", metavar="COLUMN",
+              help="Report keys whose COLUMN moved backwards along the output's history "
+                   "(a topic's offsets, the file sink's epochs).")
+@click.option("--isolation", default="read_committed", show_default=True,
+              type=click.Choice(["read_committed", "read_uncommitted"]),
+              help="How Kafka topics are read; read_uncommitted adds aborted transactions.")
+@click.option("--epoch-column", default="exactly_epoch", show_default=True,
+              help="A table column holding each row's epoch (for the per-epoch breakdown).")
+@click.option("--memory-limit", default="1GB", show_default=True,
+              help="Memory the audit engine may use before it spills to a temporary "
+                   "directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@reports_failure("verify")
+def verify(input_path: str | None, output_path: str | None, table: str | None,
+           input_table: str | None, dsn_env: str | None, keys: str, where: str | None,
+           expect: str | None, compare_columns: str | None, tolerance: float,
+           latest_by_key: bool, monotonic: str | None, isolation: str, epoch_column: str,
+           memory_limit: str, as_json: bool) -> None:
+    """Audit a job's output against its input: every expected row exactly once.
+
+    Reports keys missing, duplicated and unexpected, values that differ, and per epoch
+    where the output records epochs. Exit 1 on any mismatch, 2 on bad input.
+    """
+    from exactly.auditor import AuditSpec, parse_location, run_audit
+    from exactly.errors import AuditInputError
+
+    def columns(text: str | None) -> tuple[str, ...]:
+        return tuple(c.strip() for c in (text or "").split(",") if c.strip())
+
+    try:
+        spec = AuditSpec(
+            output=parse_location(output_path, table=table, dsn_env=dsn_env,
+                                  what="--output"),
+            input=(parse_location(input_path, table=input_table,
+                                  dsn_env=dsn_env if input_table else None, what="--input")
+                   if input_path or input_table else None),
+            keys=columns(keys), where=where, expect=expect, compare=columns(compare_columns),
+            tolerance=tolerance, latest_by_key=latest_by_key, monotonic=monotonic,
+            isolation=isolation, epoch_column=epoch_column, memory_limit=memory_limit)
+        report = run_audit(spec)
+    except AuditInputError as exc:
+        sys.stdout.flush()
+        sys.stderr.write(f"verify: bad input: {exc}\n")
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps(report.to_json()))
     else:
-        table = Table(title=f"audit: {input_path} -> {output_path}")
-        table.add_column("check")
-        table.add_column("result")
-        for name, value in report.rows():
-            table.add_row(name, value)
-        Console().print(table)
+        from exactly.auditor.render import print_report
+
+        print_report(report, Console())
     sys.exit(0 if report.ok else 1)
 
 

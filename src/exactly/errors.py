@@ -70,3 +70,8 @@ class ReplannedEpochError(ExactlyError):
 class SavepointError(ExactlyError):
     """A savepoint cannot be used as asked: incomplete, corrupt, from a newer exactly, of
     another job, or not restorable into this job (the message names which and the fix)."""
+
+
+class AuditInputError(ConfigError):
+    """``exactly verify`` cannot read what it was asked to compare: a table, topic, file,
+    column or query that does not exist or does not parse (the CLI exits with 2)."""

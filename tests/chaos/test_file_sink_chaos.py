@@ -19,7 +19,8 @@ import psutil
 import pyarrow.dataset as ds
 import pytest
 
-from exactly.audit import data_files, verify
+from exactly.audit import data_files
+from exactly.auditor import verify
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
@@ -98,7 +99,7 @@ def test_at_least_once_mode_duplicates_after_the_same_crash(events_dir, tmp_path
     assert attempts[0].crashed
     report = verify(events_dir, tmp_path / "out")
     assert not report.ok
-    assert len(report.missing) == 0
+    assert report.missing.count == 0
     assert report.duplicate_extra_rows == 1000  # epoch 1 (two files of 500) twice
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from exactly.audit import verify
+from exactly.auditor import verify
 from exactly.demos.files import write_events
 from exactly.procs import ProcessInfo, job_processes
 from exactly.testing.chaos import Attempt, RandomKill, python_command, run_with_crashes
@@ -227,8 +227,8 @@ def run_files_job(tmp: Path, summary: Summary, delays: list[float]) -> None:
     summary.add_attempts(attempts)
     report = verify(events, out)
     summary.records_audited += report.found_rows
-    summary.missing += len(report.missing)
-    summary.duplicated += len(report.duplicated) + len(report.unexpected)
+    summary.missing += report.missing.count
+    summary.duplicated += report.duplicated.count + report.unexpected.count
     summary.epochs_committed += len(list(out.glob("epoch-*")))
     sink = FileSink(str(out))
     query_id = json.loads((sink.log_directory / "query.json").read_text())["query_id"]

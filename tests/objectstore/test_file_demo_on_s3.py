@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from exactly.audit import verify
+from exactly.auditor import verify
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import python_command, run_with_crashes
 from exactly.testing.file_output import assert_no_dangling_pre_commits

@@ -207,6 +207,7 @@ def test_2pc_commit_survives_postgres_crash_restart_in_the_middle(pg, conn, tmp_
         assert_exactly_once(c, table, 4000)
 
 
+@pytest.mark.slow  # CI budget: tests/ops/test_outages.py stops the server under a running job
 def test_2pc_survives_connections_terminated_during_the_run(pg, conn, tmp_path):
     """pg_terminate_backend on every exactly connection, repeatedly, while the job runs:
     failed tasks or commits make the query fail; restarts finish the input exactly once."""

@@ -10,7 +10,9 @@ from collections import Counter
 import pytest
 from psycopg import sql
 
+from exactly.auditor import AuditSpec, PostgresLocation, run_audit
 from exactly.config import CheckpointConfig
+from exactly.connectors.sql import TableName
 from exactly.spark.runner import start_query
 
 KEYS, PER_EPOCH = 7, 500
@@ -27,6 +29,11 @@ def counts_query(spark, total: int):
 
 def expected(total: int) -> dict[str, int]:
     return dict(Counter(f"k{i % KEYS:04d}" for i in range(total)))
+
+
+#: the aggregation as a batch query over exactly.datagen's rows 0..total-1 (key k<i % keys>)
+BATCH_TRUTH = ("select 'k' || lpad(cast(range % {keys} as varchar), 4, '0') as key, "
+               "count(*) as n from range({total}) group by 1")
 
 
 def table_rows(conn, relation: str) -> dict[str, tuple[int, int]]:
@@ -61,3 +68,9 @@ def test_a_streaming_count_in_update_mode_ends_with_the_inputs_counts_across_a_r
     if fmt == "exactly.postgres":  # the epoch-consistent view shows the same counts
         assert {k: n for k, (n, _) in table_rows(conn, f"{table_name}_committed").items()} \
             == expected(4000)
+    # exactly verify agrees: the batch truth of the count, as SQL, against the final table
+    report = run_audit(AuditSpec(output=PostgresLocation(pg.dsn, TableName.parse(table_name)),
+                                 expect=BATCH_TRUTH.format(total=4000, keys=KEYS),
+                                 keys=("key",), compare=("n",)))
+    assert report.ok, report.rows()
+    assert (report.expected_keys, report.found_rows) == (KEYS, KEYS)

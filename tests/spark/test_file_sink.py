@@ -12,7 +12,8 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from exactly.audit import data_files, verify
+from exactly.audit import data_files
+from exactly.auditor import verify
 from exactly.config import CheckpointConfig, Mode, StateBackend
 from exactly.demos.files_job import PipelineSpec, run
 from exactly.errors import ConfigError, SourceNotReplayableError
@@ -118,7 +119,7 @@ def test_a_dead_letter_location_takes_malformed_rows_and_the_rest_goes_on(spark,
     run(spark, spec, out=open("/dev/null", "w"))  # noqa: SIM115
     report = verify(events_dir, tmp_path / "out")
     # the audit cannot read the broken row either: it counts it as malformed, not expected
-    assert report.ok and report.malformed_input_rows == 1 and report.found_rows == 3999
+    assert report.ok and report.input_rows_without_key == 1 and report.found_rows == 3999
     letters = [json.loads(x) for x in (dlq / "events-00005.jsonl.jsonl").read_text().splitlines()]
     assert [(d["line"], str(broken_id) in d["raw"]) for d in letters] == [(4, True)]
 
@@ -195,3 +196,36 @@ def test_cancel_applies_externalized_cleanup_to_the_checkpoint(spark, tmp_path, 
         time.sleep(0.2)
     query.cancel()
     assert ck.exists() == (cleanup == "retain_on_cancellation")
+
+
+def test_the_readmes_filter_job_passes_exactly_verify_with_its_where(spark, tmp_path,
+                                                                       events_dir):
+    """The README's example as a user runs it: exactly.files -> where amount > X ->
+    exactly.files (X drops about half of these events; the README's X = 0 would drop none),
+    then `exactly verify` with the job's filter (EXACTLY ONCE, every value equal) and without
+    it (the filtered ids reported missing: the filter matters)."""
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    events = (spark.readStream.format("exactly.files")
+              .schema("id long not null, key string, amount double")
+              .option("format", "json").option("maxFilesPerTrigger", 4).load(str(events_dir)))
+    query = start_query(events.where("amount > 5000"), sink_format="exactly.files",
+                        path=str(tmp_path / "clean"), options={"format": "parquet"},
+                        checkpoint=CheckpointConfig(storage=str(tmp_path / "ck")),
+                        available_now=True)
+    query.await_termination()
+    args = ["verify", "--input", str(events_dir), "--output", str(tmp_path / "clean"), "--json"]
+    result = CliRunner().invoke(main, [*args, "--where", "amount > 5000",
+                                       "--compare-columns", "*"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    kept = sum(1 for f in events_dir.glob("*.jsonl") for line in f.read_text().splitlines()
+               if json.loads(line)["amount"] > 5000)
+    assert 0 < kept < 4000 and report["found_rows"] == kept
+    assert report["compared"] == ["key", "amount"]  # the job dropped event_time
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1]  # 8 files, 4 per epoch
+    unfiltered = CliRunner().invoke(main, args)
+    assert unfiltered.exit_code == 1
+    assert json.loads(unfiltered.output)["missing"]["count"] == 4000 - kept

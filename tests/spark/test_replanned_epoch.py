@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from exactly.audit import verify
+from exactly.auditor import verify
 from exactly.demos.files import write_events
 from exactly.demos.files_job import PipelineSpec, build, run
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError

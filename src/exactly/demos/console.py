@@ -15,13 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from exactly.audit import AuditReport
+from exactly.auditor import VerifyReport
 from exactly.testing.chaos import Attempt
 
 
 @dataclass
 class DemoResult:
     attempts: list[Attempt]
-    report: AuditReport
+    report: AuditReport | VerifyReport
     files: int
     epochs_expected: int
 

@@ -20,21 +20,19 @@ import random
 import shutil
 import sys
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from exactly.audit import AuditReport, audit_ids, json_ids
+from exactly.auditor import AuditSpec, KafkaLocation, VerifyReport, run_audit
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.demos.console import ConsoleProgress, DemoResult
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 from exactly.testing.chaos import Attempt, run_with_crashes
-from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
+from exactly.testing.kafka_broker import broker_or_configured, create_topic, quiet_conf
 
 KEYS = 20
 
@@ -60,33 +58,43 @@ def produce_events(bootstrap: str, topic: str, events: int, seed: int = 0,
         raise RuntimeError(f"could not deliver the input events to {topic}")
 
 
+#: the job's state as the batch truth: key k's records carry seq 1..n, n its input events
+EXPECTED_SEQ = ("SELECT key, unnest(range(1, count(*) + 1)) AS seq FROM input GROUP BY key")
+
+
 @dataclass
 class KafkaAudit:
-    """What a consumer of the output topic saw."""
+    """What a consumer of the output topic saw: ``report`` audits the ids against the input
+    topic, ``state`` the (key, seq) pairs against the batch truth :data:`EXPECTED_SEQ`."""
 
     isolation_level: str
-    report: AuditReport
-    seq_errors: int  # keys whose distinct records do not carry seq 1..n exactly once
-    records: int
+    report: VerifyReport
+    state: VerifyReport
+
+    @property
+    def seq_errors(self) -> int:
+        """(key, seq) pairs missing, repeated or unexpected: state applied wrongly."""
+        s = self.state
+        return s.missing.count + s.duplicated.count + s.unexpected.count
+
+    @property
+    def records(self) -> int:
+        return self.report.found_rows
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and self.seq_errors == 0
+        return self.report.ok and self.state.ok
 
 
-def audit_output(bootstrap: str, topic: str, expected_ids: int,
+def audit_output(bootstrap: str, input_topic: str, topic: str,
                  isolation_level: str = "read_committed") -> KafkaAudit:
-    """Audit the output topic against input ids ``0..expected_ids-1``."""
-    records = consume_all(bootstrap, topic, isolation_level=isolation_level)
-    values = [value for _, _, _, value in records]
-    report = audit_ids(json_ids(values), np.arange(expected_ids))
-    rows = [json.loads(value) for value in values if value is not None]
-    per_key: dict[str, dict[int, int]] = defaultdict(dict)
-    for r in rows:
-        per_key[r["key"]][r["id"]] = r["seq"]
-    seq_errors = sum(sorted(seqs.values()) != list(range(1, len(seqs) + 1))
-                     for seqs in per_key.values())
-    return KafkaAudit(isolation_level, report, seq_errors, len(records))
+    """``exactly verify`` on the output topic, read with ``isolation_level``: every input id
+    once, and every key's running count (seq) 1..n exactly once."""
+    source, target = KafkaLocation(bootstrap, input_topic), KafkaLocation(bootstrap, topic)
+    ids = run_audit(AuditSpec(output=target, input=source, isolation=isolation_level))
+    state = run_audit(AuditSpec(output=target, input=source, isolation=isolation_level,
+                                keys=("key", "seq"), expect=EXPECTED_SEQ))
+    return KafkaAudit(isolation_level, ids, state)
 
 
 def chaos_schedule(epochs: int, crashes: int | None,
@@ -156,8 +164,8 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
 
     attempts = run_with_crashes(command, schedule, env=env, on_line=line, on_start=on_start,
                                 on_end=on_end, timeout=900)
-    committed = audit_output(bootstrap, output_topic, events, "read_committed")
-    uncommitted = audit_output(bootstrap, output_topic, events, "read_uncommitted")
+    committed = audit_output(bootstrap, input_topic, output_topic, "read_committed")
+    uncommitted = audit_output(bootstrap, input_topic, output_topic, "read_uncommitted")
     fired = [str((a.fired or {}).get("point")) for a in attempts if a.crashed]
     return ChaosRun(attempts, committed, uncommitted, restarts, fired)
 
@@ -192,8 +200,8 @@ def print_views(run: ChaosRun, console: Console) -> None:
     for audit in (run.committed, run.uncommitted):
         r = audit.report
         table.add_row(audit.isolation_level, str(audit.records),
-                      str(r.found_rows - r.duplicate_extra_rows - len(r.unexpected)),
-                      str(len(r.missing)), str(len(r.duplicated)), str(audit.seq_errors))
+                      str(r.expected_keys - r.missing.count + r.unexpected.count),
+                      str(r.missing.count), str(r.duplicated.count), str(audit.seq_errors))
     console.print(table)
     console.print("read_uncommitted also shows records of transactions that were aborted "
                   "(a crash inside a publish); read_committed consumers never see them.")

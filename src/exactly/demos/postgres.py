@@ -21,11 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from rich.console import Console
 
-from exactly.audit import audit_ids, pg_table_ids
-from exactly.connectors.sql import pg_connect, redact_dsn
+from exactly.auditor import AuditSpec, PostgresLocation, run_audit
+from exactly.connectors.sql import TableName, pg_connect, redact_dsn
 from exactly.demos.console import ConsoleProgress, DemoResult, check_table
 from exactly.demos.console import print_result as print_demo_result
 from exactly.demos.postgres_job import DSN_ENV, command
@@ -89,9 +88,11 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
         attempts = run_with_crashes(command(*args), schedule, env={DSN_ENV: dsn},
                                     **ConsoleProgress(console).hooks())
         with pg_connect(dsn, application="exactly-demo", autocommit=True) as conn:
-            report = audit_ids(pg_table_ids(conn, TABLE), np.arange(events))
             prepared = int(conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE "
                                         "'exactly:%'").fetchone()[0])
+        # the job reads exactly.datagen rows 0..events-1: the expected ids are a range
+        report = run_audit(AuditSpec(output=PostgresLocation(dsn, TableName.parse(TABLE)),
+                                     expect=f"SELECT range AS id FROM range({events})"))
     if prepared:
         console.print(f"[red]{prepared} prepared transaction(s) left behind[/]")
     return PostgresDemoResult(attempts, report, epochs, epochs, prepared)

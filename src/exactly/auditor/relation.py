@@ -1,0 +1,86 @@
+"""A source of rows attached to the audit's DuckDB database under a name.
+
+Every reader (files, PostgreSQL, Kafka, SQLite) makes one relation and says what it knows
+about the rows' history: the column holding each row's epoch (the file sink's
+``epoch-N`` directories, a table's ``exactly_epoch``), and the columns that order a key's
+rows in time (epoch, or Kafka partition and offset). Internal columns start with ``__x_``
+and are never compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+#: the epoch a row was committed in, when the target records it
+EPOCH = "__x_epoch"
+#: position of a record in its Kafka partition
+PARTITION, OFFSET = "__x_partition", "__x_offset"
+INTERNAL = "__x_"
+
+
+def ident(name: str) -> str:
+    """``name`` as a quoted DuckDB identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """``text`` as a DuckDB string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+@dataclass
+class Relation:
+    """Rows attached as ``name``: ``empty`` when the source had no rows and no schema (then
+    the audit gives it the expected rows' columns); ``order`` sorts a key's rows in time."""
+
+    name: str
+    description: str
+    epoch: bool = False
+    order: list[str] = field(default_factory=list)
+    empty: bool = False
+
+
+def load_batches(con, name: str, batches: Iterator[pa.Table]) -> bool:
+    """Stream Arrow tables into the DuckDB table ``name`` (one pass, bounded memory); the
+    first table's schema is the table's, later ones are conformed to it. False when there
+    were no batches at all (the table is not created)."""
+    first = next(batches, None)
+    if first is None:
+        return False
+    schema = first.schema
+
+    def all_batches() -> Iterator[pa.RecordBatch]:
+        yield from first.to_batches()
+        for table in batches:
+            yield from conform(table, schema).to_batches()
+
+    reader = pa.RecordBatchReader.from_batches(schema, all_batches())
+    view = f"__x_stream_{name}"
+    con.register(view, reader)
+    try:
+        con.execute(f"CREATE TABLE {ident(name)} AS SELECT * FROM {ident(view)}")
+    finally:
+        con.unregister(view)
+    return True
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: absent ones null, others cast (a null
+    column takes any type); new columns are dropped."""
+    columns = []
+    for f in schema:
+        if f.name in table.column_names:
+            column = table.column(f.name)
+            columns.append(column if column.type == f.type else column.cast(f.type))
+        else:
+            columns.append(pa.nulls(len(table), f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (database errors carry pages of context)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
