@@ -83,3 +83,16 @@ def test_a_topic_that_does_not_exist_is_exit_2(broker):
     assert result.stderr.strip().splitlines() == [
         f"verify: bad input: kafka://{broker.bootstrap}/no-such-topic: topic no-such-topic "
         "does not exist"]
+
+
+def test_a_record_that_is_not_json_is_exit_2_naming_its_offset(broker, topic):
+    producer = transactional_producer(broker.bootstrap)
+    producer.begin_transaction()
+    producer.produce(topic, b"not json", partition=0)
+    producer.commit_transaction(30)
+    result = verify("--expect", "select 1 as id", "--output",
+                    f"kafka://{broker.bootstrap}/{topic}")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"verify: bad input: kafka://{broker.bootstrap}/{topic}: the record at partition 0 "
+        "offset 0 is not JSON"]

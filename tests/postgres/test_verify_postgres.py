@@ -98,3 +98,12 @@ def test_a_table_that_does_not_exist_is_exit_2(pg):
     assert result.stderr.strip().splitlines() == [
         "verify: bad input: table no_such_table does not exist in "
         + pg.dsn.replace(pg.password, "***")]
+
+
+def test_an_empty_table_misses_every_expected_row(pg, conn, table_name):
+    create(conn, table_name, [])
+    result = verify("--expect", "select range as id from range(5)", "--output",
+                    url(pg, table_name), "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["found_rows"] == 0 and report["missing"]["count"] == 5

@@ -136,10 +136,10 @@ class _Audit:
         self.check_columns(expected, found, source, target)
         compare = self.compared(expected, found)
         self.found_view(target)
-        self.group("e", "expected", compare, self.key_casts(expected, found))
-        self.group("f", "found", compare, {})
+        unkeyed = (self.group("e", "expected", compare, self.key_casts(expected, found)),
+                   self.group("f", "found", compare, {}))
         self.join(compare, expected, found)
-        report = self.summary(compare, source, target)
+        report = self.summary(compare, source, target, *unkeyed)
         if target.epoch:
             report.epochs = self.epochs()
         if spec.monotonic:
@@ -194,7 +194,8 @@ class _Audit:
 
     def compared(self, expected: dict[str, str], found: dict[str, str] | None = None
                  ) -> list[str]:
-        """The columns to compare: ``*`` is every expected column the output has too."""
+        """The columns to compare: ``*`` is every expected column the output has too; a
+        named column must be in both (``found`` None: the output is not read yet)."""
         names = list(self.spec.compare)
         if names == ["*"]:
             return [c for c in expected if c not in self.keys and (found is None or c in found)]
@@ -202,6 +203,9 @@ class _Audit:
             if name not in expected:
                 raise AuditInputError(f"--compare-columns {name}: not a column of the expected "
                                       f"rows ({', '.join(expected)})")
+            if found is not None and name not in found:
+                raise AuditInputError(f"--compare-columns {name}: not in the output (columns: "
+                                      f"{', '.join(found)})")
         return [c for c in names if c not in self.keys]
 
     def key_casts(self, expected: dict[str, str], found: dict[str, str]) -> dict[str, str]:
@@ -223,28 +227,27 @@ class _Audit:
                  f"(PARTITION BY {keys} ORDER BY {order}) = 1")
 
     def group(self, table: str, relation: str, compare: list[str], casts: dict[str, str]
-              ) -> None:
+              ) -> int:
+        """Group ``relation`` by key into ``table`` (rows per key, compared values) in one
+        scan; return how many of its rows had no key (they are not in ``table``)."""
         keys = [f"TRY_CAST({ident(k)} AS {casts[k]}) AS {ident(k)}" if k in casts else ident(k)
                 for k in self.keys]
         no_key = " OR ".join(f"{ident(k)} IS NULL" for k in self.keys)
         values = "".join(f", any_value({ident(c)}) AS {ident(c)}" for c in compare)
-        self.sql(f"CREATE TEMP VIEW {table}_rows AS SELECT {', '.join(keys)}"
-                 f"{''.join(', ' + ident(c) for c in compare)} FROM {relation}")
         self.sql(f"CREATE TABLE {table} AS SELECT {', '.join(ident(k) for k in self.keys)}, "
-                 f"count(*) AS __x_n{values} FROM {table}_rows WHERE NOT ({no_key}) "
-                 f"GROUP BY ALL", f"reading {relation}")
-        self.sql(f"CREATE TABLE {table}_nokey AS SELECT count(*) AS n FROM {table}_rows "
-                 f"WHERE {no_key}")
+                 f"count(*) AS __x_n{values} FROM (SELECT {', '.join(keys)}"
+                 f"{''.join(', ' + ident(c) for c in compare)} FROM {relation}) GROUP BY ALL",
+                 f"reading {relation}")
+        unkeyed = int(self.sql(f"SELECT coalesce(sum(__x_n), 0) FROM {table} "
+                               f"WHERE {no_key}").fetchone()[0])
+        self.sql(f"DELETE FROM {table} WHERE {no_key}")
+        return unkeyed
 
     def join(self, compare: list[str], expected: dict[str, str], found: dict[str, str]
              ) -> None:
         keys = ", ".join(f"coalesce(e.{ident(k)}, f.{ident(k)}) AS {ident(k)}" for k in self.keys)
         on = " AND ".join(f"e.{ident(k)} = f.{ident(k)}" for k in self.keys)
-        diffs = [self.differs(c, expected[c], found[c]) for c in compare if c in found]
-        missing_columns = [c for c in compare if c not in found]
-        if missing_columns:
-            raise AuditInputError(f"--compare-columns {', '.join(missing_columns)}: not in the "
-                                  f"output (columns: {', '.join(found)})")
+        diffs = [self.differs(c, expected[c], found[c]) for c in compare]
         differs = " OR ".join(f"coalesce({d}, false)" for d in diffs) or "false"
         self.sql(f"CREATE TABLE cmp AS SELECT {keys}, e.__x_n AS en, f.__x_n AS fn, "
                  f"CASE WHEN e.__x_n IS NOT NULL AND f.__x_n = 1 THEN ({differs}) ELSE false "
@@ -263,8 +266,8 @@ class _Audit:
         return f"(CAST({e} AS VARCHAR) IS DISTINCT FROM CAST({f} AS VARCHAR))"
 
     # -- the verdict ----------------------------------------------------------------------
-    def summary(self, compare: list[str], source: Relation | None, target: Relation
-                ) -> VerifyReport:
+    def summary(self, compare: list[str], source: Relation | None, target: Relation,
+                e_nokey: int, f_nokey: int) -> VerifyReport:
         row = self.sql("""
             SELECT count(*) FILTER (WHERE en IS NOT NULL),
                    count(*) FILTER (WHERE en IS NOT NULL AND fn IS NULL),
@@ -277,8 +280,6 @@ class _Audit:
             FROM cmp""").fetchone()
         (expected_keys, missing, duplicated, extra, unexpected, differing, input_dups,
          keyed_rows) = (int(v) for v in row)
-        e_nokey = int(self.sql("SELECT n FROM e_nokey").fetchone()[0])
-        f_nokey = int(self.sql("SELECT n FROM f_nokey").fetchone()[0])
         value_columns = ", ".join(f"e.{ident(c)} AS {ident('expected ' + c)}, "
                                   f"f.{ident(c)} AS {ident('found ' + c)}" for c in compare)
         on_e = " AND ".join(f"e.{ident(k)} = c.{ident(k)}" for k in self.keys)

@@ -79,25 +79,25 @@ def attach_postgres(con, name: str, location: PostgresLocation,
         schema = pa.schema([(n, _TYPES.get(oid, pa.string())) for n, oid in described])
         query = sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT (FORMAT csv)").format(
             sql.SQL(", ").join(sql.Identifier(n) for n in names), location.table.sql())
+        raw = f"__x_raw_{name}"
         with conn.cursor() as cur, cur.copy(query) as copy:
-            reader = pacsv.open_csv(
-                _CopyStream(copy),
-                read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=schema, strings_can_be_null=True,
-                    quoted_strings_can_be_null=False, true_values=["t"], false_values=["f"]))
-
             def tables() -> Iterator[pa.Table]:
+                try:
+                    reader = pacsv.open_csv(
+                        _CopyStream(copy),
+                        read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 22),
+                        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                        convert_options=pacsv.ConvertOptions(
+                            column_types=schema, strings_can_be_null=True,
+                            quoted_strings_can_be_null=False, true_values=["t"],
+                            false_values=["f"]))
+                except pa.ArrowInvalid:  # "Empty CSV file": a table without rows
+                    return
                 for batch in reader:
                     yield pa.Table.from_batches([batch])
 
-            raw = f"__x_raw_{name}"
-            loaded = load_batches(con, raw, tables())
-    if not loaded:  # an empty table still has its columns
-        con.register(f"__x_empty_{name}", schema.empty_table())
-        con.execute(f"CREATE TABLE {ident(raw)} AS SELECT * FROM {ident('__x_empty_' + name)}")
-        con.unregister(f"__x_empty_{name}")
+            # an empty table still has its columns: the DuckDB table gets them
+            load_batches(con, raw, tables(), schema)
     epoch = "NULL::BIGINT"
     if epoch_column in names:
         epoch = f"CAST({ident(epoch_column)} AS BIGINT)"

@@ -43,25 +43,39 @@ class Relation:
     empty: bool = False
 
 
-def load_batches(con, name: str, batches: Iterator[pa.Table]) -> bool:
-    """Stream Arrow tables into the DuckDB table ``name`` (one pass, bounded memory); the
-    first table's schema is the table's, later ones are conformed to it. False when there
-    were no batches at all (the table is not created)."""
+def load_batches(con, name: str, batches: Iterator[pa.Table],
+                 schema: pa.Schema | None = None) -> bool:
+    """Stream Arrow tables into the DuckDB table ``name`` (one pass, bounded memory), with
+    ``schema``, or the first table's; later tables are conformed to it. False when there
+    were no batches and no ``schema`` (the table is not created)."""
     first = next(batches, None)
     if first is None:
-        return False
-    schema = first.schema
+        if schema is not None:
+            first = schema.empty_table()
+        else:
+            return False
+    schema = schema or first.schema
+
+    failed: list[BaseException] = []
 
     def all_batches() -> Iterator[pa.RecordBatch]:
-        yield from first.to_batches()
-        for table in batches:
-            yield from conform(table, schema).to_batches()
+        try:
+            yield from conform(first, schema).to_batches()
+            for table in batches:
+                yield from conform(table, schema).to_batches()
+        except Exception as exc:  # DuckDB reports it wrapped in its own error
+            failed.append(exc)
+            raise
 
     reader = pa.RecordBatchReader.from_batches(schema, all_batches())
     view = f"__x_stream_{name}"
     con.register(view, reader)
     try:
         con.execute(f"CREATE TABLE {ident(name)} AS SELECT * FROM {ident(view)}")
+    except Exception:
+        if failed:  # the reader's own error (a record that is not JSON, a timeout), unwrapped
+            raise failed[0] from None
+        raise
     finally:
         con.unregister(view)
     return True

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import logging
 import os
 import subprocess
@@ -238,59 +237,15 @@ def broker_or_configured(workdir: Path | None = None) -> Iterator[str]:
 
 def consume_all(bootstrap: str, topic: str, *, isolation_level: str = "read_committed",
                 timeout: float = 120.0) -> list[tuple[int, int, bytes | None, bytes | None]]:
-    """Every record of ``topic`` a consumer with ``isolation_level`` sees, from the start to
-    the log end offsets at the time of the call, as (partition, offset, key, value).
+    """Every record of ``topic`` a consumer with ``isolation_level`` sees, from the start to the
+    log end offsets at the time of the call, as (partition, offset, key, value): the
+    auditor's reader, :func:`exactly.auditor.kafka.read_to_end`.
 
     ``read_committed`` returns records of committed transactions and non-transactional
-    records; it cannot pass a transaction that is still open, so this waits for open
-    transactions to end (up to ``timeout``). ``read_uncommitted`` also returns records of
-    aborted and open transactions.
+    records (waiting up to ``timeout`` for open transactions to end); ``read_uncommitted``
+    also returns records of aborted and open transactions.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from exactly.auditor.kafka import read_to_end
 
-    from exactly.connectors.kafka.broker import is_transient
-
-    consumer = Consumer({**quiet_conf(bootstrap), "group.id": f"exactly-audit-{uuid.uuid4()}",
-                         "isolation.level": isolation_level, "enable.auto.commit": False,
-                         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    try:
-        meta = consumer.list_topics(topic, timeout=30).topics[topic]
-        if meta.error is not None:
-            raise ExactlyError(f"topic {topic}: {meta.error}")
-        partitions = sorted(meta.partitions)
-        # the log end offsets (what read_uncommitted sees): Kafka writes the commit markers
-        # of a transaction shortly after commit_transaction returns, so a read_committed
-        # reader that stopped at the last stable offset of this moment could miss them
-        probe = Consumer({**quiet_conf(bootstrap), "group.id": "exactly-audit-probe",
-                          "isolation.level": "read_uncommitted"})
-
-        def end_offset(partition: int) -> int:
-            return int(probe.get_watermark_offsets(TopicPartition(topic, partition),
-                                                   timeout=30)[1])
-
-        try:  # a broker that has just restarted answers NOT_LEADER until it leads again
-            ends = {p: retry_call(functools.partial(end_offset, p), what="read the log end offset",
-                                  transient=is_transient, seconds=60, level=logging.DEBUG,
-                                  topic=topic, partition=p)
-                    for p in partitions}
-        finally:
-            probe.close()
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        pending = {p for p in partitions if ends[p] > 0}
-        records: list[tuple[int, int, bytes | None, bytes | None]] = []
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                records.append((int(msg.partition() or 0), int(msg.offset() or 0), msg.key(),
-                                msg.value()))
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
-                if tp.offset >= ends[tp.partition]:
-                    pending.discard(tp.partition)
-        if pending:
-            raise ExactlyError(f"reading {topic} with {isolation_level} did not reach the end "
-                               f"offsets {ends} within {timeout:.0f}s (an open transaction "
-                               "blocks read_committed readers until it ends)")
-        return records
-    finally:
-        consumer.close()
+    return [(int(m.partition() or 0), int(m.offset() or 0), m.key(), m.value())
+            for m in read_to_end(bootstrap, topic, isolation=isolation_level, timeout=timeout)]
