@@ -429,17 +429,31 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 
 
 @main.command(context_settings={"show_default": True})
-@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.argument("checkpoint", required=False, type=click.Path(file_okay=False))
 @click.option("--drain", is_flag=True,
               help="First process all input available now (a bounded end), then stop.")
 @click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
 @click.option("--savepoint", "savepoint_target", is_flag=False, flag_value="", default=None,
               metavar="[TARGET]",
               help="Take a savepoint after the stop (into TARGET, default "
-                   "<CHECKPOINT>.savepoints): Flink's stop-with-savepoint.")
+                   "<CHECKPOINT>.savepoints): Flink's stop-with-savepoint. "
+                   "`stop --savepoint CHECKPOINT` takes it into the default target.")
+@click.option("--savepoint-path", "-p", "savepoint_path", default=None, metavar="TARGET",
+              help="Take a savepoint after the stop into TARGET (Flink's --savepointPath).")
 @reports_failure("stop")
-def stop(checkpoint: str, drain: bool, wait: str, savepoint_target: str | None) -> None:
+def stop(checkpoint: str | None, drain: bool, wait: str, savepoint_target: str | None,
+         savepoint_path: str | None) -> None:
     """Stop the job running on CHECKPOINT: the epoch in flight commits, then it stops."""
+    if checkpoint is None and savepoint_target:
+        # `stop --savepoint CK`: the option's optional value was the checkpoint itself
+        checkpoint, savepoint_target = savepoint_target, ""
+    if checkpoint is None:
+        raise click.UsageError("give the CHECKPOINT of the job to stop")
+    if savepoint_path is not None:
+        if savepoint_target:
+            raise click.UsageError("give the savepoint's TARGET once: --savepoint TARGET or "
+                                   "--savepoint-path TARGET")
+        savepoint_target = savepoint_path
     params: dict[str, Any] = {"drain": drain}
     if savepoint_target is not None:
         params["savepoint"] = str(Path(savepoint_target).absolute()) if savepoint_target \

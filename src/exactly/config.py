@@ -3,9 +3,10 @@
 ``CheckpointConfig`` holds every option the seeds name. The query-level ones (interval,
 mode, storage, state backend) are applied by :mod:`exactly.spark.runner`; the policies that
 act between and around epochs (timeout, min pause, tolerable failed checkpoints, epoch
-sizing) are enforced by the job supervisor (:mod:`exactly.ops.supervisor`, ``exactly run``).
-The one option exactly cannot honour on Spark (``checkpoints_after_tasks_finish=False``)
-raises :class:`~exactly.errors.NotSupportedYetError`, so nothing is silently ignored.
+sizing) are enforced by the job supervisor (:mod:`exactly.ops.supervisor`, ``exactly run``);
+``start_query`` refuses a config that sets them, so none is silently ignored. The one
+option exactly cannot honour on Spark (``checkpoints_after_tasks_finish=False``) raises
+:class:`~exactly.errors.NotSupportedYetError`.
 """
 
 from __future__ import annotations
@@ -60,14 +61,27 @@ STATE_STORE_PROVIDERS = {
 #: ~0.3 s on a small machine, DESIGN section 9)
 MIN_TIMEOUT_S = 1.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|seconds?|m|min|minutes?|h|hours?)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0, "m": 60.0,
-                 "min": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0, "hour": 3600.0,
-                 "hours": 3600.0}
+#: Flink's time units (``TimeUtils``): every label, and the plural of the long ones
+_UNIT_LABELS: dict[float, tuple[str, ...]] = {
+    1e-9: ("ns", "nano", "nanosecond"),
+    1e-6: ("us", "\u00b5s", "micro", "microsecond"),
+    1e-3: ("ms", "milli", "millisecond"),
+    1.0: ("s", "sec", "second"),
+    60.0: ("m", "min", "minute"),
+    3600.0: ("h", "hour"),
+    86400.0: ("d", "day"),
+}
+_UNIT_SECONDS = {label: factor for factor, labels in _UNIT_LABELS.items() for base in labels
+                 for label in ((base, base + "s") if len(base) > 2 else (base,))}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([^\d\s.]*)\s*$")
 
 
 def parse_duration(value: str | float | int, *, name: str) -> float:
-    """Parse ``"500ms"``, ``"2s"``, ``"1 min"`` or a number of seconds into seconds."""
+    """Seconds of a duration written as Flink writes them: a number and a unit, with or
+    without a space, the unit in any case (``500ms``, ``2S``, ``1 min``, ``1d``,
+    ``10 seconds``; units ``ns``, ``us``, ``ms``, ``s``, ``m``/``min``, ``h``, ``d`` and
+    their long names, singular or plural). A number without a unit (or a Python ``int`` /
+    ``float``) is seconds. Raises ConfigError naming ``name`` on anything else."""
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration such as '2s', got {value!r}")
     if isinstance(value, (int, float)):
@@ -76,12 +90,13 @@ def parse_duration(value: str | float | int, *, name: str) -> float:
         if str(value).strip().startswith("-"):
             raise ConfigError(f"{name}: a duration cannot be negative, got {value!r}")
         match = _DURATION.match(str(value))
-        if not match:
+        unit = match.group(2).lower() if match else ""
+        if not match or (unit and unit not in _UNIT_SECONDS):
             raise ConfigError(
-                f"{name}: cannot read {value!r} as a duration; write it like '500ms', '2s' or "
-                "'1min'"
+                f"{name}: cannot read {value!r} as a duration; write a number and a unit "
+                "(ms, s, min, h, d or their long names, e.g. '500ms', '2s', '1 min', '1d')"
             )
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+        seconds = float(match.group(1)) * _UNIT_SECONDS.get(unit, 1.0)
     if seconds < 0:
         raise ConfigError(f"{name}: a duration cannot be negative, got {value!r}")
     return seconds

@@ -179,3 +179,24 @@ def test_an_s3a_checkpoint_on_a_session_without_s3a_is_refused_naming_the_settin
         start_query(datagen(spark), sink_format="exactly.files", path=str(tmp_path / "out"),
                     checkpoint=CheckpointConfig(storage="s3a://bucket/ck"))
 
+
+
+@pytest.mark.parametrize(("setting", "shown"), [
+    ({"timeout": "1min"}, "timeout='1min'"),
+    ({"tolerable_failed_checkpoints": 2}, "tolerable_failed_checkpoints=2"),
+    ({"min_pause_between_checkpoints": "2s"}, "min_pause_between_checkpoints='2s'"),
+    ({"target_epoch_duration": "5s"}, "target_epoch_duration='5s'"),
+    ({"unaligned": True, "aligned_checkpoint_timeout": "3s"}, "unaligned=True"),
+])
+def test_a_policy_start_query_cannot_apply_is_refused_before_spark_starts(
+        spark, tmp_path, setting, shown):
+    """start_query applies no policy between epochs: it refuses it, naming exactly run and
+    run_job, which do; nothing starts and the checkpoint is not created."""
+    before = active_ids(spark)
+    with pytest.raises(ConfigError) as err:
+        start_query(datagen(spark), sink_format="exactly.files", path=str(tmp_path / "out"),
+                    checkpoint=CheckpointConfig(storage=str(tmp_path / "ck"), **setting))
+    assert f"start_query does not apply {shown}" in str(err.value)
+    assert "exactly run" in str(err.value) and "run_job" in str(err.value)
+    assert active_ids(spark) == before
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "out").exists()

@@ -59,6 +59,21 @@ def test_stop_of_a_checkpoint_without_a_running_job_says_so(tmp_path):
     assert "NoRunningJob: no running job on checkpoint" in result.output
 
 
+def test_stop_with_savepoint_takes_the_checkpoint_with_or_without_a_target(tmp_path):
+    """`stop --savepoint CK` (no TARGET) names the checkpoint, not a missing argument; the
+    target forms reach the same checkpoint (here: no job runs on it, so each says that)."""
+    ck = str(tmp_path / "ck")
+    for args in (["--savepoint", ck], [ck, "--savepoint"], ["--savepoint", "sps", ck],
+                 ["-p", "sps", ck], [ck, "--savepoint-path", "sps"]):
+        result = _run_cli("stop", *args)
+        assert result.exit_code == 3, (args, result.output)
+        assert f"no running job on checkpoint {Path(ck).absolute()}" in result.output, args
+    both = _run_cli("stop", ck, "--savepoint", "a", "--savepoint-path", "b")
+    assert both.exit_code == 2 and "give the savepoint's TARGET once" in both.output
+    neither = _run_cli("stop")
+    assert neither.exit_code == 2 and "give the CHECKPOINT" in neither.output
+
+
 def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("def build(spark):\n    raise AssertionError('never built')\n")

@@ -48,7 +48,18 @@ def test_durations_accept_units(text, seconds):
     assert parse_duration(text, name="interval") == seconds
 
 
-@pytest.mark.parametrize("text", ["fast", "-1s", "1 fortnight"])
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("2S", 2.0), ("500 ms", 0.5), ("500 MS", 0.5), ("1d", 86400.0), ("2 days", 172800.0),
+    ("1h", 3600.0), ("3 hours", 10800.0), ("10min", 600.0), ("10m", 600.0),
+    ("2 minutes", 120.0), ("1 second", 1.0), ("30 seconds", 30.0), ("30secs", 30.0),
+    ("250 milliseconds", 0.25), ("250millis", 0.25), ("1500000us", 1.5),
+    ("2000000000 ns", 2.0)])
+def test_durations_accept_flinks_forms(text, seconds):
+    """Flink's TimeUtils forms: units in any case, with or without a space, long names."""
+    assert parse_duration(text, name="timeout") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["fast", "-1s", "1 fortnight", "1 s s", "2.s", "ms"])
 def test_bad_durations_name_the_option(text):
     with pytest.raises(ConfigError, match="interval"):
         CheckpointConfig(interval=text)

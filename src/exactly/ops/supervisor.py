@@ -1,7 +1,7 @@
 """Run a job's query under Flink's operational policies, in the driver process.
 
-The supervisor starts the query (:func:`exactly.spark.runner.start_query`) and watches it
-every ``poll_s``:
+The supervisor starts the query (:func:`exactly.spark.runner.start_supervised_query`) and
+watches it every ``poll_s``:
 
 * **restarts**: a failed query is started again from its latest complete epoch in the same
   driver process (same JVM, same session) after the wait its :mod:`restart strategy
@@ -198,12 +198,12 @@ class Supervisor:
 
     # -- starting and watching ------------------------------------------------------------
     def _start(self, *, available_now: bool):
-        from exactly.spark.runner import start_query
+        from exactly.spark.runner import start_supervised_query
 
         job = self.job
         if self.pacer is not None:
             self.pacer.open()
-        query = start_query(job.df, sink_format=job.sink_format, checkpoint=self.config,
+        query = start_supervised_query(job.df, sink_format=job.sink_format, checkpoint=self.config,
                             path=job.path, options=dict(job.options),
                             query_name=job.query_name, available_now=available_now,
                             output_mode=job.output_mode,

@@ -184,12 +184,40 @@ def commit_in_driver() -> bool:
     return value == "driver"
 
 
+def supervisor_policies(config: CheckpointConfig) -> list[str]:
+    """The settings of ``config`` that act between epochs, which only exactly's supervisor
+    (``exactly run``, :func:`exactly.ops.driver.run_job`) applies: ``timeout``,
+    ``tolerable_failed_checkpoints``, ``min_pause_between_checkpoints`` and epoch sizing
+    (``target_epoch_duration``, ``unaligned`` / ``aligned_checkpoint_timeout``)."""
+    found = []
+    if config.timeout is not None:
+        found.append(f"timeout={config.timeout!r}")
+    if config.tolerable_failed_checkpoints:
+        found.append(f"tolerable_failed_checkpoints={config.tolerable_failed_checkpoints}")
+    if config.min_pause_seconds > 0:
+        found.append(f"min_pause_between_checkpoints={config.min_pause_between_checkpoints!r}")
+    if config.target_epoch_duration is not None:
+        found.append(f"target_epoch_duration={config.target_epoch_duration!r}")
+    if config.unaligned:
+        found.append("unaligned=True")
+    if config.aligned_checkpoint_timeout is not None:
+        found.append(f"aligned_checkpoint_timeout={config.aligned_checkpoint_timeout!r}")
+    return found
+
+
 def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig,
                 path: str | None = None, options: dict[str, str] | None = None,
                 query_name: str | None = None, available_now: bool = False,
                 output_mode: str = "append",
                 accept_at_most_once: bool = False) -> ExactlyQuery:
     """Start ``df`` into an exactly sink under ``checkpoint``.
+
+    ``start_query`` applies the query-level settings of ``checkpoint`` (interval, mode,
+    storage, state backend, incremental, history, externalized cleanup on
+    :meth:`ExactlyQuery.cancel`). The policies that act between epochs (``timeout``,
+    ``tolerable_failed_checkpoints``, ``min_pause_between_checkpoints``, epoch sizing) need
+    exactly's supervisor: a config that sets any of them is refused with ConfigError before
+    Spark starts, naming ``exactly run`` and ``run_job``, which apply them.
 
     ``available_now=True`` processes what the sources hold at start, in epochs sized by the
     sources' limits, then stops (a bounded run whose last epoch is checkpointed).
@@ -209,6 +237,26 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     ReplannedEpochError, and OwnershipError when a ``memory`` checkpoint (a new query on
     every run) meets a sink log of another query.
     """
+    policies = supervisor_policies(checkpoint)
+    if policies:
+        raise ConfigError(
+            f"start_query does not apply {', '.join(policies)}: these checkpoint policies act "
+            "between epochs and need exactly's supervisor. Run the job with `exactly run "
+            "JOB_FILE --checkpoint DIR` or exactly.run_job(build, checkpoint=DIR), which "
+            "apply them, or remove them from the CheckpointConfig given to start_query")
+    return start_supervised_query(
+        df, sink_format=sink_format, checkpoint=checkpoint, path=path, options=options,
+        query_name=query_name, available_now=available_now, output_mode=output_mode,
+        accept_at_most_once=accept_at_most_once)
+
+
+def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig,
+                           path: str | None = None, options: dict[str, str] | None = None,
+                           query_name: str | None = None, available_now: bool = False,
+                           output_mode: str = "append",
+                           accept_at_most_once: bool = False) -> ExactlyQuery:
+    """:func:`start_query` for a caller that applies the supervisor policies itself
+    (:mod:`exactly.ops.supervisor`): the same checks and start, policies accepted."""
     if not df.isStreaming:
         raise ConfigError("start_query needs a streaming DataFrame (spark.readStream...)")
     mode_name = output_mode.lower()
