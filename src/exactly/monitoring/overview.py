@@ -54,6 +54,8 @@ class Overview:
     checkpoint: str
     name: str | None
     status: str
+    #: why the job is failed or restarting (its last cause), else ""
+    status_detail: str
     counts: dict[str, int]
     latest: dict[str, Any]
     summary: dict[str, dict[str, float | None]]
@@ -70,9 +72,13 @@ class Overview:
 
 
 def is_checkpoint(directory: Path) -> bool:
-    """A Spark checkpoint has ``metadata`` or ``offsets/``; exactly's history counts too."""
+    """A Spark checkpoint has ``metadata`` or ``offsets/``; exactly's history counts too, and
+    so does the status of an ``exactly run`` (a run that failed before its query started,
+    e.g. a refused restore, leaves only that)."""
+    from exactly.ops.control import job_dir
+
     return ((directory / "metadata").is_file() or (directory / "offsets").is_dir()
-            or history_dir(directory).is_dir())
+            or history_dir(directory).is_dir() or (job_dir(directory) / "job.json").is_file())
 
 
 def _require_checkpoint(directory: Path) -> None:
@@ -80,9 +86,9 @@ def _require_checkpoint(directory: Path) -> None:
         raise ConfigError(f"{directory} does not exist; give the checkpoint directory of a "
                           "job (CheckpointConfig(storage=...) or `exactly run --checkpoint`)")
     if not directory.is_dir() or not is_checkpoint(directory):
-        raise ConfigError(f"{directory} is not a Spark checkpoint (no metadata, offsets/ or "
-                          "exactly-job/history in it); give the directory a job was started "
-                          "with as its checkpoint")
+        raise ConfigError(f"{directory} is not a Spark checkpoint (no metadata, offsets/, "
+                          "exactly-job/history or exactly-job/job.json in it); give the "
+                          "directory a job was started with as its checkpoint")
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
@@ -165,7 +171,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                                    "after_failure": None})
 
     in_progress = None
-    status = _status(directory, records, JobStatus.read(job_dir(directory)))
+    job = JobStatus.read(job_dir(directory))
+    status = _status(directory, records, job)
     uncommitted = uncommitted_epoch(str(directory))
     if status in ("running", "restarting", "stopping") and uncommitted is not None:
         in_progress = EpochRow(uncommitted, "in_progress",
@@ -190,6 +197,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
         checkpoint=str(directory),
         name=runs[-1].get("name") if runs else None,
         status=status,
+        status_detail=job.detail if job is not None and status in ("failed", "restarting")
+        else "",
         counts={"triggered": len(rows) + len(failed_rows) + (in_progress is not None),
                 "in_progress": int(in_progress is not None), "completed": len(rows),
                 "failed": len(failed_rows), "restored": len(restore_events),

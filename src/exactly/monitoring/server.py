@@ -113,6 +113,7 @@ def create_app(jobs: Jobs) -> Starlette:
     async def list_jobs(request: Request) -> Response:
         return JSONResponse({"jobs": [
             {"id": jid, "name": loaded.overview.name, "status": loaded.overview.status,
+             "status_detail": loaded.overview.status_detail,
              "checkpoint": loaded.overview.checkpoint, "counts": loaded.overview.counts,
              "last_epoch": (loaded.overview.latest.get("completed") or {}).get("epoch")}
             for jid, loaded in jobs.all()]})

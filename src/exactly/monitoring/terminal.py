@@ -56,6 +56,9 @@ def render(view: Overview, *, rows: int = 10) -> Group:
     head.add_row(Text(f"job {view.job_id}", style="bold"), f"status: {view.status}",
                  f"checkpoint: {view.checkpoint}")
     parts.append(head)
+    if view.status_detail:
+        parts.append(Text(f"{view.status}: {view.status_detail}",
+                          style="red" if view.status == "failed" else "yellow"))
     tally = Table(title="checkpoint counts", title_justify="left")
     for column in ("triggered", "in progress", "completed", "failed", "restored",
                    "restarts", "savepoints"):

@@ -118,7 +118,11 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
     operators = job_operators(job.df)
     if restore is not None:
-        done = restore_job(job, restore, operators)
+        try:
+            done = restore_job(job, restore, operators)
+        except ExactlyError as exc:  # refused: nothing was restored, the run ends here
+            _record_start_failure(job_dir(job.checkpoint.storage), run_id, "restore", exc)
+            raise
         if done is not None:
             log_event(logger, "restored", savepoint=restore.savepoint,
                       epoch=done.get("epoch"), restored=done.get("restored"),
@@ -243,6 +247,22 @@ def _restore_request(spec: DriverSpec, spark_conf: Mapping[str, str]) -> Restore
         if chosen:
             request = replace(request, parallelism=chosen)
     return request
+
+
+def _record_start_failure(directory: Path, run_id: str, kind: str,
+                          exc: BaseException) -> None:
+    """A run that failed before its query started (a refused restore) ends here: its cause
+    goes to the restart history and ``job.json`` (state ``failed``), so ``exactly
+    checkpoints`` and ``exactly ui`` show the run and why it ended."""
+    import traceback
+
+    from exactly.causes import root_cause
+    from exactly.ops.history import RestartHistory
+
+    cause = root_cause("".join(traceback.format_exception(exc)))
+    RestartHistory(directory, run_id).append("failure", kind=kind, cause=cause,
+                                             action="give-up", fatal=True)
+    _merge(directory, {"state": "failed", "detail": cause})
 
 
 def _mark_failed(spec: DriverSpec, detail: str) -> None:

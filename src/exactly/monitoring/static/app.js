@@ -66,6 +66,10 @@ function renderHead(job, data) {
   const status = $("job-status");
   status.textContent = data.status;
   status.className = `status ${data.status}`;
+  status.title = data.status_detail || "";
+  const detail = $("job-status-detail");
+  detail.textContent = data.status_detail || "";
+  detail.hidden = !data.status_detail;
   $("job-checkpoint").textContent = data.checkpoint;
 }
 
