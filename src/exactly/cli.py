@@ -340,9 +340,11 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
 @click.option("--checkpoint", "checkpoint_dir", required=True,
               type=click.Path(file_okay=False),
               help="Checkpoint directory: the job's address for stop, cancel and restarts.")
-@click.option("--restart-strategy", "strategy", default=None,
-              type=click.Choice(["none", "fixed-delay", "failure-rate", "exponential-delay"]),
-              help="Flink's restart strategies [default: the job's, else exponential-delay].")
+@click.option("--restart-strategy", "strategy", default=None, metavar="NAME",
+              callback=lambda ctx, param, value: _strategy_name(value),
+              help="Flink's restart strategies: exponential-delay, fixed-delay, failure-rate, "
+                   "none (and Flink's other spellings: fixeddelay, off, disable, ...) "
+                   "[default: the job's, else exponential-delay].")
 @click.option("--restart-option", "strategy_options", multiple=True, metavar="KEY=VALUE",
               help="A strategy option with Flink's name, e.g. attempts=3, delay=10s, "
                    "initial-backoff=1s (repeatable).")
@@ -416,6 +418,16 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore)
     sys.exit(launch(spec))
+
+
+def _strategy_name(value: str | None) -> str | None:
+    """A restart strategy's name as Flink spells it (any of its spellings, any case)."""
+    from exactly.ops.restart import STRATEGY_NAMES
+
+    if value is None or value.strip().lower() in STRATEGY_NAMES:
+        return value
+    raise click.BadParameter(f"{value!r} is not one of {', '.join(STRATEGY_NAMES)}",
+                             param_hint="--restart-strategy")
 
 
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:

@@ -53,6 +53,31 @@ def test_run_refuses_bad_restart_settings_before_anything_starts(tmp_path):
     assert not (tmp_path / "ck").exists(), "a refused run must not touch the checkpoint"
 
 
+def test_every_restart_strategy_name_the_docs_list_is_accepted_by_exactly_run(tmp_path):
+    """docs/operations.md's strategy table and `exactly run --restart-strategy` agree: each
+    name (and alias) the table lists reaches the strategy (here refused for an option it
+    does not have, after the name was accepted), in any case."""
+    import re
+
+    lines = (Path(__file__).parents[2] / "docs" / "operations.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `--restart-strategy`"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    names = {n for line in rows for n in re.findall(r"`([a-z-]+)`", line.split("|")[1])}
+    assert {"exponential-delay", "fixed-delay", "failure-rate", "none", "off"} <= names
+    job = tmp_path / "job.py"
+    job.write_text("def build(spark):\n    raise AssertionError('must not run')\n")
+    for name in sorted(names) + ["Fixed-Delay", "OFF"]:
+        result = _run_cli("run", str(job), "--checkpoint", str(tmp_path / "ck"),
+                          "--restart-strategy", name, "--restart-option", "nonsense=1")
+        assert result.exit_code == 3, (name, result.output)
+        assert "has no option 'nonsense'" in result.output, (name, result.output)
+    assert not (tmp_path / "ck").exists()
+
+
 def test_stop_of_a_checkpoint_without_a_running_job_says_so(tmp_path):
     result = _run_cli("stop", str(tmp_path / "ck"))
     assert result.exit_code == 3
