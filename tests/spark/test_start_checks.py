@@ -200,3 +200,24 @@ def test_a_policy_start_query_cannot_apply_is_refused_before_spark_starts(
     assert "exactly run" in str(err.value) and "run_job" in str(err.value)
     assert active_ids(spark) == before
     assert not (tmp_path / "ck").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_sink_interval_option_that_disagrees_with_the_checkpoint_interval_is_refused(
+        spark, tmp_path):
+    """start_query tells the sink the trigger interval for its start checks (the Kafka
+    transaction timeout); a hand-set exactly.checkpointIntervalMs that differs would make them
+    judge a stale interval, so it is refused before anything starts; an equal one is fine."""
+    before = active_ids(spark)
+    with pytest.raises(ConfigError, match=r"exactly\.checkpointIntervalMs='5000' disagrees "
+                                          r"with CheckpointConfig\(interval='10s'\)"):
+        start_query(datagen(spark), sink_format="exactly.files", path=str(tmp_path / "out"),
+                    options={"exactly.checkpointIntervalMs": "5000"},
+                    checkpoint=CheckpointConfig(interval="10s", storage=str(tmp_path / "ck")))
+    assert active_ids(spark) == before and not (tmp_path / "ck").exists()
+    query = start_query(datagen(spark, 10), sink_format="exactly.files",
+                        path=str(tmp_path / "out"), available_now=True,
+                        options={"exactly.checkpointintervalms": "10000"},
+                        checkpoint=CheckpointConfig(interval="10s",
+                                                    storage=str(tmp_path / "ck")))
+    query.await_termination()
+    assert len(data_files(tmp_path / "out")) >= 1

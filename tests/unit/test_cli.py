@@ -70,7 +70,7 @@ def test_every_restart_strategy_name_the_docs_list_is_accepted_by_exactly_run(tm
     assert {"exponential-delay", "fixed-delay", "failure-rate", "none", "off"} <= names
     job = tmp_path / "job.py"
     job.write_text("def build(spark):\n    raise AssertionError('must not run')\n")
-    for name in sorted(names) + ["Fixed-Delay", "OFF"]:
+    for name in [*sorted(names), "Fixed-Delay", "OFF"]:
         result = _run_cli("run", str(job), "--checkpoint", str(tmp_path / "ck"),
                           "--restart-strategy", name, "--restart-option", "nonsense=1")
         assert result.exit_code == 3, (name, result.output)

@@ -270,7 +270,7 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     require_s3a(df.sparkSession, location)
     options = with_sink_log_dir(location, options)
     local = local_checkpoint(location)
-    options.setdefault(opt.CHECKPOINT_INTERVAL_MS, str(int(checkpoint.interval_seconds * 1000)))
+    set_checkpoint_interval(options, checkpoint)
     # what the sink receives: the options given override the two start_query sets
     sink_options = {opt.CHECKPOINT_LOCATION: location, opt.MODE: checkpoint.mode.value,
                     **options}
@@ -320,6 +320,25 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     if checkpoint.history and local is not None:
         record_history(spark, query, local, checkpoint, sink_format, path, options)
     return ExactlyQuery(query, location, checkpoint)
+
+
+def set_checkpoint_interval(options: dict[str, str], checkpoint: CheckpointConfig) -> None:
+    """Tell the sink the trigger interval (option ``exactly.checkpointIntervalMs``, for its
+    start checks such as Kafka's transaction timeout) from ``checkpoint.interval``. A value
+    the caller gave that differs is refused: the checks would judge a stale interval."""
+    interval_ms = str(int(checkpoint.interval_seconds * 1000))
+    for key in [k for k in options if k.lower() == opt.CHECKPOINT_INTERVAL_MS.lower()]:
+        given = options.pop(key)
+        try:
+            same = int(float(given)) == int(interval_ms)
+        except ValueError:
+            same = False
+        if not same:
+            raise ConfigError(
+                f"option {key}={given!r} disagrees with CheckpointConfig(interval="
+                f"{checkpoint.interval!r}) ({interval_ms} ms); drop the option: start_query "
+                "sets it from the checkpoint's interval")
+    options[opt.CHECKPOINT_INTERVAL_MS] = interval_ms
 
 
 def record_history(spark: Any, query: StreamingQuery, local: Path,
