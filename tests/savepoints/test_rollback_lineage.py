@@ -369,3 +369,26 @@ def test_an_epochs_table_made_before_lineages_is_read_and_migrated_by_the_hand_o
                                              rf"{a} at epoch 1\)"):
         line.restore(a, 0, str(uuid.uuid4()))
 
+
+
+@over("delta")
+def test_delta_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrite(target):
+    """The retract commit removes only the line's files: rows another writer appended after
+    the savepoint stay. Once the table was rewritten (OPTIMIZE compacts the line's files
+    into new ones), the line's rows cannot be told apart: retract is refused naming it."""
+    from deltalake import DeltaTable, write_deltalake
+
+    line = Lineage(target)
+    a, c = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 4))
+    write_deltalake(target.uri(), pa.table(target.batch([9001, 9002])),
+                    mode="append")  # another writer
+    line.restore(a, 1, c, SinkRollback.RETRACT)
+    assert target.visible() == sorted(truth(0, 1) + [9001, 9002])
+
+    line.run(c, range(2, 4))
+    DeltaTable(target.uri()).optimize.compact()
+    with pytest.raises(SavepointError) as refused:
+        line.restore(c, 2, str(uuid.uuid4()), SinkRollback.RETRACT)
+    assert "OPTIMIZE" in str(refused.value) and "--sink-rollback keep" in str(refused.value)
+    assert target.visible() == sorted(truth(0, 1, 2, 3) + [9001, 9002])
