@@ -384,11 +384,11 @@ def test_delta_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrit
     write_deltalake(target.uri(), pa.table(target.batch([9001, 9002])),
                     mode="append")  # another writer
     line.restore(a, 1, c, SinkRollback.RETRACT)
-    assert target.visible() == sorted(truth(0, 1) + [9001, 9002])
+    assert target.visible() == sorted([*truth(0, 1), 9001, 9002])
 
     line.run(c, range(2, 4))
     DeltaTable(target.uri()).optimize.compact()
     with pytest.raises(SavepointError) as refused:
         line.restore(c, 2, str(uuid.uuid4()), SinkRollback.RETRACT)
     assert "OPTIMIZE" in str(refused.value) and "--sink-rollback keep" in str(refused.value)
-    assert target.visible() == sorted(truth(0, 1, 2, 3) + [9001, 9002])
+    assert target.visible() == sorted([*truth(0, 1, 2, 3), 9001, 9002])
