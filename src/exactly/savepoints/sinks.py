@@ -148,8 +148,8 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
             f"epoch {left} or older, a savepoint of {state.owner}, or into a fresh target")
     if state.progress is None or state.progress <= epoch:
         return state
-    support = sink.rollback_support(state, epoch) if sink is not None else None
-    assert support is not None
+    assert sink is not None  # only a sink's target state is known
+    support = sink.rollback_support(state, epoch)
     ahead = (f"{where} already holds epochs {epoch + 1}..{state.progress} of "
              f"{state.describe_line(query)}, newer than the savepoint (epoch {epoch} of query "
              f"{query}): the restored job would write them again")
