@@ -370,8 +370,9 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
                    "the job's spark.sql.shuffle.partitions, else the savepoint's].")
 @click.option("--sink-rollback", type=click.Choice(["refuse", "retract", "keep"]),
               default="refuse",
-              help="When the sink target already holds epochs newer than the savepoint: "
-                   "refuse, retract them (file sink, PostgreSQL append) or keep them.")
+              help="When the sink target already holds epochs newer than the savepoint "
+                   "(of its job or of jobs restored from it): refuse, retract them (file "
+                   "sink, PostgreSQL append, Delta) or keep them.")
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,

@@ -158,3 +158,52 @@ def test_a_driver_killed_while_taking_a_savepoint_leaves_it_marked_incomplete(tm
                           str(broken[0]))
     assert refused.returncode != 0 and "incomplete savepoint" in refused.stderr
     assert not (tmp_path / "ck2").exists()
+
+
+@pytest.mark.server
+@pytest.mark.slow  # three `exactly run` drivers (~40 s alone, minutes on a loaded machine)
+def test_rolling_back_after_an_upgrade_into_the_same_table_is_a_rollback_naming_the_flag(
+        tmp_path, pg, table_name):
+    """v1 (query A) -> `exactly stop --savepoint` -> restored as query B into the same
+    PostgreSQL table -> restoring A's older savepoint there is refused as a rollback over
+    B's epochs (naming --sink-rollback), not as "not this job's output". The same rule per
+    sink and per --sink-rollback value, without Spark: test_rollback_lineage.py."""
+    env = {"JOB_KIND": "agg", "JOB_BACKEND": "hashmap", "JOB_DSN": pg.dsn,
+           "JOB_TABLE": table_name, "JOB_ROWS": "1000000", "JOB_RATE": "200",
+           "JOB_MAX_ROWS": "400", "JOB_KEYS": "10"}
+    ck_a, target = tmp_path / "ck-a", tmp_path / "sps"
+    first = SupervisedRun(JOB, ck_a, env, log=tmp_path / "run-a.log")
+    try:
+        first.wait_for(lambda: len(first.committed_epochs()) >= 2, "two epochs of A")
+        taken = first.command("savepoint", str(ck_a), str(target))
+        assert taken.returncode == 0, taken.stderr
+        older = read_manifest(savepoint_path(taken.stdout))
+        first.wait_for(lambda: max(first.committed_epochs()) > older.epoch, "an epoch after it")
+        stopped = first.command("stop", "--savepoint", str(target), str(ck_a))
+        assert stopped.returncode == 0, stopped.stderr
+        assert first.wait(timeout=120) == 0, first.output()[-3000:]
+    finally:
+        first.close()
+    upgrade = savepoint_path(stopped.stdout)
+    at = read_manifest(upgrade).epoch
+
+    ck_b = tmp_path / "ck-b"  # v2 = B, restored from A's last savepoint into the same table
+    second = SupervisedRun(JOB, ck_b, env, "-s", str(upgrade), log=tmp_path / "run-b.log")
+    try:
+        second.wait_for(lambda: max(second.committed_epochs(), default=-1) > at,
+                        "an epoch of B")
+        assert second.command("stop", str(ck_b)).returncode == 0
+        assert second.wait(timeout=120) == 0, second.output()[-3000:]
+    finally:
+        second.close()
+
+    back = SupervisedRun(JOB, tmp_path / "ck-c", env, "-s", str(savepoint_path(taken.stdout)),
+                         log=tmp_path / "run-c.log")
+    try:
+        assert back.wait(timeout=240) != 0
+    finally:
+        back.close()
+    said = back.output()
+    assert "not this job's output" not in said, said[-3000:]
+    assert f"restored from {older.query_id} at epoch {at}" in said, said[-3000:]
+    assert re.search(rf"epochs {older.epoch + 1}\.\.\d+ of query .*--sink-rollback keep", said)

@@ -20,13 +20,23 @@ removes the staged files. Works with any transactional store; PostgreSQL (COPY) 
 (embedded, no server) are built in. The log location must be reachable from the executors and
 the driver: local disk for ``local`` mode and one-host clusters, a shared mount or an ``s3://``
 prefix otherwise (:mod:`exactly.protocol.staging`).
+
+Target state (restores, :mod:`exactly.protocol.target_state`): several queries may load into
+one table (their markers are kept apart by query), so the table records lineage as edges: a
+restore inserts ``(target, new query, parent query, parent epoch)`` into the lineage table
+``<marker table>_lineage`` (created by the first restore). The progress of a line is the
+newest marker of its newest query (before that query loaded any, the epoch it was restored
+from). Loaded rows carry neither epoch nor query, so a rollback cannot ``retract``; ``keep``
+loads the epochs after the savepoint again (they are then in the table twice).
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -46,8 +56,17 @@ from exactly.connectors.sql import (
     sqlite_value_columns,
 )
 from exactly.errors import ConfigError, DataLossError
-from exactly.protocol.contract import CommitOutcome, Handle
+from exactly.protocol.contract import (
+    CommitOutcome,
+    Edge,
+    Handle,
+    Lineage,
+    Restored,
+    RollbackSupport,
+    TargetState,
+)
 from exactly.protocol.staging import StagedTxn, StagingSink, open_stage
+from exactly.protocol.target_state import line_state
 
 DEFAULT_MARKER_TABLE = opt.DEFAULT_WAL_MARKER_TABLE
 
@@ -56,6 +75,7 @@ class WalTarget(ABC):
     """A transactional store the write-ahead sink loads epochs into."""
 
     table: TableName
+    markers: TableName
 
     @abstractmethod
     def prepare(self, schema: pa.Schema) -> None:
@@ -77,6 +97,23 @@ class WalTarget(ABC):
     @abstractmethod
     def describe(self) -> str:
         """Where the rows go, without secrets."""
+
+    @abstractmethod
+    def last_epoch(self, query_id: str) -> int | None:
+        """The newest epoch of ``query_id`` loaded into the table (None: none)."""
+
+    @abstractmethod
+    def edges(self) -> list[Edge]:
+        """The hand-overs recorded for this table (none before the first restore)."""
+
+    @abstractmethod
+    def record_edge(self, edge: Edge) -> None:
+        """Record a hand-over (idempotent: one row per new query)."""
+
+    @property
+    def lineage_table(self) -> TableName:
+        """Where hand-overs are recorded: ``<marker table>_lineage``."""
+        return self.markers.with_name(f"{self.markers.name}_lineage")
 
 
 class PostgresWalTarget(WalTarget):
@@ -137,6 +174,50 @@ class PostgresWalTarget(WalTarget):
 
         return retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
                         what=f"loading epoch {epoch} into {self.table}")
+
+    def last_epoch(self, query_id: str) -> int | None:
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (self.markers.sql().as_string(conn),)
+                            ).fetchone()[0] is None:
+                return None
+            row = conn.execute(sql.SQL("SELECT max(epoch) FROM {} WHERE query_id = %s AND "
+                                       "target = %s").format(self.markers.sql()),
+                               (query_id, str(self.table))).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def edges(self) -> list[Edge]:
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass(%s)",
+                            (self.lineage_table.sql().as_string(conn),)).fetchone()[0] is None:
+                return []
+            rows = conn.execute(sql.SQL(
+                "SELECT query_id, parent_query_id, parent_epoch, restored_at FROM {} "
+                "WHERE target = %s").format(self.lineage_table.sql()),
+                (str(self.table),)).fetchall()
+        return [Edge(r[0], Restored(r[1], int(r[2])), float(r[3])) for r in rows]
+
+    def record_edge(self, edge: Edge) -> None:
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-restore") as conn:
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (target text NOT NULL, query_id text NOT NULL, "
+                "parent_query_id text NOT NULL, parent_epoch bigint NOT NULL, "
+                "restored_at double precision NOT NULL, PRIMARY KEY (target, query_id))"
+            ).format(self.lineage_table.sql()))
+            conn.execute(sql.SQL(
+                "INSERT INTO {} (target, query_id, parent_query_id, parent_epoch, restored_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (target, query_id) DO UPDATE SET "
+                "parent_query_id = excluded.parent_query_id, "
+                "parent_epoch = excluded.parent_epoch, restored_at = excluded.restored_at"
+            ).format(self.lineage_table.sql()),
+                (str(self.table), edge.query_id, edge.parent.query_id, edge.parent.epoch,
+                 edge.at))
+            conn.commit()
 
     def append(self, table: pa.Table) -> None:
         try:
@@ -210,6 +291,45 @@ class SqliteWalTarget(WalTarget):
         with sqlite_connect(self.path) as conn:
             conn.execute("BEGIN IMMEDIATE")
             self._insert(conn, table)
+            conn.execute("COMMIT")
+
+    def _has_table(self, conn, table: TableName) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (table.name,)).fetchone() is not None
+
+    def last_epoch(self, query_id: str) -> int | None:
+        if not Path(self.path).exists():
+            return None
+        with sqlite_connect(self.path) as conn:
+            if not self._has_table(conn, self.markers):
+                return None
+            row = conn.execute(f"SELECT max(epoch) FROM {self.markers.sqlite()} WHERE "
+                               "query_id = ? AND target = ?",
+                               (query_id, str(self.table))).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def edges(self) -> list[Edge]:
+        if not Path(self.path).exists():
+            return []
+        with sqlite_connect(self.path) as conn:
+            if not self._has_table(conn, self.lineage_table):
+                return []
+            rows = conn.execute(f"SELECT query_id, parent_query_id, parent_epoch, restored_at "
+                                f"FROM {self.lineage_table.sqlite()} WHERE target = ?",
+                                (str(self.table),)).fetchall()
+        return [Edge(r[0], Restored(r[1], int(r[2])), float(r[3])) for r in rows]
+
+    def record_edge(self, edge: Edge) -> None:
+        table = self.lineage_table.sqlite()
+        with sqlite_connect(self.path) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (target TEXT NOT NULL, query_id "
+                         "TEXT NOT NULL, parent_query_id TEXT NOT NULL, parent_epoch INTEGER "
+                         "NOT NULL, restored_at REAL NOT NULL, PRIMARY KEY (target, query_id))")
+            conn.execute(f"INSERT OR REPLACE INTO {table} (target, query_id, parent_query_id, "
+                         "parent_epoch, restored_at) VALUES (?, ?, ?, ?, ?)",
+                         (str(self.table), edge.query_id, edge.parent.query_id,
+                          edge.parent.epoch, edge.at))
             conn.execute("COMMIT")
 
 
@@ -294,6 +414,28 @@ class WriteAheadSink(StagingSink):
             self.target.load(query_id, epoch, self._tables(handles))
         for handle in handles:
             self.stage.discard(handle)
+
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return self.target.describe()
+
+    def target_state(self, query_id: str) -> TargetState:
+        return line_state(self.describe_target(), self.target.edges(), query_id,
+                          self.target.last_epoch)
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        return RollbackSupport(
+            retract="the write-ahead sink loads rows without their epoch or query, so a "
+                    "loaded epoch cannot be told apart in the table",
+            keep="their rows stay and the restored job loads those epochs again: the table "
+                 "then holds them twice")
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Record ``to_query`` <- ``lineage[0]`` in the lineage table. Nothing else is the
+        target's: staged rows live beside each query's checkpoint and are not visible."""
+        parent = lineage[0]
+        self.target.record_edge(Edge(to_query, parent, time.time()))
+        return {"lineage_recorded": f"{to_query} <- {parent.query_id}@{parent.epoch}"}
 
     def _tables(self, handles: Sequence[Handle]) -> Iterator[pa.Table]:
         for handle in handles:

@@ -11,6 +11,10 @@ Driver side, once per epoch:
     Both must be idempotent: called again after a crash they finish the work, and they
     recognise work already done. ``abort`` drops a pre-commit. ``list_pre_commits`` finds the
     pre-commits a query left in the target, so recovery can abort the orphans.
+Target state, for restores (:mod:`exactly.protocol.target_state`):
+    ``target_state`` (owner, lineage, progress), ``rollback_support``, ``retract_after``,
+    ``hand_over``. The defaults describe a target that records nothing: a restore into it is
+    refused unless the user accepts ``--sink-rollback keep``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,19 @@ import pyarrow as pa
 
 from exactly import options as opt
 from exactly.config import Mode, parse_enum
-from exactly.errors import ConfigError
+from exactly.errors import ConfigError, SavepointError
+from exactly.protocol.target_state import (
+    Edge,
+    Lineage,
+    Restored,
+    RollbackSupport,
+    SinkRollback,
+    TargetState,
+)
+
+__all__ = ["CommitOutcome", "Edge", "Handle", "Lineage", "Payload", "Restored",
+           "RollbackSupport", "SinkRollback", "SinkSettings", "TargetState", "TaskInfo",
+           "TwoPhaseCommitSink"]
 
 TxnT = TypeVar("TxnT")
 
@@ -206,6 +222,40 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     @abstractmethod
     def list_pre_commits(self, query_id: str) -> Iterable[Handle]:
         """Every pre-commit of ``query_id`` still present (not committed) in the target."""
+
+    # -- target state (restores; driver, with no query running on the target) ---------
+    def describe_target(self) -> str:
+        """The target in a few words, without secrets: a path, a table, a topic."""
+        return str(self.log_directory)
+
+    def target_state(self, query_id: str) -> TargetState:
+        """The target as a restore of a savepoint of ``query_id`` finds it: owner, the
+        owner's lineage, and the newest epoch of the owner's line visible in the target
+        (:class:`TargetState`). Reads only. Default: unknown (this sink records nothing)."""
+        return TargetState.unknown(self.describe_target())
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        """Whether :meth:`retract_after` can take back the epochs after ``epoch`` of
+        ``state``'s line, and what keeping them means. Reads only. Default: it cannot."""
+        return RollbackSupport(
+            retract=f"the {self.name} sink cannot take back output it committed",
+            keep="the target keeps those epochs' output and the restored job writes them "
+                 "again")
+
+    def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
+        """Take back every epoch after ``epoch`` of ``state``'s line from the target, so it
+        holds what the line held at ``epoch``. Idempotent. Returns what it did (for the
+        restore record). Raises SavepointError when :meth:`rollback_support` refuses."""
+        reason = self.rollback_support(state, epoch).retract
+        raise SavepointError(f"--sink-rollback retract: {reason}")
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Make the target query ``to_query``'s: it continues ``lineage`` (its parent,
+        ``lineage[0]``, at the savepoint's epoch, then the parent's ancestors). Records the
+        lineage where the target keeps its owner, and drops what the superseded queries of
+        ``state``'s line left behind (pre-commits, open transactions). Idempotent. Returns
+        what it did. Default: nothing to record."""
+        return {"sink": f"the {self.name} sink records no owner"}
 
 
 @dataclass(frozen=True)

@@ -366,7 +366,7 @@ def check_target(built: BuiltSink, seconds: float = BROKER_CHECK_SECONDS) -> Non
     the broker stays unreachable for ``seconds``."""
     if isinstance(built.sink, KafkaSink) and built.settings.mode is Mode.EXACTLY_ONCE:
         kafka = built.sink.options
-        broker_max = broker_transaction_max_timeout_ms(kafka.client_conf(), seconds)
+        broker_max = broker_transaction_max_timeout_ms(kafka.connection_conf(), seconds)
         check_transaction_timeout(kafka.transaction_timeout_ms, broker_max,
                                   kafka.checkpoint_interval_ms)
 

@@ -4,9 +4,12 @@
 * ``agg``: per-key count and sum (``groupBy().agg``, uid ``counts``) in update mode into
   PostgreSQL (the 2PC sink, ``writeMode=upsert`` by key; ``JOB_DSN``, ``JOB_TABLE``);
 * ``tws``: a ``transformWithStateInPandas`` running count and sum per key (uid ``running``)
-  that emits every input id with its key's running totals, into the file sink (``JOB_OUT``).
+  that emits every input id with its key's running totals, into the file sink (``JOB_OUT``);
+* ``rows``: the input rows as they come (no state), for sink-only savepoint tests.
 
-``JOB_SINK=kafka`` writes the ``tws`` rows as JSON to ``JOB_TOPIC`` on ``JOB_BOOTSTRAP``.
+``JOB_SINK=kafka`` writes the ``tws`` rows as JSON to ``JOB_TOPIC`` on ``JOB_BOOTSTRAP``;
+``JOB_SINK=delta`` writes them to the Delta table ``JOB_OUT`` (a directory or ``s3://``
+URI; ``JOB_STORAGE``: its storage options as JSON).
 ``JOB_VERSION``: ``v1``; ``v2`` adds a stateful step before the old one (``dropDuplicates``
 on id, uid ``dedup``). ``JOB_BACKEND``: hashmap | rocksdb. Input: exactly.datagen with
 ``JOB_ROWS`` rows (``JOB_RATE`` per second, 0 = at once; ``JOB_MAX_ROWS`` per epoch) over
@@ -16,6 +19,7 @@ schema for the same uid).
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -69,6 +73,8 @@ def events(spark):
 
 def stateful(spark):
     rows = events(spark)
+    if os.environ.get("JOB_KIND", "agg") == "rows":
+        return rows.select("id", "key", "amount")
     if os.environ.get("JOB_KIND", "agg") == "tws":
         return exactly.uid("running", rows.groupBy("key").transformWithStateInPandas(
             RunningTotals(), TWS_OUT, "Update", "None"))
@@ -88,7 +94,12 @@ def build(spark):
                    options={"kafka.bootstrap.servers": os.environ["JOB_BOOTSTRAP"],
                             "topic": os.environ["JOB_TOPIC"],
                             "transactionalIdPrefix": f"sp-{os.environ['JOB_TOPIC']}"})
-    if os.environ.get("JOB_KIND", "agg") == "tws":
+    if os.environ.get("JOB_SINK") == "delta":
+        storage = json.loads(os.environ.get("JOB_STORAGE") or "{}")
+        return Job(df, sink_format="exactly.delta", path=os.environ["JOB_OUT"],
+                   options={f"storage.{k}": v for k, v in storage.items()},
+                   checkpoint=checkpoint)
+    if os.environ.get("JOB_KIND", "agg") in ("tws", "rows"):
         return Job(df, sink_format="exactly.files", path=os.environ["JOB_OUT"],
                    options={"format": "parquet"}, checkpoint=checkpoint)
     return Job(df, sink_format="exactly.postgres", output_mode="update",

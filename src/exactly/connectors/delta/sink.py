@@ -29,6 +29,19 @@ Protocol (DESIGN section 3):
 A data file whose task died before its marker was written cannot happen (marker first); a
 file whose marker was lost is invisible to readers and removed by Delta's ``VACUUM``.
 
+Target state (restores, :mod:`exactly.protocol.target_state`): several queries may append to
+one table, so the table records lineage as hand-over edges, one small JSON object per restored
+query under the table's ``_exactly/lineage/<query>.json`` (beside the pending markers; works
+on a local disk and on object storage). The progress of a line is the ``txn`` version of its
+newest query (before that query committed any, the epoch it was restored from). A rollback
+can ``retract``: one Delta commit removes every data file of the line's epochs after the
+savepoint (the sink names each file by its epoch and query) and sets the line's ``txn``
+versions back to the savepoint's epoch. Other writers' commits stay, and the removed files
+stay readable by time travel until ``VACUUM``. It is refused when a commit after the line's
+first retracted epoch may have rewritten that epoch's rows into files of other names
+(OPTIMIZE, DELETE, UPDATE, MERGE, RESTORE, an overwrite: anything but an append or a
+metadata change). ``keep`` commits those epochs again (the table then holds them twice).
+
 Options: ``path`` (the table), ``storage.<KEY>`` (storage options for ``deltalake`` and the
 data files, e.g. ``storage.AWS_ENDPOINT_URL``; ``AWS_*`` environment variables are used
 for keys not given), ``compression`` (Parquet codec, default snappy). The table is created
@@ -57,21 +70,32 @@ from exactly.errors import (
     DataLossError,
     ExactlyError,
     FencedError,
+    SavepointError,
 )
 from exactly.fsutil import atomic_write_bytes, fsync_file
 from exactly.logs import log_event
 from exactly.objectstore import Location
 from exactly.protocol.contract import (
     CommitOutcome,
+    Edge,
     Handle,
+    Lineage,
     Payload,
+    RollbackSupport,
+    TargetState,
     TaskInfo,
     TwoPhaseCommitSink,
 )
+from exactly.protocol.target_state import LineageRecordError, line_state
 
 logger = logging.getLogger("exactly.delta")
 
 PENDING = "_exactly/pending"
+LINEAGE = "_exactly/lineage"
+#: commits of other writers that add no rows and rewrite none (a retract may follow them)
+HARMLESS_OPERATIONS = frozenset({"CREATE TABLE", "SET TBLPROPERTIES", "VACUUM START",
+                                 "VACUUM END", "UPGRADE PROTOCOL", "ADD COLUMNS",
+                                 "ADD CONSTRAINT", "DROP CONSTRAINT"})
 #: how often ``deltalake`` retries a commit that lost a race with another writer
 COMMIT_RETRIES = 15
 
@@ -318,6 +342,121 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             found.append(Handle(task, DeltaPayload(0, record["file"])))
         return sorted(found, key=lambda h: h.key)
 
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return f"Delta table {self.uri}"
+
+    def _edges(self) -> list[Edge]:
+        fs, base = self._fs()
+        selector = pafs.FileSelector(f"{base}/{LINEAGE}", allow_not_found=True)
+        edges = []
+        for info in fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+                continue
+            shown = self.location.child(info.path[len(base) + 1:])
+            try:
+                with fs.open_input_stream(info.path) as f:
+                    edges.append(Edge.from_json(json.loads(f.read())))
+            except FileNotFoundError:
+                continue
+            except (TypeError, ValueError, KeyError) as exc:
+                raise LineageRecordError(
+                    f"{shown} is not a lineage record ({exc!r}); it records which query a "
+                    "restored query continues. Delete it: that query then counts as never "
+                    "restored") from None
+        return edges
+
+    def _table_if_any(self):
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(self.uri,
+                                        storage_options=self.location.resolved_options()):
+            return None
+        return self._delta()
+
+    def target_state(self, query_id: str) -> TargetState:
+        table = self._table_if_any()
+        if table is None:
+            return TargetState(self.describe_target())
+        return line_state(self.describe_target(), self._edges(), query_id,
+                          lambda q: table.transaction_version(app_id(q)))
+
+    def _retract_plan(self, state: TargetState, epoch: int) -> tuple[list[Any], str | None]:
+        """The snapshot's add actions of the line's files of epochs after ``epoch`` (from
+        their names), and why a retract would be wrong (None: it is right)."""
+        table = self._delta()
+        members = state.members
+        adds = pa.table(table.get_add_actions(flatten=True))
+        doomed = []
+        for row in adds.select(["path", "size_bytes"]).to_pylist():
+            found = _file_epoch(row["path"], members)
+            if found is not None and found > epoch:
+                doomed.append(row)
+        rewrites = _rewrites_after(table, members, epoch)
+        if rewrites:
+            return doomed, (
+                f"the table was rewritten after the line's first epoch past {epoch} "
+                f"({', '.join(rewrites)}): those epochs' rows may now be in files this sink "
+                "cannot tell apart, so removing the line's files would not take them back")
+        return doomed, None
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        _, refusal = self._retract_plan(state, epoch)
+        return RollbackSupport(
+            retract=refusal,
+            keep="their rows stay and the restored job commits those epochs again: the "
+                 "table then holds them twice")
+
+    def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
+        """One Delta commit: remove every file of the line's epochs after ``epoch`` and set
+        the ``txn`` version of the savepoint's query and its descendants in the line back to
+        ``epoch``. Idempotent (a second call finds nothing to remove)."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import RemoveAction
+
+        doomed, refusal = self._retract_plan(state, epoch)
+        if refusal is not None:
+            raise SavepointError(f"--sink-rollback retract: {refusal}")
+        table = self._delta()
+        now = int(time.time() * 1000)
+        newer = []
+        for query in state.members:  # the owner first, then back through its ancestors
+            left = state.left_at(query)
+            if left is not None and left <= epoch:
+                break  # this ancestor and older ones wrote nothing past ``epoch`` in the line
+            version = table.transaction_version(app_id(query))
+            if version is None or version > epoch:
+                newer.append(Transaction(app_id(query), epoch, now))
+        if not doomed and not newer:
+            return {"retracted_files": 0}
+        table.create_write_transaction(
+            [RemoveAction(row["path"], True, now, row["size_bytes"]) for row in doomed],
+            "append", table.schema(),
+            commit_properties=CommitProperties(
+                app_transactions=newer or None,
+                custom_metadata={"exactly.retractedAfter": str(epoch),
+                                 "exactly.line": ",".join(state.members)},
+                max_commit_retries=COMMIT_RETRIES))
+        epochs = sorted({_file_epoch(row["path"], state.members) or 0 for row in doomed})
+        log_event(logger, "delta_retract", files=len(doomed), after_epoch=epoch,
+                  table_version=table.version())
+        return {"retracted_files": len(doomed), "retracted_epochs": epochs}
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Abort the pending pre-commits of the superseded queries, then record ``to_query``
+        <- ``lineage[0]`` in ``_exactly/lineage/<to_query>.json`` (one atomic write)."""
+        aborted = 0
+        for query in {*state.members, lineage[0].query_id}:
+            for handle in self.list_pre_commits(query):
+                self.abort(handle)
+                aborted += 1
+        fs, base = self._fs()
+        edge = Edge(to_query, lineage[0], time.time())
+        if self.location.is_local:
+            Path(f"{base}/{LINEAGE}").mkdir(parents=True, exist_ok=True)
+        _put(fs, f"{base}/{LINEAGE}/{to_query}.json", json.dumps(edge.to_json()).encode())
+        return {"aborted_pre_commits": aborted}
+
     # -- helpers -------------------------------------------------------------------------
     def _discard(self, task: TaskInfo, file: str) -> None:
         fs, base = self._fs()
@@ -333,6 +472,60 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             for directory in (epoch_dir, epoch_dir.parent):
                 with contextlib.suppress(OSError):  # not empty: other attempts remain
                     directory.rmdir()
+
+
+def _file_epoch(path: str, queries: Sequence[str]) -> int | None:
+    """The epoch of a data file this sink wrote for one of ``queries`` (its name is
+    ``part-<epoch>-<attempt>-<query>[.<codec>].parquet``), None for any other file."""
+    name = path.rsplit("/", 1)[-1]
+    if not name.startswith("part-") or not name.endswith(".parquet"):
+        return None
+    number = name[5:17]
+    if not number.isdigit() or not any(f"-{q}." in name for q in queries):
+        return None
+    return int(number)
+
+
+def _is_append(commit: Mapping[str, Any]) -> bool:
+    """A commit of another writer that cannot have moved this sink's rows: an append (Spark
+    and delta-rs writes in append mode, streaming appends) or a metadata change."""
+    operation = commit.get("operation")
+    if operation in HARMLESS_OPERATIONS:
+        return True
+    params = commit.get("operationParameters") or {}
+    metrics = commit.get("operationMetrics") or {}
+    removed = metrics.get("num_removed_files", metrics.get("numRemovedFiles", 0))
+    appends = ((operation == "WRITE" and params.get("mode") == "Append")
+               or (operation == "STREAMING UPDATE" and params.get("outputMode") == "Append"))
+    return appends and not int(removed or 0)
+
+
+def _rewrites_after(table, queries: Sequence[str], epoch: int) -> list[str]:
+    """Commits of other writers that may have rewritten rows of ``queries``' epochs after
+    ``epoch``: those newer than the first such epoch's commit that are no appends. Reads the
+    history back to the line's newest commit of an epoch <= ``epoch`` (or to the start)."""
+    limit = 64
+    while True:
+        history = table.history(limit)  # newest first
+        first_after: int | None = None
+        others: list[Mapping[str, Any]] = []
+        reached = False
+        for commit in history:
+            query = commit.get("exactly.queryId")
+            if query in queries:
+                if int(commit.get("exactly.epoch", -1)) <= epoch:
+                    reached = True
+                    break
+                first_after = commit["version"]
+            elif query is None and "exactly.retractedAfter" not in commit:
+                others.append(commit)
+        if reached or len(history) < limit:
+            break
+        limit *= 4
+    if first_after is None:
+        return []
+    return [f"version {c['version']}: {c.get('operation')}" for c in reversed(others)
+            if c["version"] > first_after and not _is_append(c)]
 
 
 def _columns(schema) -> list[tuple[str, str]]:

@@ -16,6 +16,17 @@ data file. Commit: rename the file into ``_publish`` under a name fixed by the p
 publish: rename ``_publish`` to ``epoch-N`` (one atomic directory rename on a POSIX file
 system). Readers (pandas, pyarrow, DuckDB ``epoch-*/*.parquet``, Spark) skip names that
 start with ``_``. Atomic publication needs a local or POSIX file system (no object stores).
+
+Target state (restores, :mod:`exactly.protocol.target_state`): the directory belongs to one
+query at a time, named in ``_exactly/query.json`` with its lineage (``lineage``: the queries
+it was restored from, parent first, each with the epoch it continued from). The commit log in
+``_exactly/`` is the directory's own, shared by the queries of the line (epoch numbers
+continue across restores), so its newest completed epoch is the line's progress. A rollback
+can take epochs back (``retract``: their ``epoch-N`` directories, their commit log entries
+and any staged leftovers go). ``keep`` leaves them: the restored job's epochs with those
+numbers are then taken for replays (an epoch directory is named by its number), so each of
+those epochs stays as first written -- when the restored job plans them over the same input;
+over other input its commit of the first of them fails (ReplannedEpochError).
 """
 
 from __future__ import annotations
@@ -33,14 +44,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from exactly.errors import ConfigError, DataLossError
-from exactly.fsutil import fsync_dir, naming
-from exactly.protocol.contract import CommitOutcome, Handle
+from exactly.fsutil import atomic_write_json, fsync_dir, naming, read_json
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.contract import (
+    CommitOutcome,
+    Handle,
+    Lineage,
+    RollbackSupport,
+    TargetState,
+)
+from exactly.protocol.repairs import query_repair
 from exactly.protocol.staging import (
     StagedTxn,
     StagingArea,
     StagingSink,
     remove_if_empty,
 )
+from exactly.protocol.target_state import lineage_from_json, lineage_to_json
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
 
@@ -158,6 +178,73 @@ class FileSink(StagingSink):
         elif final.exists() and publish.exists():
             shutil.rmtree(publish)  # a second copy of an epoch that is already visible
         remove_if_empty(self.stage.epoch_dir(epoch))
+
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return str(self.root)
+
+    def _owner_record(self) -> dict[str, Any] | None:
+        path = self.log_directory / "query.json"
+        record = read_json(path, repair=query_repair(self.log_directory))
+        return record if isinstance(record, dict) and record.get("query_id") else None
+
+    def target_state(self, query_id: str) -> TargetState:
+        record = self._owner_record()
+        if record is None:
+            return TargetState(self.describe_target())
+        where = str(self.log_directory / "query.json")
+        if "lineage" in record:
+            lineage = lineage_from_json(record["lineage"], where)
+        else:  # written before lineages: one step at most
+            lineage = lineage_from_json([record["restored_from"]] if record.get(
+                "restored_from") else [], where)
+        done = CommitLog(self.log_directory).completed_epochs()
+        return TargetState(self.describe_target(), str(record["query_id"]), lineage,
+                           done[-1] if done else None)
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        return RollbackSupport(
+            retract=None,
+            keep="their epoch directories stay; the restored job takes its epochs with those "
+                 "numbers for replays and does not write them again (over the same input "
+                 "each stays once, as first written; over other input the restored job "
+                 "fails at the first of them)")
+
+    def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
+        """Delete every ``epoch-N`` directory with N > ``epoch``, the commit log's intents
+        and completions of those epochs, and the staged attempts of those epochs (their
+        pre-commits; an epoch half published). Idempotent."""
+        removed = []
+        for directory in sorted(self.root.glob("epoch-*")):
+            number = directory.name.removeprefix("epoch-")
+            if number.isdigit() and int(number) > epoch:
+                shutil.rmtree(directory)
+                removed.append(int(number))
+        if self.stage.base.is_dir():
+            for directory in self.stage.base.iterdir():
+                if directory.name.isdigit() and int(directory.name) > epoch:
+                    shutil.rmtree(directory, ignore_errors=True)
+        for folder in (self.log_directory / "intents", self.log_directory / "complete"):
+            for path in folder.glob("*.json") if folder.is_dir() else []:
+                if path.stem.isdigit() and int(path.stem) > epoch:
+                    path.unlink()
+        fsync_dir(self.root)
+        return {"retracted_epochs": removed}
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Abort the staged attempts the superseded queries left, then name ``to_query`` the
+        owner in ``_exactly/query.json`` with its lineage (atomically replaced)."""
+        aborted = 0
+        for query in {*state.members, lineage[0].query_id}:
+            for handle in self.list_pre_commits(query):
+                self.abort(handle)
+                aborted += 1
+        record = self._owner_record() or {}
+        record.pop("restored_from", None)  # the one-step record of older versions
+        atomic_write_json(self.log_directory / "query.json",
+                          {**record, "query_id": to_query,
+                           "lineage": lineage_to_json(lineage)})
+        return {"aborted_pre_commits": aborted}
 
 
 

@@ -36,6 +36,19 @@ from exactly.protocol.faults import FaultSpec, fault_from
 
 #: librdkafka settings the sink sets itself
 _RESERVED = ("transactional.id", "isolation.level")
+#: librdkafka properties only a producer takes (scope "P" in librdkafka's CONFIGURATION.md,
+#: global and topic level, 2.x). A consumer or admin client given one logs a CONFWARN line
+#: ("... is a producer property and will be ignored by this consumer") each time it is made.
+PRODUCER_ONLY = frozenset({
+    "transactional.id", "transaction.timeout.ms", "enable.idempotence",
+    "enable.gapless.guarantee", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+    "queue.buffering.max.ms", "linger.ms", "message.send.max.retries", "retries",
+    "queue.buffering.backpressure.threshold", "compression.codec", "compression.type",
+    "compression.level", "batch.num.messages", "batch.size", "delivery.report.only.error",
+    "dr_cb", "dr_msg_cb", "sticky.partitioning.linger.ms", "request.required.acks", "acks",
+    "request.timeout.ms", "message.timeout.ms", "delivery.timeout.ms", "queuing.strategy",
+    "produce.offset.report", "partitioner", "partitioner_cb", "msg_order_cmp",
+})
 
 
 class KafkaSinkError(ExactlyError):
@@ -91,7 +104,16 @@ class KafkaSinkOptions:
             fault=fault_from(options))
 
     def client_conf(self) -> dict[str, Any]:
+        """The producers' settings: the bootstrap servers and every ``kafka.*`` option."""
         return {"bootstrap.servers": self.bootstrap, **self.producer_conf}
+
+    def connection_conf(self) -> dict[str, Any]:
+        """The settings the sink's consumers (epoch marker, lineage record) and admin
+        clients take: :meth:`client_conf` without the producer-only properties
+        (:data:`PRODUCER_ONLY`), so connection, security and client id settings apply and
+        nothing is logged as ignored."""
+        return {key: value for key, value in self.client_conf().items()
+                if key not in PRODUCER_ONLY}
 
     def transactional_id(self, query_id: str) -> str:
         """The transactional id of the query's publishing producer."""
@@ -100,6 +122,11 @@ class KafkaSinkOptions:
     def marker_group(self, query_id: str) -> str:
         """The consumer group whose offset of ``<marker topic>[0]`` is the epoch marker."""
         return f"{self.transactional_id_prefix}-{query_id}-epochs"
+
+    def lineage_group(self) -> str:
+        """The consumer group whose offset metadata of ``<marker topic>[0]`` records the
+        restores of this application's queries (:mod:`exactly.connectors.kafka.lineage`)."""
+        return f"{self.transactional_id_prefix}-lineage"
 
     def require_marker_topic(self) -> str:
         """The topic whose partition 0 carries the epoch marker; ConfigError naming the

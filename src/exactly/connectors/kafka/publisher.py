@@ -206,7 +206,8 @@ def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**options.client_conf(), "group.id": options.marker_group(query_id),
+    consumer = Consumer({**options.connection_conf(),
+                         "group.id": options.marker_group(query_id),
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         (tp,) = kafka_call(consumer.committed, [TopicPartition(options.require_marker_topic(), 0)],
@@ -278,7 +279,8 @@ class PublishSession:
         from confluent_kafka import Consumer
 
         return Consumer({
-            **self.options.client_conf(), "group.id": self.options.marker_group(self.query_id),
+            **self.options.connection_conf(),
+            "group.id": self.options.marker_group(self.query_id),
             "isolation.level": "read_committed", "enable.auto.commit": False})
 
     def _marker_group(self) -> bytes:

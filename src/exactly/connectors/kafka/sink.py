@@ -43,6 +43,16 @@ publishes them again. The cost: each epoch's rows cross the staging storage once
 crash inside a publish blocks ``read_committed`` consumers of the touched partitions until the
 restart's ``init_transactions()`` or the transaction timeout, whichever comes first.
 
+Target state (restores, :mod:`exactly.protocol.target_state`): a topic has no owner, so the
+lineage is recorded per application (``transactionalIdPrefix``) as hand-over edges in the
+offset metadata of the group ``<prefix>-lineage`` (:mod:`exactly.connectors.kafka.lineage`).
+A line's progress is the epoch marker of its newest query (before that query published any,
+the epoch it was restored from). A hand-over fences the transactional producers of the
+superseded queries (which aborts a transaction a crashed driver left open, so
+``read_committed`` readers are not held back until it times out) and records the edge.
+Committed records cannot be taken back: a rollback cannot ``retract``; ``keep`` publishes
+the epochs after the savepoint again (``read_committed`` readers then see them twice).
+
 Options, the start-time checks and the input columns: :mod:`exactly.connectors.kafka.options`;
 the publishing producer, the epoch marker and the error handling:
 :mod:`exactly.connectors.kafka.publisher`.
@@ -50,6 +60,7 @@ the publishing producer, the epoch marker and the error handling:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,16 +77,22 @@ from exactly.connectors.kafka.publisher import (
     kept_session,
     new_producer,
     produce_batch,
+    read_marker,
 )
 from exactly.errors import DataLossError
 from exactly.protocol.contract import (
     CommitOutcome,
+    Edge,
     Handle,
+    Lineage,
+    RollbackSupport,
     SinkSettings,
+    TargetState,
     TaskInfo,
     TwoPhaseCommitSink,
 )
 from exactly.protocol.staging import StagedPayload, StagedTxn, open_stage
+from exactly.protocol.target_state import line_state
 
 _STAGED = "rows.arrow"
 
@@ -213,3 +230,43 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     def _publisher(self, query_id: str) -> PublishSession:
         """This run's session, kept across epochs in this process (:func:`kept_session`)."""
         return kept_session(self.options, query_id, self._run_id)
+
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return f"topic {self.options.topic or self.options.marker_topic}"
+
+    def _last_epoch(self, query_id: str) -> int | None:
+        after = read_marker(self.options, query_id)
+        return after - 1 if after > 0 else None
+
+    def target_state(self, query_id: str) -> TargetState:
+        from exactly.connectors.kafka.lineage import read_edges
+
+        return line_state(self.describe_target(), read_edges(self.options), query_id,
+                          self._last_epoch)
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        return RollbackSupport(
+            retract="records committed to Kafka cannot be taken back",
+            keep="their records stay and the restored job publishes those epochs again: "
+                 "read_committed readers then see them twice")
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Fence the transactional producers of the savepoint's query and of the line's
+        newest query (aborting a transaction a crashed driver left open), then record
+        ``to_query`` <- ``lineage[0]``."""
+        from confluent_kafka import Producer
+
+        from exactly.connectors.kafka.lineage import record_edge
+
+        fenced = []
+        for query in dict.fromkeys([lineage[0].query_id, *state.members[:1]]):
+            txn_id = self.options.transactional_id(query)
+            producer = Producer({**self.options.client_conf(), "transactional.id": txn_id})
+            try:
+                producer.init_transactions(30)
+            finally:
+                producer.close()
+            fenced.append(txn_id)
+        record_edge(self.options, Edge(to_query, lineage[0], time.time()))
+        return {"fenced_transactional_id": fenced[0], "fenced": fenced}

@@ -40,11 +40,23 @@ recovery lists a query's pre-commits with one query on ``pg_prepared_xacts``.
 
 Server requirement: ``max_prepared_transactions`` at least the number of write tasks of an
 epoch (plus room for a failed attempt); checked when the sink starts.
+
+Target state (restores, :mod:`exactly.protocol.target_state`): the epochs table's row of the
+table names its owner, the owner's last complete epoch (the line's progress: epoch numbers
+continue across restores) and, in column ``lineage`` (JSON, parent first), the queries the
+owner was restored from. A restore hands the row over to the new query (after aborting the
+prepared transactions the superseded queries left, which would hold row locks for good). An
+epochs table made before lineages has no ``lineage`` column; it is read as "never restored"
+and the column is added by the first hand-over (``ALTER TABLE ... ADD COLUMN IF NOT
+EXISTS``). ``retract`` (append mode only) deletes the rows of epochs after the savepoint and
+sets the recorded epoch back, in one transaction; in upsert mode rows were overwritten in
+place and ``keep`` converges instead (see :meth:`PostgresTwoPhaseSink.rollback_support`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,15 +77,19 @@ from exactly.connectors.sql import (
     redact_dsn,
     retrying,
 )
-from exactly.errors import ConfigError, DataLossError
+from exactly.errors import ConfigError, DataLossError, SavepointError
 from exactly.logs import log_event
 from exactly.protocol.contract import (
     CommitOutcome,
     Handle,
+    Lineage,
     Payload,
+    RollbackSupport,
+    TargetState,
     TaskInfo,
     TwoPhaseCommitSink,
 )
+from exactly.protocol.target_state import lineage_from_json, lineage_to_json
 
 logger = logging.getLogger("exactly.connectors.postgres.two_phase")
 
@@ -87,6 +103,8 @@ MAX_IDENTIFIER_BYTES = 63
 WRITE_MODES = ("append", "upsert")
 #: markers of epochs older than (committed epoch - this) are deleted
 MARKER_RETAIN_EPOCHS = 20
+#: the epochs table's column holding the owner's lineage (JSON, parent first)
+LINEAGE_COLUMN = "lineage"
 #: test hook: path of a file; the driver waits before COMMIT PREPARED while it exists
 
 
@@ -442,6 +460,112 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         return found
 
 
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return f"table {self.table}"
+
+    def _regclass(self, conn):
+        from psycopg import sql
+
+        return sql.SQL("{}::regclass").format(sql.Literal(self.table.sql().as_string(conn)))
+
+    def target_state(self, query_id: str) -> TargetState:
+        """The owner, its lineage and its last complete epoch, from the epochs table; a
+        fresh target when the table, the epochs table or the table's row is missing."""
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass(%s), to_regclass(%s)",
+                                  (self.table.sql().as_string(conn),
+                                   self.epochs.sql().as_string(conn))).fetchone()
+            if exists is None or exists[0] is None or exists[1] is None:
+                return TargetState(self.describe_target())
+            lineage = (sql.Identifier(LINEAGE_COLUMN) if has_lineage_column(conn, self.epochs)
+                       else sql.SQL("NULL"))
+            row = conn.execute(sql.SQL("SELECT query_id, epoch, {} FROM {} WHERE relid = {}")
+                               .format(lineage, self.epochs.sql(), self._regclass(conn))
+                               ).fetchone()
+        if row is None:
+            return TargetState(self.describe_target())
+        where = f"{self.epochs} (the row of {self.table}, column {LINEAGE_COLUMN})"
+        return TargetState(self.describe_target(), str(row[0]),
+                           lineage_from_json(row[2], where), int(row[1]))
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        if self.write_mode == "upsert":
+            return RollbackSupport(
+                retract="in upsert mode the sink overwrote rows in place, so the values "
+                        "those epochs replaced cannot be restored",
+                keep="rows those epochs wrote keep their values until the restored job "
+                     "writes their keys again at an epoch as new (the epoch guard never moves "
+                     "a value back): for the same input the table converges to the restored "
+                     "job's values once its epochs pass the target's newest")
+        return RollbackSupport(
+            retract=None,
+            keep="their rows stay and the restored job writes those epochs again: the "
+                 "table then holds them twice")
+
+    def _abort_line(self, queries) -> int:
+        """Roll back the prepared transactions ``queries`` left (they hold row locks)."""
+        aborted = 0
+        for query in queries:
+            for handle in self.list_pre_commits(query):
+                self.abort(handle)
+                aborted += 1
+        return aborted
+
+    def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
+        """Append mode: abort the line's prepared transactions, then, in one transaction,
+        delete the rows whose epoch column is > ``epoch`` and record ``epoch`` as the last
+        complete one (the committed view shows the same rows as the table again)."""
+        from psycopg import sql
+
+        reason = self.rollback_support(state, epoch).retract
+        if reason is not None:
+            raise SavepointError(f"--sink-rollback retract: {reason}")
+        aborted = self._abort_line(state.members)
+        with pg_connect(self.dsn, application="exactly-restore") as conn:
+            deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(
+                self.table.sql(), sql.Identifier(self.epoch_column)), (epoch,)).rowcount
+            conn.execute(sql.SQL("UPDATE {} SET epoch = %s WHERE relid = {}").format(
+                self.epochs.sql(), self._regclass(conn)), (epoch,))
+            conn.commit()
+        return {"aborted_pre_commits": aborted, "retracted_rows": deleted}
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        """Abort the prepared transactions the superseded queries left (they would hold row
+        locks for good), then move the table's row in the epochs table to ``to_query`` with
+        its lineage (adding the ``lineage`` column to an epochs table made before it)."""
+        from psycopg import sql
+
+        aborted = self._abort_line({*state.members, lineage[0].query_id})
+        with pg_connect(self.dsn, application="exactly-restore") as conn:
+            add_lineage_column(conn, self.epochs)
+            conn.execute(sql.SQL("UPDATE {} SET query_id = %s, {} = %s WHERE relid = {}")
+                         .format(self.epochs.sql(), sql.Identifier(LINEAGE_COLUMN),
+                                 self._regclass(conn)),
+                         (to_query, json.dumps(lineage_to_json(lineage))))
+            conn.commit()
+        return {"aborted_pre_commits": aborted}
+
+
+def has_lineage_column(conn, epochs: TableName) -> bool:
+    row = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND "
+                       "attname = %s AND NOT attisdropped",
+                       (epochs.sql().as_string(conn), LINEAGE_COLUMN)).fetchone()
+    return row is not None
+
+
+def add_lineage_column(conn, epochs: TableName) -> None:
+    """Give an epochs table made before lineages its ``lineage`` column (no lock taken when
+    it is there)."""
+    from psycopg import sql
+
+    if not has_lineage_column(conn, epochs):
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
+            epochs.sql(), sql.Identifier(LINEAGE_COLUMN)))
+
+
 def _create_table(conn, table: TableName, columns: str) -> None:
     """``CREATE TABLE IF NOT EXISTS table (columns)``, its schema first; committed."""
     from psycopg import sql
@@ -466,11 +590,13 @@ def ensure_epochs_table(conn, epochs: TableName) -> None:
     """One row per target table: the last epoch whose every COMMIT PREPARED has run.
 
     Keyed by the table's OID (``regclass``): a table dropped and created again under the same
-    name starts without a record, and the row shows the table's name when read.
+    name starts without a record, and the row shows the table's name when read. Column
+    ``lineage`` holds the owner's lineage (an epochs table made before it lacks it until a
+    restore hands the table over: :func:`add_lineage_column`).
     """
     _create_table(conn, epochs,
                   "relid regclass PRIMARY KEY, query_id text NOT NULL, epoch bigint NOT NULL, "
-                  "committed_at timestamptz NOT NULL DEFAULT now()")
+                  "committed_at timestamptz NOT NULL DEFAULT now(), lineage text")
 
 
 def committed_view_sql(conn, view: TableName, table: TableName, epochs: TableName,

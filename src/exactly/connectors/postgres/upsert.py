@@ -25,6 +25,13 @@ instance's commit (FencedError, no intent, no completion) but not its tasks' ups
 are visible when they finish: the epoch guard refuses its writes of an older epoch to keys a
 newer epoch wrote, and a replay of the same epoch rewrites the same values when the pipeline
 is deterministic. The 2PC sink's ``writeMode=upsert`` holds a fenced instance's writes back.
+
+Target state (restores, :mod:`exactly.protocol.target_state`): the table records no owner and
+no lineage -- the epoch guard compares epochs, whoever wrote them -- so every row counts as
+output of the line being restored, and the newest epoch in the epoch column is its progress.
+A rollback cannot ``retract`` (upserts overwrote rows in place); ``keep`` converges: rows
+written by epochs after the savepoint keep their values until the restored job writes their
+keys again at an epoch at least as new (:meth:`IdempotentUpsertSink.rollback_support`).
 """
 
 from __future__ import annotations
@@ -44,7 +51,10 @@ from exactly.errors import ConfigError
 from exactly.protocol.contract import (
     CommitOutcome,
     Handle,
+    Lineage,
     Payload,
+    RollbackSupport,
+    TargetState,
     TaskInfo,
     TwoPhaseCommitSink,
 )
@@ -149,3 +159,36 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
         return []
+
+    # -- target state (restores) ---------------------------------------------------------
+    def describe_target(self) -> str:
+        return f"table {self.table}"
+
+    def target_state(self, query_id: str) -> TargetState:
+        """No owner; progress = the newest epoch in the epoch column (None: an empty or
+        missing table)."""
+        from psycopg import sql
+
+        with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
+            exists = conn.execute("SELECT to_regclass(%s)",
+                                  (self.table.sql().as_string(conn),)).fetchone()
+            if exists is None or exists[0] is None:
+                return TargetState(self.describe_target())
+            row = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(
+                sql.Identifier(self.epoch_column), self.table.sql())).fetchone()
+        newest = row[0] if row else None
+        return TargetState(self.describe_target(), None, (),
+                           None if newest is None else int(newest))
+
+    def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
+        return RollbackSupport(
+            retract="upserts overwrote rows in place, so the values those epochs replaced "
+                    "cannot be restored",
+            keep="rows those epochs wrote keep their values until the restored job writes "
+                 "their keys again at an epoch as new (the epoch guard never moves a value "
+                 "back): for the same input the table converges to the restored job's values "
+                 "once its epochs pass the target's newest")
+
+    def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
+        return {"sink": "nothing to take over (the table records no owner; its epoch guard "
+                        "orders every writer's rows)"}

@@ -1,0 +1,394 @@
+"""The restore rule over a lineage, on every sink, without Spark: each query's epochs run
+through the real commit protocol (:class:`~exactly.testing.harness.ProtocolHarness`) into a
+real target (files, PostgreSQL, SQLite, Kafka, Delta on disk and on S3Proxy), and the rule
+of :mod:`exactly.savepoints.sinks` is asked as a restore asks it.
+
+The lineage of the issue: query A writes epochs 0..3 and is stopped with a savepoint at 3;
+query B is restored from it into the same target (an upgrade) and writes epochs 4..5; then
+A's older savepoint, at epoch 1, is restored into that target as query C. B descends from A,
+so this is a rollback over epochs 2..5: ``--sink-rollback refuse`` refuses naming the flag,
+``retract`` takes the line's epochs 2..5 back where the target can (audited: after C drains
+to epoch 6 the target holds exactly the batch truth, epochs 0..6 once), ``keep`` leaves them
+(audited: an appending target holds epochs 2..5 twice and nothing else is wrong; the file
+sink and the upserting targets hold every row once). Where retract works, a second
+rollback (to A's savepoint at 0, C descending from A@1) is kept and audited as well.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from exactly.config import CheckpointConfig
+from exactly.errors import SavepointError
+from exactly.ops.job import Job
+from exactly.protocol.contract import TwoPhaseCommitSink
+from exactly.savepoints.manifest import Manifest
+from exactly.savepoints.sinks import SinkRollback, decide, hand_over
+from exactly.spark.formats import sink_for
+from exactly.spark.runner import with_sink_log_dir
+from exactly.testing.harness import ProtocolHarness
+
+ROWS = pa.schema([("id", pa.int64()), ("key", pa.string())])
+
+
+def epoch_ids(epoch: int) -> list[list[int]]:
+    """The input of ``epoch``: two partitions of five ids (a restored query replays the
+    same input for the same epoch number, as a replayable source does)."""
+    return [list(range(epoch * 100, epoch * 100 + 5)),
+            list(range(epoch * 100 + 5, epoch * 100 + 10))]
+
+
+def truth(*epochs: int) -> list[int]:
+    """The ids a crash-free batch run over ``epochs``' input writes, each once."""
+    return sorted(i for e in epochs for part in epoch_ids(e) for i in part)
+
+
+class Target:
+    """One sink's target, shared by the queries of a lineage: the ``writeStream`` format and
+    options of a job writing to it. Each query builds its sink from them with its own
+    checkpoint (so its own commit log), as a restored job does."""
+
+    name = ""
+    sink_format = ""
+    #: `--sink-rollback retract` can take the line's epochs back
+    retracts = False
+    #: `keep` leaves the kept epochs in the target twice (an appending target)
+    keeps_twice = True
+    #: the target records its owner's lineage (the refusal names it)
+    records_lineage = True
+
+    def __init__(self, request: pytest.FixtureRequest, tmp: Path) -> None:
+        self.request = request
+        self.tmp = tmp
+
+    def options(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def batch(self, ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"id": ids, "key": [f"k{i % 3}" for i in ids]}, schema=ROWS)
+
+    def visible(self) -> list[int]:
+        raise NotImplementedError
+
+
+class FilesTarget(Target):
+    name = "files"
+    sink_format = "exactly.files"
+    retracts = True
+    keeps_twice = False  # epochs are directories named by number: a kept one stands
+
+    def options(self) -> dict[str, str]:
+        return {"path": str(self.tmp / "out")}
+
+    def visible(self) -> list[int]:
+        import pyarrow.dataset as ds
+
+        from exactly.audit import data_files
+
+        files = [str(f) for f in data_files(self.tmp / "out")]
+        return sorted(ds.dataset(files, format="parquet").to_table()["id"].to_pylist())
+
+
+class _Postgres(Target):
+    def __init__(self, request: pytest.FixtureRequest, tmp: Path) -> None:
+        super().__init__(request, tmp)
+        self.pg = request.getfixturevalue("pg")
+        self.table = request.getfixturevalue("table_name")
+        self.epochs = f"{self.table}_epochs"  # not the shared default: tests run in parallel
+
+    def visible(self) -> list[int]:
+        with self.pg.connect() as c:
+            return [r[0] for r in c.execute(f'SELECT id FROM "{self.table}" ORDER BY id')]
+
+
+class Postgres2pcAppend(_Postgres):
+    name = "pg_2pc_append"
+    sink_format = "exactly.postgres"
+    retracts = True
+
+    def options(self) -> dict[str, str]:
+        return {"dsn": self.pg.dsn, "table": self.table, "epochsTable": self.epochs,
+                "retrySeconds": "20"}
+
+
+class Postgres2pcUpsert(Postgres2pcAppend):
+    name = "pg_2pc_upsert"
+    retracts = False
+    keeps_twice = False  # rows upserted by id: the replayed epochs rewrite them
+
+    def options(self) -> dict[str, str]:
+        return {**super().options(), "writeMode": "upsert", "keyColumns": "id"}
+
+
+class Upsert(_Postgres):
+    name = "upsert"
+    sink_format = "exactly.upsert"
+    keeps_twice = False
+    records_lineage = False  # no owner: every row counts as the line's
+
+    def options(self) -> dict[str, str]:
+        return {"dsn": self.pg.dsn, "table": self.table, "keyColumns": "id"}
+
+
+class SqliteWal(Target):
+    name = "wal"
+    sink_format = "exactly.wal"
+
+    def options(self) -> dict[str, str]:
+        return {"path": str(self.tmp / "db.sqlite"), "table": "events"}
+
+    def visible(self) -> list[int]:
+        with sqlite3.connect(self.tmp / "db.sqlite") as c:
+            return [r[0] for r in c.execute('SELECT id FROM "events" ORDER BY id')]
+
+
+class Kafka(Target):
+    name = "kafka"
+    sink_format = "exactly.kafka"
+
+    def __init__(self, request: pytest.FixtureRequest, tmp: Path) -> None:
+        super().__init__(request, tmp)
+        self.broker = request.getfixturevalue("broker")
+        self.topic = request.getfixturevalue("topic")
+
+    def options(self) -> dict[str, str]:
+        return {"kafka.bootstrap.servers": self.broker.bootstrap, "topic": self.topic,
+                "transactionalIdPrefix": f"lineage-{self.topic}",
+                "kafka.transaction.timeout.ms": "20000"}
+
+    def batch(self, ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"value": [json.dumps({"id": i}) for i in ids]})
+
+    def visible(self) -> list[int]:
+        from exactly.testing.kafka_broker import consume_all
+
+        return sorted(json.loads(v)["id"] for _, _, _, v in
+                      consume_all(self.broker.bootstrap, self.topic,
+                                  isolation_level="read_committed"))
+
+
+class Delta(Target):
+    name = "delta"
+    sink_format = "exactly.delta"
+    retracts = True
+
+    def uri(self) -> str:
+        return str(self.tmp / "table")
+
+    def storage(self) -> dict[str, str]:
+        return {}
+
+    def options(self) -> dict[str, str]:
+        return {"path": self.uri(), **{f"storage.{k}": v for k, v in self.storage().items()}}
+
+    def visible(self) -> list[int]:
+        return delta_ids(self.uri(), self.storage())
+
+
+class DeltaS3(Delta):
+    name = "delta_s3"
+
+    def __init__(self, request: pytest.FixtureRequest, tmp: Path) -> None:
+        super().__init__(request, tmp)
+        self.s3 = request.getfixturevalue("s3_server")
+        self.bucket = f"lineage-{uuid.uuid4().hex[:12]}"
+        self.s3.create_bucket(self.bucket)
+
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/table"
+
+    def storage(self) -> dict[str, str]:
+        return self.s3.storage_options()
+
+
+def delta_ids(uri: str, storage: dict[str, str]) -> list[int]:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri, storage_options=storage)
+    return sorted(table.to_pyarrow_table(columns=["id"])["id"].to_pylist())
+
+
+TARGETS = {t.name: t for t in (FilesTarget, Postgres2pcAppend, Postgres2pcUpsert, Upsert,
+                               SqliteWal, Kafka, Delta, DeltaS3)}
+SERVERLESS = ("files", "wal", "delta")
+
+
+def over(*names: str) -> pytest.MarkDecorator:
+    return pytest.mark.parametrize("target", [
+        pytest.param(n, id=n, marks=[] if n in SERVERLESS else [pytest.mark.server])
+        for n in names], indirect=True)
+
+
+@pytest.fixture
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    return TARGETS[request.param](request, tmp_path)
+
+
+def manifest(query: str, epoch: int, checkpoint: Path) -> Manifest:
+    """The parts of a savepoint's manifest a restore's sink rule reads."""
+    return Manifest(savepoint_id=f"sp-{epoch}", epoch=epoch, created_at="", query_id=query,
+                    trigger="stop", spark_version="", shuffle_partitions=2,
+                    state_backend="hashmap", sql_conf={}, sources=[], operators=[], sinks=[],
+                    job={"checkpoint": str(checkpoint)})
+
+
+class Lineage:
+    """Queries of one lineage writing into ``target`` through the real protocol, each with
+    its own checkpoint directory, restored as ``exactly run -s`` restores (the savepoint's
+    own job is stopped)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.sinks: dict[str, TwoPhaseCommitSink] = {}
+
+    def checkpoint(self, query: str) -> Path:
+        return self.target.tmp / f"ck-{query[:8]}"
+
+    def job(self, query: str) -> Job:
+        return Job(None, self.target.sink_format, options=self.target.options(),  # type: ignore[arg-type]
+                   checkpoint=CheckpointConfig(storage=str(self.checkpoint(query))))
+
+    def sink(self, query: str) -> TwoPhaseCommitSink:
+        """The query's sink, built from the job's options as its writer builds it."""
+        if query not in self.sinks:
+            options = with_sink_log_dir(str(self.checkpoint(query)), self.target.options())
+            sink = sink_for(self.target.sink_format, options).sink
+            sink.prepare_target(self.target.batch([]).schema, partitions=2)
+            self.sinks[query] = sink
+        return self.sinks[query]
+
+    def run(self, query: str, epochs: range) -> None:
+        harness = ProtocolHarness(self.sink(query), query_id=query)
+        for epoch in epochs:
+            harness.run_epoch(epoch, [self.target.batch(p) for p in epoch_ids(epoch)])
+
+    def restore(self, query: str, epoch: int, new_query: str,
+                policy: SinkRollback = SinkRollback.REFUSE) -> dict[str, Any]:
+        """What ``exactly run -s <query's savepoint at epoch>`` does to the target before
+        the new query runs."""
+        job, savepoint = self.job(new_query), manifest(query, epoch, self.checkpoint(query))
+        state = decide(job, savepoint, policy, new_query)
+        return hand_over(job, savepoint, state, policy, new_query)
+
+
+def upgraded(target: Target) -> tuple[Lineage, str]:
+    """A ran 0..3 and stopped with a savepoint at 3; B, restored from it, ran 4..5."""
+    line = Lineage(target)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 4))
+    line.restore(a, 3, b)
+    line.run(b, range(4, 6))
+    assert target.visible() == truth(*range(6))
+    return line, a
+
+
+@over(*TARGETS)
+def test_a_rollback_across_a_restore_lineage_with_each_sink_rollback_value(target):
+    """refuse, then retract (audited) and keep (audited) where the target can; where it
+    cannot retract, the refusal of retract names keep, and keep is audited."""
+    line, a = upgraded(target)
+    with pytest.raises(SavepointError) as refused:
+        line.restore(a, 1, str(uuid.uuid4()))
+    message = str(refused.value)
+    assert "epochs 2..5" in message and "--sink-rollback keep" in message, message
+    assert "not this job's output" not in message
+    if target.records_lineage:
+        assert f"restored from {a} at epoch 3" in message, message
+    assert ("--sink-rollback retract (take them back first)" in message) == target.retracts
+    assert target.visible() == truth(*range(6))  # nothing written
+
+    c = str(uuid.uuid4())
+    if not target.retracts:
+        with pytest.raises(SavepointError, match=r"--sink-rollback retract: .*cannot be taken "
+                                                 r"back.*Choose --sink-rollback keep"):
+            line.restore(a, 1, c, SinkRollback.RETRACT)
+        assert target.visible() == truth(*range(6))
+        line.restore(a, 1, c, SinkRollback.KEEP)
+        line.run(c, range(2, 7))
+        kept = truth(2, 3, 4, 5) if target.keeps_twice else []
+        assert target.visible() == sorted(truth(*range(7)) + kept)
+        return
+
+    line.restore(a, 1, c, SinkRollback.RETRACT)
+    assert target.visible() == truth(0, 1)
+    line.run(c, range(2, 7))
+    assert target.visible() == truth(*range(7))
+    # back again, to A's savepoint at 0 (C descends from A@1), keeping epochs 1..6
+    d = str(uuid.uuid4())
+    line.restore(a, 0, d, SinkRollback.KEEP)
+    line.run(d, range(1, 8))
+    kept = truth(*range(1, 7)) if target.keeps_twice else []
+    assert target.visible() == sorted(truth(*range(8)) + kept)
+
+
+@over("files", "pg_2pc_append", "wal", "delta")
+def test_a_savepoint_newer_than_where_the_lineage_left_its_query_is_refused(target):
+    """A ran 0..3 (savepoints at 1 and 3); B was restored from A@1 over epochs 2..3
+    (retract where the target can, else keep) and ran 2..3; A@3 is of another branch."""
+    line = Lineage(target)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 4))
+    line.restore(a, 1, b,
+                 SinkRollback.RETRACT if target.retracts else SinkRollback.KEEP)
+    line.run(b, range(2, 4))
+    with pytest.raises(SavepointError, match=rf"continues query {a} from its epoch 1 .*"
+                                             r"its epochs 2\.\.3 are not part"):
+        line.restore(a, 3, str(uuid.uuid4()), SinkRollback.KEEP)
+
+
+@over("files", "pg_2pc_append")
+def test_a_target_owned_by_an_unrelated_query_is_not_this_jobs_output(target):
+    line, _ = upgraded(target)
+    with pytest.raises(SavepointError, match="not this job's output"):
+        line.restore(str(uuid.uuid4()), 3, str(uuid.uuid4()), SinkRollback.KEEP)
+
+
+@over("pg_2pc_append")
+def test_an_epochs_table_made_before_lineages_is_read_and_migrated_by_the_hand_over(target):
+    """An epochs table without the lineage column (as created by earlier versions) keeps
+    working: the owner is read, the first hand-over adds the column, the lineage holds."""
+    with target.pg.connect() as c:  # the epochs table as earlier versions made it
+        c.execute(f'CREATE TABLE "{target.epochs}" (relid regclass PRIMARY KEY, query_id text '
+                  "NOT NULL, epoch bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT "
+                  "now())")
+    line = Lineage(target)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 2))
+    state = line.sink(b).target_state(a)
+    assert (state.owner, state.lineage, state.progress) == (a, (), 1)
+    line.restore(a, 1, b)
+    line.run(b, range(2, 4))
+    with pytest.raises(SavepointError, match=rf"epochs 1\.\.3 of query {b} \(restored from "
+                                             rf"{a} at epoch 1\)"):
+        line.restore(a, 0, str(uuid.uuid4()))
+
+
+
+@over("delta")
+def test_delta_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrite(target):
+    """The retract commit removes only the line's files: rows another writer appended after
+    the savepoint stay. Once the table was rewritten (OPTIMIZE compacts the line's files
+    into new ones), the line's rows cannot be told apart: retract is refused naming it."""
+    from deltalake import DeltaTable, write_deltalake
+
+    line = Lineage(target)
+    a, c = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 4))
+    write_deltalake(target.uri(), pa.table(target.batch([9001, 9002])),
+                    mode="append")  # another writer
+    line.restore(a, 1, c, SinkRollback.RETRACT)
+    assert target.visible() == sorted([*truth(0, 1), 9001, 9002])
+
+    line.run(c, range(2, 4))
+    DeltaTable(target.uri()).optimize.compact()
+    with pytest.raises(SavepointError) as refused:
+        line.restore(c, 2, str(uuid.uuid4()), SinkRollback.RETRACT)
+    assert "OPTIMIZE" in str(refused.value) and "--sink-rollback keep" in str(refused.value)
+    assert target.visible() == sorted([*truth(0, 1, 2, 3), 9001, 9002])
