@@ -28,7 +28,8 @@ def table_totals(conn, table: str) -> pd.DataFrame:
 
 def test_aggregation_survives_every_restore_of_the_upgrade_path(spark, pg, conn, table_name,
                                                                tmp_path, savepoints):
-    env = {"JOB_KIND": "agg", "JOB_DSN": pg.dsn, "JOB_TABLE": table_name}
+    env = {"JOB_KIND": "agg", "JOB_DSN": pg.dsn, "JOB_TABLE": table_name,
+           "JOB_BACKEND": "hashmap"}
 
     def stage(name: str, savepoint, rows: int, **overrides):
         done, sp = run_stage(spark, tmp_path / name, env, savepoint, rows, savepoints,

@@ -7,7 +7,9 @@ small Java class ``jvm/StateWriter.java`` (shipped with this package, compiled a
 installed PySpark's jars on first use and cached), which hands every row to Spark's provider
 (``put`` and ``commit``), so the files are Spark's own format:
 
-* RocksDB: an empty store at version N, the rows, ``commit`` -> version N+1;
+* RocksDB: an empty store at version N, the rows, ``commit`` -> version N+1, a snapshot
+  (``N+1.zip``) with or without changelog checkpointing (Spark snapshots a store it loaded
+  empty), so the version loads without any earlier one;
 * hashmap (HDFS-backed): the provider's version 0 plus the rows, ``commit`` -> ``1.delta``
   holding puts only, which is byte for byte the layout of a snapshot, renamed to
   ``<N+1>.snapshot``.

@@ -6,9 +6,10 @@ What is copied for epoch N (the newest epoch with a ``commits/N`` entry):
   offsets entries), ``sources/`` entries up to N;
 * for every stateful operator and state store, the files that load state version N+1 (the
   state after epoch N) and nothing newer: for the hashmap provider the newest snapshot at or
-  below N+1 and the deltas after it; for RocksDB ``N+1.zip`` (or the newest zip below it and
-  the changelogs after it) and the SST files those versions list; the operator's metadata
-  and schema files.
+  below N+1 and the deltas after it; for RocksDB ``N+1.zip``, or with changelog checkpointing
+  the newest zip below it and the changelogs after it, or, before Spark uploaded any
+  snapshot of the store, changelogs 1..N+1 alone; the SST files the zip lists; the
+  operator's metadata and schema files.
 
 Checksum files (``.crc``) are not copied: the manifest's SHA-256 of every file replaces them.
 Files of a completed epoch never change, so this runs while the job keeps running; Spark
@@ -129,16 +130,18 @@ def _chain(store: Path, versions: dict[int, dict[str, Path]], version: int, base
 
 def _rocksdb_files(store: Path, versions: dict[int, dict[str, Path]],
                    version: int) -> list[Path]:
-    if not any("zip" in kinds and v <= version for v, kinds in versions.items()):
-        raise SavepointError(f"state version {version} of {store} cannot be loaded: no "
-                             "RocksDB snapshot (.zip) at or below it")
+    """RocksDB: ``version.zip`` or, with changelog checkpointing, the newest zip below it and
+    the changelogs after it, or with no zip at or below it (Spark uploads snapshots late, from
+    its maintenance thread) empty state and changelogs 1..``version``; plus the SST files the
+    zip lists (a changelog holds its rows itself)."""
     files = _chain(store, versions, version, "zip", "changelog")
-    for sst in _zip_metadata(files[0]).get("sstFiles", []):
-        path = store / "SSTs" / sst["dfsSstFileName"]
-        if not path.is_file():
-            raise SavepointError(f"state version {version} of {store} lists {path.name}, "
-                                 "which is missing")
-        files.append(path)
+    if files and files[0].name.endswith(".zip"):
+        for sst in _zip_metadata(files[0]).get("sstFiles", []):
+            path = store / "SSTs" / sst["dfsSstFileName"]
+            if not path.is_file():
+                raise SavepointError(f"state version {version} of {store} lists {path.name}, "
+                                     "which is missing")
+            files.append(path)
     return files
 
 
@@ -223,8 +226,8 @@ def _keyed_rows(spark: SparkSession, location: Path, epoch: int, info: OperatorI
                 properties: str) -> int:
     """The keys of a ``transformWithState`` operator at ``epoch``: RocksDB's key count from
     the version's snapshot of every partition, or, with changelog checkpointing (a
-    partition's version is a changelog on an older snapshot), the keys of each state
-    variable read back through Spark's state reader."""
+    partition's version is a changelog, on an older snapshot or on none), the keys of each
+    state variable read back through Spark's state reader."""
     op_id = info.operator_id
     snapshots = list((location / "state" / str(op_id)).rglob(f"{epoch + 1}.zip"))
     if snapshots and len(snapshots) == info.partitions:

@@ -11,7 +11,9 @@
 ``JOB_SINK=delta`` writes them to the Delta table ``JOB_OUT`` (a directory or ``s3://``
 URI; ``JOB_STORAGE``: its storage options as JSON).
 ``JOB_VERSION``: ``v1``; ``v2`` adds a stateful step before the old one (``dropDuplicates``
-on id, uid ``dedup``). ``JOB_BACKEND``: hashmap | rocksdb. Input: exactly.datagen with
+on id, uid ``dedup``). ``JOB_BACKEND``: hashmap | rocksdb | unset (the default: RocksDB with
+changelog checkpointing for a new checkpoint); ``JOB_INCREMENTAL``: 1 | 0 | unset (RocksDB
+changelog checkpointing on, off, or as the backend decides). Input: exactly.datagen with
 ``JOB_ROWS`` rows (``JOB_RATE`` per second, 0 = at once; ``JOB_MAX_ROWS`` per epoch) over
 ``JOB_KEYS`` keys. ``JOB_CHANGED_VALUE=1`` adds a max to the aggregation (a changed value
 schema for the same uid).
@@ -85,8 +87,10 @@ def stateful(spark):
 
 
 def build(spark):
+    incremental = os.environ.get("JOB_INCREMENTAL")
     checkpoint = CheckpointConfig(interval=os.environ.get("JOB_INTERVAL", "1s"),
-                                  state_backend=os.environ.get("JOB_BACKEND", "hashmap"))
+                                  state_backend=os.environ.get("JOB_BACKEND") or None,
+                                  incremental=None if not incremental else incremental == "1")
     df = stateful(spark)
     if os.environ.get("JOB_SINK") == "kafka":
         values = df.select(F.to_json(F.struct(*df.columns)).alias("value"))
