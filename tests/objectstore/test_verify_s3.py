@@ -131,6 +131,8 @@ def test_the_file_sinks_output_on_s3_is_audited_per_epoch(s3_bucket, tmp_path):
      "AWS_SECRET_ACCESS_KEY"),
     ("empty prefix", "s3://{bucket}/nothing-here", 2,
      "s3://{bucket}/nothing-here holds no objects; check the prefix"),
+    ("not parquet", "s3://{bucket}/broken", 2,
+     "s3://{bucket}/broken: cannot read its data files: Could not open Parquet input source"),
     ("delta without a log", "delta:s3://{bucket}/out", 2,
      "s3://{bucket}/out is not a Delta table: it has no _delta_log/"),
     ("unreachable", "s3://{bucket}/out", 3,
@@ -142,6 +144,8 @@ def test_bad_s3_locations_name_the_setting_to_fix_and_never_the_secret(
     fs, path = Location.parse(f"s3://{s3_bucket}/out").filesystem()
     with fs.open_output_stream(f"{path}/epoch-000000000000/part-00000.parquet") as out:
         pq.write_table(pa.Table.from_batches([rows([0])]), out)
+    with fs.open_output_stream(f"{path.rsplit('/', 1)[0]}/broken/part-00000.parquet") as out:
+        out.write(b"not parquet at all")
     port = free_port()
     secret = s3_server.secret_key
     if case == "wrong secret":

@@ -13,10 +13,18 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable, write_deltalake
 
-from exactly.auditor import AuditSpec, DeltaLocation, FilesLocation, run_audit, verify
+from exactly.auditor import (
+    AuditSpec,
+    DeltaLocation,
+    FilesLocation,
+    parse_location,
+    run_audit,
+    verify,
+)
 from exactly.cli import main
 from exactly.config import Mode
 from exactly.connectors.delta.sink import DeltaSink
+from exactly.errors import AuditInputError
 from exactly.protocol.contract import SinkSettings
 from exactly.testing.harness import ProtocolHarness
 
@@ -186,8 +194,14 @@ def test_the_cli_audits_a_delta_table(tmp_path):
 def test_a_delta_location_is_parsed_from_a_directory_with_a_log(tmp_path):
     h = delta_query(tmp_path / "table", tmp_path / "log")
     h.run_epoch(0, [rows([0])])
-    from exactly.auditor import parse_location
-
     assert parse_location(str(tmp_path / "table")) == DeltaLocation(str(tmp_path / "table"))
     assert parse_location(f"{tmp_path}/table?version=0") == \
         DeltaLocation(str(tmp_path / "table"), 0)
+
+
+def test_a_table_with_deletion_vectors_is_refused_not_read_with_its_deleted_rows(tmp_path):
+    write_deltalake(str(tmp_path / "dv"), pa.table({"id": [1, 2]}),
+                    configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(AuditInputError, match=r"reader features: \{'deletionVectors'\} .* "
+                                              r"applies neither deletion vectors"):
+        verify(None, tmp_path / "dv", expect="select 1 as id")

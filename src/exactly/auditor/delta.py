@@ -3,8 +3,9 @@
 ``deltalake`` reads the log and gives the version's files (with their partition values);
 files in the table's directory that the log does not name -- a pre-commit of the Delta sink
 not committed yet, or aborted and not yet deleted, a file an ``OPTIMIZE`` or a ``DELETE``
-replaced -- are never read. The files are read in place by PyArrow through the sinks' S3
-client on ``s3://`` (the same ``AWS_*`` settings).
+replaced -- are never read. The files are read by PyArrow, in place on a local disk, on
+``s3://`` through the sinks' S3 client (the same ``AWS_*`` settings) and copied into the
+audit's database in one scan (datasets.py).
 
 Each row carries the table version of the commit that added its file (the order of a key's
 rows for ``--latest-by-key`` and ``--monotonic``) and that commit's epoch: the version of
@@ -25,10 +26,12 @@ from exactly.connectors.delta.commits import file_origins
 from exactly.errors import AuditInputError
 
 
-def attach_delta(con, name: str, location: DeltaLocation) -> Relation:
-    """Create the view ``name`` over the files of ``location``'s version (the newest when
-    it names none). AuditInputError for a table that cannot be read (no log, a version it
-    does not have, reader features PyArrow lacks)."""
+def attach_delta(con, name: str, location: DeltaLocation,
+                 columns: list[str] | None = None) -> Relation:
+    """Make ``name`` the rows of the files of ``location``'s version (the newest when it
+    names none): a view of a local table, a copy of an object store's (only ``columns``
+    when it has them all). AuditInputError for a table that cannot be read (no log, a
+    version it does not have, reader features PyArrow lacks)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, DeltaProtocolError
 
@@ -42,8 +45,9 @@ def attach_delta(con, name: str, location: DeltaLocation) -> Relation:
             root = pafs.SubTreeFileSystem(store.path, store.fs)
             dataset = table.to_pyarrow_dataset(filesystem=root)
         except DeltaProtocolError as exc:
-            raise AuditInputError(f"{what}: {first_line(exc)}; the audit reads tables "
-                                  "through PyArrow datasets") from None
+            raise AuditInputError(f"{what}: {first_line(exc).rstrip('.')} (the audit reads "
+                                  "a table's files with PyArrow, which applies neither "
+                                  "deletion vectors nor column mapping)") from None
         except DeltaError as exc:
             problem = _version_problem(location, options) or first_line(exc)
             if "No files in log segment" in problem:
@@ -57,7 +61,9 @@ def attach_delta(con, name: str, location: DeltaLocation) -> Relation:
         **{EPOCH: origins[f.path].epoch, VERSION: origins[f.path].version}))
         for f in fragments]
     schema = with_columns(dataset.schema, EPOCH, VERSION)
-    attach_dataset(con, name, [ds.FileSystemDataset(tagged, schema, fmt, root)])
+    with store_errors(store, what):
+        attach_dataset(con, name, [ds.FileSystemDataset(tagged, schema, fmt, root)],
+                       copy=not store.location.is_local, columns=columns, what=what)
     relation.epoch = any(o.epoch is not None for o in origins.values())
     relation.order = [VERSION]
     return relation

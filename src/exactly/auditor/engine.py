@@ -82,17 +82,18 @@ def run_audit(spec: AuditSpec) -> VerifyReport:
 
 def attach(con, name: str, location: Location, spec: AuditSpec,
            columns: list[str] | None = None) -> Relation:
-    """Attach ``location`` to ``con`` as the relation ``name``; a table copies only
-    ``columns`` (and its epoch column) when it has them all, else every column."""
+    """Attach ``location`` to ``con`` as the relation ``name``; a table, or files on an
+    object store, copy only ``columns`` (and the epoch column) when they have them all,
+    else every column."""
     if isinstance(location, FilesLocation):
         from exactly.auditor.files import attach_files
         return attach_files(con, name, location.path)
     if isinstance(location, ObjectFilesLocation):
         from exactly.auditor.objectfiles import attach_object_files
-        return attach_object_files(con, name, location)
+        return attach_object_files(con, name, location, columns)
     if isinstance(location, DeltaLocation):
         from exactly.auditor.delta import attach_delta
-        return attach_delta(con, name, location)
+        return attach_delta(con, name, location, columns)
     if isinstance(location, PostgresLocation):
         from exactly.auditor.postgres import attach_postgres
         return attach_postgres(con, name, location, spec.epoch_column, columns)

@@ -4,8 +4,9 @@ The same files as in a local directory (files.py): JSON lines, Parquet and CSV, 
 ``.`` names skipped at any depth below the prefix (the file sink's staging and commit log),
 a file directly in an ``epoch-N`` directory in epoch N. They are listed once, and read by
 PyArrow through the sinks' S3 client (same ``AWS_*`` settings) as one dataset per format,
-the epoch a constant column of each file (datasets.py); the columns of all files are united
-by name, a column's types promoted where they differ (an int and a float: a float).
+the epoch a constant column of each file, and copied into the audit's database in one scan
+(datasets.py); the columns of all files are united by name, a column's types promoted where
+they differ (an int and a float: a float).
 
 Unlike DuckDB's reader of local files, PyArrow's JSON reader refuses a line that does not
 parse: the audit stops with exit 2 naming the file instead of counting a row without a key.
@@ -47,9 +48,10 @@ def object_data_files(store: Store) -> list[str]:
     return sorted(found)
 
 
-def attach_object_files(con, name: str, location: ObjectFilesLocation) -> Relation:
-    """Create the view ``name`` over the data files under ``location``; ``empty`` when
-    there are none."""
+def attach_object_files(con, name: str, location: ObjectFilesLocation,
+                        columns: list[str] | None = None) -> Relation:
+    """Copy the data files under ``location`` into the table ``name`` (only ``columns``
+    when they have them all); ``empty`` when there are none."""
     relation = Relation(name, location.describe())
     store = open_store(location.uri, location.uri)
     with store_errors(store, location.uri):
@@ -65,10 +67,11 @@ def attach_object_files(con, name: str, location: ObjectFilesLocation) -> Relati
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a file that is not its format
             raise AuditInputError(f"{location.uri}: cannot read its data files: "
                                   f"{first_line(exc)}") from None
+        attach_dataset(con, name, datasets, copy=True, columns=columns,
+                       what=location.uri)
     relation.epoch = any(epoch_of(path) is not None for path in files)
     if relation.epoch:
         relation.order = [EPOCH]
-    attach_dataset(con, name, datasets)
     return relation
 
 
