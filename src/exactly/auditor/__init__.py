@@ -3,8 +3,8 @@ duplicated.
 
 :func:`verify` (locations as strings) and :func:`run_audit` (an :class:`AuditSpec`) compare
 the rows a job should have produced (its input, filtered or transformed by a SQL query)
-with what a sink made visible: the file sink's directory, a PostgreSQL or SQLite table, a
-Kafka topic. See docs/verify.md.
+with what a sink made visible: the file sink's directory (local or on S3), a Delta table, a
+PostgreSQL or SQLite table, a Kafka topic. See docs/verify.md.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 
 from exactly.auditor.engine import AuditSpec, run_audit
 from exactly.auditor.locations import (
+    DeltaLocation,
     FilesLocation,
     KafkaLocation,
     Location,
+    ObjectFilesLocation,
     PostgresLocation,
     SqliteLocation,
     parse_location,
@@ -36,6 +38,6 @@ def verify(input: str | Path | None, output: str | Path, key: str | tuple[str, .
         keys=keys, **options))
 
 
-__all__ = ["AuditSpec", "EpochLine", "FilesLocation", "Finding", "KafkaLocation", "Location",
-           "PostgresLocation", "SqliteLocation", "VerifyReport", "parse_location", "run_audit",
-           "verify"]
+__all__ = ["AuditSpec", "DeltaLocation", "EpochLine", "FilesLocation", "Finding", "KafkaLocation",
+           "Location", "ObjectFilesLocation", "PostgresLocation", "SqliteLocation",
+           "VerifyReport", "parse_location", "run_audit", "verify"]

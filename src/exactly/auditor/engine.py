@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from exactly.auditor.locations import (
+    DeltaLocation,
     FilesLocation,
     KafkaLocation,
     Location,
+    ObjectFilesLocation,
     PostgresLocation,
     SqliteLocation,
 )
@@ -80,11 +82,18 @@ def run_audit(spec: AuditSpec) -> VerifyReport:
 
 def attach(con, name: str, location: Location, spec: AuditSpec,
            columns: list[str] | None = None) -> Relation:
-    """Attach ``location`` to ``con`` as the relation ``name``; a table copies only
-    ``columns`` (and its epoch column) when it has them all, else every column."""
+    """Attach ``location`` to ``con`` as the relation ``name``; a table, or files on an
+    object store, copy only ``columns`` (and the epoch column) when they have them all,
+    else every column."""
     if isinstance(location, FilesLocation):
         from exactly.auditor.files import attach_files
         return attach_files(con, name, location.path)
+    if isinstance(location, ObjectFilesLocation):
+        from exactly.auditor.objectfiles import attach_object_files
+        return attach_object_files(con, name, location, columns)
+    if isinstance(location, DeltaLocation):
+        from exactly.auditor.delta import attach_delta
+        return attach_delta(con, name, location, columns)
     if isinstance(location, PostgresLocation):
         from exactly.auditor.postgres import attach_postgres
         return attach_postgres(con, name, location, spec.epoch_column, columns)
@@ -219,8 +228,8 @@ class _Audit:
             return
         if not target.order:
             raise AuditInputError(f"--latest-by-key: {target.description} records no order "
-                                  "of its rows (a topic, the file sink's epoch directories or "
-                                  "a table with an epoch column do)")
+                                  "of its rows (a topic, the file sink's epoch directories, a "
+                                  "Delta table or a table with an epoch column do)")
         keys = ", ".join(ident(k) for k in self.keys)
         order = ", ".join(f"{ident(c)} DESC NULLS LAST" for c in target.order)
         self.sql(f"CREATE VIEW found AS SELECT * FROM output QUALIFY row_number() OVER "
@@ -326,8 +335,9 @@ class _Audit:
             return Finding()
         if not target.order:
             raise AuditInputError(f"--monotonic: {target.description} keeps no history of a "
-                                  "key's values (a topic or the file sink's epoch directories "
-                                  "do; a table holds only the latest)")
+                                  "key's values (a topic, the file sink's epoch directories or "
+                                  "an append-only Delta table do; a table holds only the "
+                                  "latest)")
         keys = ", ".join(ident(k) for k in self.keys)
         column = ident(str(self.spec.monotonic))
         order = ", ".join(ident(c) for c in target.order)

@@ -23,13 +23,14 @@ _READERS = {
               "ignore_errors=true, filename='__x_file')",
     ".csv": "read_csv({files}, union_by_name=true, filename='__x_file')",
 }
-_SUFFIXES = {".parquet": ".parquet", ".jsonl": ".jsonl", ".json": ".jsonl", ".ndjson": ".jsonl",
+#: file name suffix -> format
+SUFFIXES = {".parquet": ".parquet", ".jsonl": ".jsonl", ".json": ".jsonl", ".ndjson": ".jsonl",
              ".csv": ".csv"}
 #: the file sink's layout: a data file directly in its epoch's directory
-_EPOCH_DIR = re.compile(r"(^|[/\\])epoch-(\d+)[/\\][^/\\]*$")
+EPOCH_DIR = re.compile(r"(^|[/\\])epoch-(\d+)[/\\][^/\\]*$")
 
 
-def data_files(root: Path, suffixes: Iterable[str] = tuple(_SUFFIXES)) -> list[Path]:
+def data_files(root: Path, suffixes: Iterable[str] = tuple(SUFFIXES)) -> list[Path]:
     """Files ending in one of ``suffixes`` below ``root`` (or ``root`` itself), hidden and
     ``_`` names skipped."""
     if root.is_file():
@@ -38,10 +39,22 @@ def data_files(root: Path, suffixes: Iterable[str] = tuple(_SUFFIXES)) -> list[P
     found = []
     # os.walk skips directories that vanish while it lists (a sink cleaning its staging)
     for directory, subdirs, files in os.walk(root):
-        subdirs[:] = [d for d in subdirs if not d.startswith((".", "_"))]
+        subdirs[:] = [d for d in subdirs if not skipped(d)]
         found += [Path(directory, f) for f in files
-                  if not f.startswith((".", "_")) and Path(f).suffix.lower() in suffixes]
+                  if not skipped(f) and Path(f).suffix.lower() in suffixes]
     return sorted(found)
+
+
+def epoch_of(path: str) -> int | None:
+    """The epoch of a data file directly in an ``epoch-N`` directory, else None."""
+    match = EPOCH_DIR.search(path)
+    return int(match.group(2)) if match else None
+
+
+def skipped(name: str) -> bool:
+    """Whether a file or directory name is skipped (``_`` and ``.`` names: staging areas,
+    commit logs, Spark's metadata)."""
+    return name.startswith((".", "_"))
 
 
 def attach_files(con, name: str, root: Path) -> Relation:
@@ -53,11 +66,11 @@ def attach_files(con, name: str, root: Path) -> Relation:
         return relation
     by_format: dict[str, list[str]] = {}
     for f in files:
-        by_format.setdefault(_SUFFIXES[f.suffix.lower()], []).append(str(f))
+        by_format.setdefault(SUFFIXES[f.suffix.lower()], []).append(str(f))
     parts = [_READERS[fmt].format(files="[" + ", ".join(literal(p) for p in paths) + "]")
              for fmt, paths in sorted(by_format.items())]
     scans = " UNION ALL BY NAME ".join(f"SELECT * FROM {p}" for p in parts)
-    relation.epoch = any(_EPOCH_DIR.search(str(f)) for f in files)
+    relation.epoch = any(epoch_of(str(f)) is not None for f in files)
     epoch = (r"TRY_CAST(regexp_extract(__x_file, '(^|[/\\])epoch-([0-9]+)[/\\][^/\\]*$', 2) "
              "AS BIGINT)"
              if relation.epoch else "NULL::BIGINT")

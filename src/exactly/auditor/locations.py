@@ -1,7 +1,12 @@
-"""Where ``exactly verify`` reads rows: a location string parsed into one of four kinds.
+"""Where ``exactly verify`` reads rows: a location string parsed into one of six kinds.
 
 * a path: a file or a directory of JSON-lines, Parquet or CSV files (the file sink's output,
   the file source's input);
+* ``s3://bucket/prefix`` (or ``s3a://``): the same files on an object store, read with the
+  ``AWS_*`` settings of the sinks (see :mod:`exactly.auditor.objects`);
+* a Delta table: a directory or an ``s3://`` prefix holding ``_delta_log/`` is one
+  (found automatically); ``delta:LOCATION`` says so explicitly and fails when there is no
+  log; ``?version=N`` at the end reads version N instead of the newest;
 * ``postgresql://user@host:port/db?table=schema.table`` (or ``postgres://``): a table or view;
   the password may be in the URL or in ``PGPASSWORD``/``~/.pgpass`` and is never printed;
 * ``kafka://host:port/topic``: every record of a topic, JSON values;
@@ -14,10 +19,12 @@ Bad locations raise :class:`~exactly.errors.AuditInputError` naming the fix.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from exactly.auditor.objects import SCHEMES, has_delta_log, is_object_uri, open_store, probe
 from exactly.connectors.sql import TableName, redact_dsn
 from exactly.errors import AuditInputError, ConfigError
 
@@ -65,7 +72,34 @@ class SqliteLocation:
         return f"sqlite:///{self.path} table {self.table}"
 
 
-Location = FilesLocation | PostgresLocation | KafkaLocation | SqliteLocation
+@dataclass(frozen=True)
+class ObjectFilesLocation:
+    """Data files under an object-store prefix (``s3://bucket/prefix``), or one object."""
+
+    uri: str
+
+    def describe(self) -> str:
+        return self.uri
+
+
+@dataclass(frozen=True)
+class DeltaLocation:
+    """A Delta table (a local directory or ``s3://bucket/prefix``): the files of ``version``
+    (None: the newest)."""
+
+    uri: str
+    version: int | None = None
+
+    def describe(self) -> str:
+        return f"Delta table {self.uri}" + ("" if self.version is None
+                                            else f" version {self.version}")
+
+
+Location = (FilesLocation | ObjectFilesLocation | DeltaLocation | PostgresLocation
+            | KafkaLocation | SqliteLocation)
+
+_DELTA_PREFIX = "delta:"
+_VERSION = re.compile(r"\?version=(\d+)$")
 
 
 def parse_location(text: str | None, *, table: str | None = None,
@@ -78,8 +112,11 @@ def parse_location(text: str | None, *, table: str | None = None,
                                   "not both")
         return _postgres_from_env(dsn_env, table, what)
     if not text:
-        raise AuditInputError(f"{what}: missing; give a directory, postgresql://...?table=..., "
-                              "kafka://host:port/topic or sqlite:///file.db?table=...")
+        raise AuditInputError(f"{what}: missing; give a directory, s3://bucket/prefix, "
+                              "postgresql://...?table=..., kafka://host:port/topic or "
+                              "sqlite:///file.db?table=...")
+    if text[:len(_DELTA_PREFIX)].lower() == _DELTA_PREFIX:
+        return _files_or_delta(text[len(_DELTA_PREFIX):], what, explicit=True)
     scheme = text.split(":", 1)[0].lower() if "://" in text else ""
     if scheme in ("postgresql", "postgres"):
         return _postgres_url(text, table, what)
@@ -99,15 +136,46 @@ def parse_location(text: str | None, *, table: str | None = None,
         if not path.is_file():
             raise AuditInputError(f"{what}: SQLite database {path} does not exist")
         return SqliteLocation(path, name)
-    if scheme == "file":
-        text = urlsplit(text).path
-    elif scheme:
+    if scheme and scheme not in ("file", *SCHEMES):
         raise AuditInputError(f"{what}: {text!r}: unknown scheme {scheme}://; use a path, "
-                              "postgresql://, kafka:// or sqlite://")
-    path = Path(text)
-    if not path.exists():
-        raise AuditInputError(f"{what}: {path} does not exist")
-    return FilesLocation(path)
+                              "s3://, delta:, postgresql://, kafka:// or sqlite://")
+    return _files_or_delta(text, what, explicit=False)
+
+
+def _files_or_delta(text: str, what: str, *, explicit: bool
+                    ) -> FilesLocation | ObjectFilesLocation | DeltaLocation:
+    """A path or an object-store URI: a Delta table when it holds a Delta log (or must,
+    ``explicit``), else its files."""
+    version: int | None = None
+    if match := _VERSION.search(text):
+        text, version = text[:match.start()], int(match.group(1))
+    if is_object_uri(text):
+        store = open_store(text, what)
+        probe(store, what)
+        delta = has_delta_log(store, what)
+        uri = store.uri
+    else:
+        if text.lower().startswith("file://"):
+            text = urlsplit(text).path
+        elif "://" in text:
+            raise AuditInputError(f"{what}: {_DELTA_PREFIX}{text!r}: a Delta table is a "
+                                  "directory or an s3://bucket/prefix")
+        path = Path(text)
+        if not path.exists():
+            raise AuditInputError(f"{what}: {path} does not exist")
+        delta = (path / "_delta_log").is_dir()
+        uri = str(path.resolve())
+        if not delta and not explicit and version is None:
+            return FilesLocation(path)
+    if delta:
+        return DeltaLocation(uri, version)
+    if explicit:
+        raise AuditInputError(f"{what}: {uri} is not a Delta table: it has no _delta_log/; "
+                              f"drop {_DELTA_PREFIX!r} to read its data files")
+    if version is not None:
+        raise AuditInputError(f"{what}: ?version={version}: {uri} is not a Delta table (no "
+                              "_delta_log/); versions are Delta's")
+    return ObjectFilesLocation(uri)
 
 
 def _postgres_url(text: str, table: str | None, what: str) -> PostgresLocation:

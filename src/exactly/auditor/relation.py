@@ -1,10 +1,10 @@
 """A source of rows attached to the audit's DuckDB database under a name.
 
-Every reader (files, PostgreSQL, Kafka, SQLite) makes one relation and says what it knows
-about the rows' history: the column holding each row's epoch (the file sink's
-``epoch-N`` directories, a table's ``exactly_epoch``), and the columns that order a key's
-rows in time (epoch, or Kafka partition and offset). Internal columns start with ``__x_``
-and are never compared.
+Every reader (files, Delta, PostgreSQL, Kafka, SQLite) makes one relation and says what it
+knows about the rows' history: the column holding each row's epoch (the file sink's
+``epoch-N`` directories, a table's ``exactly_epoch``, a Delta commit's application
+transaction), and the columns that order a key's rows in time (epoch, Delta table version,
+or Kafka partition and offset). Internal columns start with ``__x_`` and are never compared.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import pyarrow as pa
 
 #: the epoch a row was committed in, when the target records it
 EPOCH = "__x_epoch"
+#: the Delta table version (commit) that added a row's file
+VERSION = "__x_version"
 #: position of a record in its Kafka partition
 PARTITION, OFFSET = "__x_partition", "__x_offset"
 INTERNAL = "__x_"
