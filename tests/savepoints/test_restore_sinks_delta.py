@@ -2,39 +2,40 @@
 a savepoint, its next version is restored from it into the same table (the restore hands the
 table over: the lineage record names the new query), and restoring an older savepoint of the
 first version into that table is refused as a rollback over the new version's epochs, naming
-``--sink-rollback``. The table is audited after each step: every id once. On a local
-directory, and on S3Proxy."""
+``--sink-rollback``. The table is audited after each step with ``exactly verify`` (through
+its log, per epoch): every id once. On a local directory, and on S3Proxy."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
-import numpy as np
 import pytest
 from savepoint_jobs import StatefulJob
 
-from exactly.audit import audit_ids
 from exactly.errors import SavepointError
+from exactly.testing.chaos import python_command
 
 STEP = 500  # one epoch per step (JOB_MAX_ROWS=500)
 
 
-def audit_delta_table(uri: str, storage: dict[str, str], rows: int) -> None:
-    """The table holds each id 0..rows-1 exactly once (the batch truth of the input).
+def audit_delta_table(uri: str, env: dict[str, str], rows: int, epochs: int) -> None:
+    """``exactly verify`` on the table, as a user runs it: each id 0..rows-1 (the batch truth
+    of the generator's input, as SQL) exactly once, read through the table's log; the
+    per-epoch breakdown names epochs 0..epochs-1."""
+    shown = subprocess.run(
+        [*python_command("verify", "--output", uri, "--json",
+                         "--expect", f"select range as id from range({rows})")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
+    report = json.loads(shown.stdout)
+    assert report["ok"] and report["found_rows"] == rows, report
+    assert sorted(e["epoch"] for e in report["epochs"]) == list(range(epochs)), report
 
-    Reads the table's current version with ``deltalake`` (only the files its log names).
-    This is where ``exactly verify`` plugs in once it reads Delta tables (branch
-    i25-auditor): ``exactly verify --source ... --delta URI`` with the same expectation.
-    """
-    from deltalake import DeltaTable
 
-    table = DeltaTable(uri, storage_options=storage)
-    ids = table.to_pyarrow_table(columns=["id"])["id"].to_numpy()
-    report = audit_ids(ids, np.arange(rows, dtype=np.int64))
-    assert report.ok, report.to_json()
-
-
-def delta_flow(spark, tmp_path, savepoints, uri: str, storage: dict[str, str]) -> None:
+def delta_flow(spark, tmp_path, savepoints, uri: str, storage: dict[str, str],
+               verify_env: dict[str, str]) -> None:
     env = {"JOB_KIND": "rows", "JOB_SINK": "delta", "JOB_OUT": uri,
            "JOB_STORAGE": json.dumps(storage), "JOB_MAX_ROWS": str(STEP)}
     first = StatefulJob(spark, tmp_path / "ck0", **env)
@@ -42,25 +43,25 @@ def delta_flow(spark, tmp_path, savepoints, uri: str, storage: dict[str, str]) -
     older = first.savepoint(savepoints)
     first.run(2 * STEP)  # epoch 1
     stopped = first.savepoint(savepoints)
-    audit_delta_table(uri, storage, 2 * STEP)
+    audit_delta_table(uri, verify_env, 2 * STEP, 2)
 
     second = StatefulJob(spark, tmp_path / "ck1", **env)
     done = second.restore(stopped, 3 * STEP)
     assert done["aborted_pre_commits"] == 0, done  # a hand-over, nothing left over
     second.run(3 * STEP)  # epoch 2, as the new query
-    audit_delta_table(uri, storage, 3 * STEP)
+    audit_delta_table(uri, verify_env, 3 * STEP, 3)
 
     third = StatefulJob(spark, tmp_path / "ck2", **env)
     with pytest.raises(SavepointError, match=r"epochs 1\.\.2 of query .* \(restored from .* at "
                                              r"epoch 1\).*--sink-rollback retract.*"
                                              r"--sink-rollback keep"):
         third.restore(older, 4 * STEP)
-    audit_delta_table(uri, storage, 3 * STEP)  # the refusal wrote nothing
+    audit_delta_table(uri, verify_env, 3 * STEP, 3)  # the refusal wrote nothing
 
 
 def test_a_delta_table_is_handed_over_on_restore_and_a_rollback_is_refused(
         spark, tmp_path, savepoints):
-    delta_flow(spark, tmp_path, savepoints, str(tmp_path / "table"), {})
+    delta_flow(spark, tmp_path, savepoints, str(tmp_path / "table"), {}, {})
 
 
 @pytest.mark.server
@@ -68,4 +69,5 @@ def test_a_delta_table_on_s3_is_handed_over_on_restore_and_a_rollback_is_refused
         spark, tmp_path, savepoints, s3_server):
     bucket = f"restore-{tmp_path.name.lower().replace('_', '-')[-30:]}".strip("-")
     s3_server.create_bucket(bucket)
-    delta_flow(spark, tmp_path, savepoints, f"s3://{bucket}/table", s3_server.storage_options())
+    delta_flow(spark, tmp_path, savepoints, f"s3://{bucket}/table", s3_server.storage_options(),
+               s3_server.env())
