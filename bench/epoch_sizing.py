@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.options import RETAIN_EPOCHS
 
 VARIANTS = ("unsized", "sized")
@@ -138,7 +139,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         if args.variant == "sized":
             path = admission_path()
             if path is None:
-                raise SystemExit("the sized variant needs EXACTLY_ADMISSION_FILE")
+                raise SystemExit(f"the sized variant needs {ADMISSION_FILE_ENV}")
             pacer = Pacer(path, str(ck), target_s=args.target)
             pacer.open()
         load_before = os.getloadavg()
@@ -170,9 +171,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
 def spawn(variant: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     result = run_dir.with_suffix(".json")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    env.pop("EXACTLY_ADMISSION_FILE", None)
+    env.pop(ADMISSION_FILE_ENV, None)
     if variant == "sized":
-        env["EXACTLY_ADMISSION_FILE"] = str(run_dir.with_suffix(".admission.json"))
+        env[ADMISSION_FILE_ENV] = str(run_dir.with_suffix(".admission.json"))
     command = [sys.executable, __file__, "--variant", variant, "--run-dir", str(run_dir),
                "--result", str(result), "--rows", str(args.rows), "--target", str(args.target),
                "--rate", str(args.rate), "--partitions", str(args.partitions),

@@ -44,7 +44,7 @@ import psutil
 
 from exactly.audit import audit_ids, file_ids
 from exactly.ops.control import JobStatus, job_dir
-from exactly.procs import JOB_TOKEN_ENV, kill_job
+from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
 JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"
 
@@ -92,7 +92,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ck, out, fail_file = work / "ck", work / "out", work / "fail-now"
-    token = os.urandom(8).hex()
+    token = new_job_token()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: token,
            "JOB_OUT": str(out), "JOB_ROWS": "1000000000", "JOB_RATE": str(args.rate),
            "JOB_FAIL_FILE": str(fail_file), "JOB_INTERVAL": "1s"}

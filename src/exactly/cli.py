@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -24,6 +24,9 @@ from rich.table import Table
 
 from exactly.causes import root_cause
 from exactly.ops.doctor import RefusedError
+
+if TYPE_CHECKING:
+    from exactly.protocol.faults import FaultSpec
 
 #: exit code of a command that could not do its work (its root cause is the last line)
 FAILED = 3
@@ -78,6 +81,31 @@ def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
 def _verbose() -> bool:
     ctx = click.get_current_context(silent=True)
     return bool(ctx and (ctx.find_root().obj or {}).get("verbose"))
+
+
+def fault_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--fault``, ``--fault-marker``, ``--fault-action``: fault injection for tests and
+    drills (the only way a command arms a crash point; the environment arms none)."""
+    for option in reversed((
+            click.option("--fault", metavar="POINT[@EPOCH]", default=None,
+                         help="Fault injection for tests and drills: crash at this protocol "
+                              "point the first time an epoch >= EPOCH passes it (points: "
+                              "`exactly faults`)."),
+            click.option("--fault-marker", metavar="FILE", default=None,
+                         help="With --fault: fire at most once across restarts; FILE records "
+                              "where it fired."),
+            click.option("--fault-action", metavar="kill|pause:FILE", default=None,
+                         help="With --fault: SIGKILL the driver's process tree (kill, the "
+                              "default) or stall at the point while FILE exists."))):
+        command = option(command)
+    return command
+
+
+def _fault(fault: str | None, marker: str | None, action: str | None) -> FaultSpec | None:
+    from exactly.protocol.faults import FaultSpec
+
+    return FaultSpec.from_flags(fault, str(Path(marker).absolute()) if marker else None,
+                                action)
 
 
 @main.command()
@@ -137,23 +165,31 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
               type=click.Path(file_okay=False), help="Route malformed rows here and go on.")
 @click.option("--sink", default="files", show_default=True, type=click.Choice(["files", "delta"]),
               help="exactly.files or exactly.delta (S3 settings: AWS_* environment variables).")
+@click.option("--writer", default="start_query", show_default=True,
+              type=click.Choice(["start_query", "datasource"]),
+              help="start_query: the sink commits in the driver (foreachBatch); datasource: "
+                   "PySpark's own writeStream.format(...).start(), the sink's data source "
+                   "writer commits in Spark's commit process.")
+@fault_options
 @reports_failure("pipeline")
 def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
              output_format: str, max_files_per_epoch: int, dead_letter_dir: str | None,
-             sink: str) -> None:
+             sink: str, writer: str, fault: str | None, fault_marker: str | None,
+             fault_action: str | None) -> None:
     """Drain an input directory through the demo pipeline into the file sink (or a Delta
     table with --sink delta), then stop.
 
-    Fault injection: set EXACTLY_FAULT=POINT[@EPOCH] (see `exactly faults`). Spark's own
-    log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
+    Fault injection (tests and drills): --fault POINT[@EPOCH] (see `exactly faults`). Spark's
+    own log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
     """
     from exactly.demos.files_job import PipelineSpec, run
     from exactly.spark.session import spark_session
 
+    armed = _fault(fault, fault_marker, fault_action)
     if not _verbose():  # Spark's ERROR log repeats the worker's traceback per task
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     spec = PipelineSpec(input_dir, output_dir, checkpoint_dir, mode, output_format,
-                        max_files_per_epoch, dead_letter_dir, sink)
+                        max_files_per_epoch, dead_letter_dir, sink, writer, armed)
     spark = spark_session(app_name="exactly-pipeline",
                           s3a=checkpoint_dir.startswith("s3a://"))
     try:
@@ -266,7 +302,11 @@ def verify(input_path: str | None, output_path: str | None, table: str | None,
 
 @main.command()
 def faults() -> None:
-    """List the points where a crash can be injected: the protocol's and the sinks' own."""
+    """List the points where a crash can be injected: the protocol's and the sinks' own.
+
+    Arm one with `exactly run --fault POINT[@EPOCH]` or `exactly pipeline --fault ...`, or
+    the sink option exactly.fault (fault injection for tests and drills).
+    """
     from exactly.protocol.faults import registered_points
     from exactly.spark import formats  # noqa: F401  (loading the sinks registers their points)
 
@@ -380,18 +420,24 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="When the sink target already holds epochs newer than the savepoint "
                    "(of its job or of jobs restored from it): refuse, retract them (file "
                    "sink, PostgreSQL append, Delta) or keep them.")
+@fault_options
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
         shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
-        restore_mode: str, parallelism: int | None, sink_rollback: str) -> None:
+        restore_mode: str, parallelism: int | None, sink_rollback: str, fault: str | None,
+        fault_marker: str | None, fault_action: str | None) -> None:
     """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
 
     Failed queries restart in the same driver process, a dead driver process restarts as a
     new one, both as the restart strategy says. Stop it with `exactly stop CHECKPOINT`,
     SIGTERM or Ctrl-C; cancel it with `exactly cancel CHECKPOINT`. Exit code 0 when it
     stopped, 3 when it failed (the cause is the last line).
+
+    Fault injection (tests and drills): --fault POINT[@EPOCH] crashes the driver at a point
+    of the job's exactly sink, of a savepoint or of a restore, once per run (--fault-marker
+    FILE: once across runs).
     """
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec
@@ -424,7 +470,7 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
-                      restore=restore)
+                      restore=restore, fault=_fault(fault, fault_marker, fault_action))
     sys.exit(launch(spec))
 
 

@@ -23,6 +23,7 @@ LEASE_STALE_AFTER = "exactly.leaseStaleAfterSeconds"
 DEFAULT_LEASE_STALE_AFTER_S = 600.0
 FAULT = "exactly.fault"  #: POINT[@EPOCH], see exactly.protocol.faults
 FAULT_MARKER = "exactly.faultMarker"  #: fire once across restarts (a marker file)
+FAULT_ACTION = "exactly.faultAction"  #: kill (default) | pause:FILE
 
 # -- files (exactly.files) ---------------------------------------------------------------
 PATH = "path"
@@ -99,7 +100,7 @@ FAIL_ON_DATA_LOSS = "failOnDataLoss"
 SPARK_OPTIONS: tuple[str, ...] = (PATH, CHECKPOINT_LOCATION, QUERY_NAME)
 #: names every exactly sink reads (SinkSettings, fault injection)
 SINK_COMMON: tuple[str, ...] = (MODE, LOG_DIR, CHECKPOINT_INTERVAL_MS, RETAIN_EPOCHS,
-                                LEASE_STALE_AFTER, FAULT, FAULT_MARKER)
+                                LEASE_STALE_AFTER, FAULT, FAULT_MARKER, FAULT_ACTION)
 _CONNECTION = (DSN, DSN_ENV, PASSWORD, TABLE)
 
 #: read side: format -> option names its reader reads

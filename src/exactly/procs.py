@@ -7,14 +7,21 @@ A job is more than its driver: the Python driver launches the driver JVM, the JV
 PySpark worker daemons (``pyspark.daemon``), and the daemons fork the Python workers. Each
 daemon puts itself into a process group of its own (``os.setpgid(0, 0)``), so killing the
 driver's process group leaves the daemons and their workers alive, and once the driver is
-dead they are re-parented to pid 1, out of reach of a walk down from the driver. A job run
-by :func:`exactly.testing.chaos.run_with_crashes` therefore carries a unique token in its
-environment (``EXACTLY_JOB_TOKEN``): the Python driver passes its environment to the JVM,
-the JVM to every worker daemon it starts, and a forked worker shares its daemon's. Finding
-a job's processes is a scan of every process's environment for the token
-(:func:`job_processes`), and :func:`kill_job` SIGKILLs the job's whole tree, scans again
-until nothing of it is left, and raises :class:`ProcessesSurvived` naming the pids and
-command lines of anything that will not die.
+dead they are re-parented to pid 1, out of reach of a walk down from the driver. A driver
+started by exactly (the launcher of ``exactly run``, the crash harness
+:func:`exactly.testing.chaos.run_with_crashes`) therefore carries a unique token in its
+environment (:data:`JOB_TOKEN_ENV`, internal plumbing: set by exactly for its own processes,
+never set it yourself): the Python driver passes its environment to the JVM, the JVM to every
+worker daemon it starts, and a forked worker shares its daemon's. Finding a job's processes
+is a scan of every process's environment for the token (:func:`job_processes`), and
+:func:`kill_job` SIGKILLs the job's whole tree, scans again until nothing of it is left, and
+raises :class:`ProcessesSurvived` naming the pids and command lines of anything that will
+not die.
+
+A token names the process that made it (:func:`new_job_token`). A fault firing in a job
+(:func:`local_job_pids`) kills by its own token only when that process is one of its
+ancestors (:func:`trusted_job_token`): a token set by hand or inherited from elsewhere never
+makes a fault kill processes beyond the job's own tree.
 """
 
 from __future__ import annotations
@@ -32,8 +39,12 @@ import psutil
 
 from exactly.errors import ExactlyError
 
-#: environment variable carrying the token of a job run under the crash harness
-JOB_TOKEN_ENV = "EXACTLY_JOB_TOKEN"
+#: environment variable carrying the token of a job's processes (internal: set by exactly --
+#: the ``exactly run`` launcher, the crash harness, the test kit -- for the processes of a
+#: job it starts; never set it yourself)
+JOB_TOKEN_ENV = "_EXACTLY_JOB_TOKEN"
+#: the first part of every token :func:`new_job_token` makes
+_TOKEN_PREFIX = "exactly"
 #: names this host in leases instead of its host name (containers that share a host name,
 #: tests that play two hosts on one machine)
 HOST_ID_ENV = "EXACTLY_HOST_ID"
@@ -200,8 +211,35 @@ def _safe(call, default):
 
 
 def new_job_token() -> str:
-    """A token unique to one run of a job (put it into the job's environment)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
+    """A token unique to one run of a job, naming this process as its maker: put it into
+    the environment (:data:`JOB_TOKEN_ENV`) of the job's processes that this process
+    starts."""
+    me = current_process()
+    return f"{_TOKEN_PREFIX}-{me.pid}-{me.start_ticks}-{uuid.uuid4().hex}"
+
+
+def token_maker(token: str | None) -> tuple[int, int] | None:
+    """``(pid, start ticks)`` of the process that made ``token`` (:func:`new_job_token`);
+    None for a token that no exactly process made."""
+    parts = (token or "").split("-")
+    if len(parts) != 4 or parts[0] != _TOKEN_PREFIX or not all(p.isdigit() for p in parts[1:3]):
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+def trusted_job_token() -> str | None:
+    """This process's job token when exactly set it for this process's job: the process
+    that made it is an ancestor of this one (the launcher or harness that started the
+    driver). None without a token, and for a token set by hand or inherited from another
+    job (a stray variable): nothing may be killed by it."""
+    token = os.environ.get(JOB_TOKEN_ENV)
+    maker = token_maker(token)
+    if maker is None:
+        return None
+    pid, ticks = maker
+    ancestors = {p for p, _ in _ancestors(os.getppid())}
+    stat = _stat(pid)
+    return token if pid in ancestors and stat is not None and stat[2] == ticks else None
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -229,7 +267,7 @@ def processes_with_env(name: str, value: str) -> list[psutil.Process]:
 
 
 def job_processes(token: str) -> list[psutil.Process]:
-    """Living processes on this host whose environment carries ``EXACTLY_JOB_TOKEN=token``
+    """Living processes on this host whose environment carries the job token ``token``
     (never this process)."""
     return processes_with_env(JOB_TOKEN_ENV, token)
 
@@ -298,14 +336,15 @@ def _wait_dead(procs: Iterable[psutil.Process], timeout: float) -> None:
 def local_job_pids() -> list[int]:
     """Pids of the local job this process belongs to, without this process: the driver
     (:func:`driver_processes`), every descendant of the driver JVM (worker daemons and
-    workers), and every process carrying this process's ``EXACTLY_JOB_TOKEN``. A crash of
-    the driver's host kills all of them; a driver-side fault does the same."""
+    workers), and every process carrying this process's job token when exactly set it
+    (:func:`trusted_job_token`). A crash of the driver's host kills all of them; a
+    driver-side fault does the same."""
     pids = set(driver_processes())
     jvm = jvm_ancestor() or _own_gateway_jvm()
     if jvm is not None:
         with contextlib.suppress(psutil.Error):
             pids.update(p.pid for p in psutil.Process(jvm).children(recursive=True))
-    token = os.environ.get(JOB_TOKEN_ENV)
+    token = trusted_job_token()
     if token:
         pids.update(p.pid for p in job_processes(token))
     pids.discard(os.getpid())

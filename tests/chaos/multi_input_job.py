@@ -14,15 +14,18 @@ epoch). The connection string comes from the environment variable ``EXACTLY_PG_D
 
 The output goes to the 2PC file sink (``exactly.files``, Parquet). The job drains what both
 inputs hold at start (``availableNow``) and prints one JSON line per finished epoch
-(:func:`exactly.testing.chaos.report_progress`). Faults are armed as everywhere in exactly
-(``EXACTLY_FAULT=POINT@EPOCH``). The transformations are plain functions of two DataFrames,
-so a test can apply them to batch DataFrames of the same input for a crash-free reference.
+(:func:`exactly.testing.chaos.report_progress`). Faults are armed with the flags of every
+exactly job (``--fault POINT@EPOCH --fault-marker FILE``). The transformations are plain
+functions of two DataFrames, so a test can apply them to batch DataFrames of the same input
+for a crash-free reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from exactly.demos.fault_flags import add_fault_flags, fault_of
 
 DSN_ENV = "EXACTLY_PG_DSN"
 ORDER_SCHEMA = "id long not null, key string, amount double, event_time timestamp"
@@ -75,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--files-per-epoch", type=int, default=1)
     p.add_argument("--rows-per-epoch", type=int, default=60)
     p.add_argument("--master", default="local[2]")
+    add_fault_flags(p)
     return p.parse_args(argv)
 
 
@@ -95,10 +99,12 @@ def run(args: argparse.Namespace) -> None:
     from exactly.spark.session import spark_session
     from exactly.testing.chaos import report_progress
 
+    fault = fault_of(args)
     spark = spark_session(master=args.master, app_name=f"exactly-multi-input-{args.variant}")
     try:
         query = start_query(build(spark, args), sink_format="exactly.files", path=args.output,
-                            options={"format": "parquet"},
+                            options={"format": "parquet",
+                                     **(fault.options() if fault is not None else {})},
                             checkpoint=CheckpointConfig(storage=args.checkpoint),
                             available_now=True)
         report_progress(query.query)

@@ -24,7 +24,6 @@ from exactly.auditor import verify
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
-from exactly.spark.runner import COMMIT_PATH_ENV, COMMIT_PATHS
 from exactly.testing.chaos import continuous_files_job, python_command, run_with_crashes
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 
@@ -32,10 +31,11 @@ pytestmark = pytest.mark.chaos
 FILES_PER_EPOCH = 2  # 8 input files of 500 events -> epochs 0..3
 
 
-def pipeline(tmp: Path, events: Path, mode: str = "exactly_once") -> list[str]:
+def pipeline(tmp: Path, events: Path, mode: str = "exactly_once",
+             writer: str = "start_query") -> list[str]:
     return python_command("pipeline", "--input", str(events), "--output", str(tmp / "out"),
                           "--checkpoint", str(tmp / "ck"), "--mode", mode,
-                          "--max-files-per-epoch", str(FILES_PER_EPOCH))
+                          "--max-files-per-epoch", str(FILES_PER_EPOCH), "--writer", writer)
 
 
 def visible_ids_by_epoch(out: Path) -> dict[str, list[int]]:
@@ -52,20 +52,20 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
 
 
-@pytest.mark.parametrize("commit_path", [
-    pytest.param(path, marks=[] if path == "driver" else [pytest.mark.slow, pytest.mark.skipif(
+@pytest.mark.parametrize("writer", [
+    "start_query",
+    pytest.param("datasource", marks=[pytest.mark.slow, pytest.mark.skipif(
         os.environ.get("EXACTLY_SLOW") != "1",
-        reason="the sink-runner commit path under kills: set EXACTLY_SLOW=1 (the default "
-               "lane runs start_query's default path; tests/spark/test_commit_path.py runs "
-               "both)")])
-    for path in COMMIT_PATHS])
+        reason="the data source writer's commit path under kills: set EXACTLY_SLOW=1 (the "
+               "default lane runs start_query's; tests/spark/test_commit_path.py runs both)")])])
 def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
-        events_dir, tmp_path, commit_path):
+        events_dir, tmp_path, writer):
     """One run, restarted after each kill -9: one crash per protocol point. After every
     crash readers see whole epochs only, and the crashed epoch is visible only when the
     kill came after its publication; at the end every event is there exactly once. Both
-    commit paths: the driver's ``foreachBatch`` (start_query's default) and the sink's
-    data source writer, whose commit runs in Spark's commit process."""
+    commit paths: the driver's ``foreachBatch`` (start_query) and the sink's data source
+    writer (PySpark's own ``writeStream.format(...)``), whose commit runs in Spark's commit
+    process."""
     out = tmp_path / "out"
     after_crash: list[tuple[str, int, dict[str, int]]] = []
 
@@ -74,8 +74,8 @@ def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly
             visible = {epoch: len(ids) for epoch, ids in visible_ids_by_epoch(out).items()}
             after_crash.append((attempt.fired["point"], attempt.fired["epoch"], visible))
 
-    attempts = run_with_crashes(pipeline(tmp_path, events_dir), EVERY_POINT, on_end=on_end,
-                                env={COMMIT_PATH_ENV: commit_path})
+    attempts = run_with_crashes(pipeline(tmp_path, events_dir, writer=writer), EVERY_POINT,
+                                on_end=on_end)
 
     assert [a.returncode != 0 for a in attempts] == [True] * len(EVERY_POINT) + [False]
     assert [(point, epoch) for point, epoch, _ in after_crash] == \

@@ -19,7 +19,6 @@ from rich.table import Table
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.demos.kafka import ChaosRun, chaos_schedule, run_chaos
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
-from exactly.spark.runner import COMMIT_PATH_ENV
 
 pytestmark = pytest.mark.chaos
 
@@ -36,14 +35,15 @@ SPARK_SCHEDULE = SCHEDULE if SLOW else [FaultSpec(FaultPoint.BEFORE_INTENT, 1),
 EXPECTED_POINTS = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
 
 
-def _run(broker, workdir, sink: str, schedule: list[FaultSpec]) -> ChaosRun:
+def _run(broker, workdir, sink: str, schedule: list[FaultSpec],
+         writer: str = "start_query") -> ChaosRun:
     def restart() -> None:
         broker.kill()
         broker.start()
 
     return run_chaos(broker.bootstrap, workdir, events=EVENTS, epochs=EPOCHS, sink=sink,
                      schedule=schedule, restart_broker=restart,
-                     restart_broker_after_epoch=BROKER_RESTART_EPOCH)
+                     restart_broker_after_epoch=BROKER_RESTART_EPOCH, writer=writer)
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +114,11 @@ def test_the_kafka_demo_audits_exactly_once(broker, tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 def test_through_the_data_source_writer_every_point_and_a_broker_restart_stay_exactly_once(
-        broker, tmp_path, monkeypatch):
+        broker, tmp_path):
     """The same schedule with the sink committed by its data source writer in Spark's
-    commit process (``EXACTLY_COMMIT_PATH=sink-runner``), where the kept producer lives in a
-    reused Python worker instead of the driver."""
-    monkeypatch.setenv(COMMIT_PATH_ENV, "sink-runner")
-    run = _run(broker, tmp_path, "exactly", SCHEDULE)
+    commit process (PySpark's own ``writeStream.format("exactly.kafka")``), where the kept
+    producer lives in a reused Python worker instead of the driver."""
+    run = _run(broker, tmp_path, "exactly", SCHEDULE, writer="datasource")
     assert set(run.fired) == EXPECTED_POINTS
     assert run.broker_restarts == 1
     assert run.committed.report.ok, run.committed.report.to_json()

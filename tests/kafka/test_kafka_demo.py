@@ -39,13 +39,12 @@ def test_in_transaction_is_a_registered_driver_point():
     assert info.on_driver
 
 
-def test_the_harness_arms_it_like_any_point(monkeypatch, tmp_path):
-    """EXACTLY_FAULT / EXACTLY_FAULT_MARKER, as run_with_crashes sets them: it fires once,
-    after ``before`` (the flush into the open transaction), and claims the marker."""
+def test_the_harness_arms_it_like_any_point(tmp_path):
+    """The sink options the harness's flags become (``exactly.fault``,
+    ``exactly.faultMarker``): it fires once, after ``before`` (the flush into the open
+    transaction), and claims the marker."""
     marker = tmp_path / "fired.json"
-    monkeypatch.setenv("EXACTLY_FAULT", FaultSpec(IN_TRANSACTION, 2).render())
-    monkeypatch.setenv("EXACTLY_FAULT_MARKER", str(marker))
-    spec = fault_from()
+    spec = fault_from(FaultSpec(IN_TRANSACTION, 2).with_marker(marker).options())
     flushed = []
     with fault_action(raise_simulated_crash):
         maybe_crash(spec, IN_TRANSACTION, 1, before=lambda: flushed.append(1))
@@ -56,14 +55,13 @@ def test_the_harness_arms_it_like_any_point(monkeypatch, tmp_path):
         maybe_crash(spec, IN_TRANSACTION, 3)  # once across restarts
 
 
-def test_the_sink_reads_its_fault_from_the_option_before_the_environment(monkeypatch):
+def test_the_sink_reads_its_fault_from_its_options_never_from_the_environment(monkeypatch):
     from exactly.config import Mode
     from exactly.connectors.kafka.options import KafkaSinkOptions
 
     monkeypatch.setenv("EXACTLY_FAULT", "in_write@1")
     base = {"kafka.bootstrap.servers": "x:1", "topic": "t", "transactionalIdPrefix": "p"}
-    assert KafkaSinkOptions.from_options(base, Mode.EXACTLY_ONCE).fault == FaultSpec(
-        FaultPoint.IN_WRITE, 1)
+    assert KafkaSinkOptions.from_options(base, Mode.EXACTLY_ONCE).fault is None
     armed = KafkaSinkOptions.from_options({**base, "exactly.fault": f"{IN_TRANSACTION}@3"},
                                           Mode.EXACTLY_ONCE)
     assert armed.fault == FaultSpec(IN_TRANSACTION, 3)

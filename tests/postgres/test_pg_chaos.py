@@ -26,8 +26,7 @@ from exactly.connectors.datagen import generate
 from exactly.connectors.postgres.two_phase import prepared_count
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.protocol.commitlog import CommitLog
-from exactly.protocol.faults import ACTION_ENV, DRIVER_POINTS, FAULT_ENV, FaultPoint, FaultSpec
-from exactly.spark.runner import COMMIT_PATH_ENV
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
 from exactly.testing.readers import BackgroundReader
 
@@ -179,13 +178,13 @@ def test_2pc_commit_survives_postgres_crash_restart_in_the_middle(pg, conn, tmp_
     table = f"ev_{uuid.uuid4().hex[:8]}"
     hold = tmp_path / "hold"
     hold.write_text("hold")
-    env = {**os.environ, DSN_ENV: pg.dsn, FAULT_ENV: "after_intent@0",
-           ACTION_ENV: f"pause:{hold}"}
+    env = {**os.environ, DSN_ENV: pg.dsn}
     import subprocess
 
+    stall = FaultSpec(FaultPoint.AFTER_INTENT, 0, action=f"pause:{hold}")
     proc = subprocess.Popen(command("--sink", "2pc", "--table", table, "--checkpoint",
                                     str(tmp_path / "ck"), "--rows", "4000",
-                                    "--rows-per-epoch", "1000"),
+                                    "--rows-per-epoch", "1000", *stall.flags()),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         waiting = Path(str(hold) + ".waiting")
@@ -257,12 +256,12 @@ def test_2pc_survives_connections_terminated_during_the_run(pg, conn, tmp_path):
 def test_2pc_through_the_data_source_writer_survives_a_kill_at_every_protocol_point(
         pg, conn, tmp_path):
     """The same sink committed by its data source writer in Spark's commit process
-    (``EXACTLY_COMMIT_PATH=sink-runner``) instead of in the driver."""
+    (PySpark's own ``writeStream.format("exactly.postgres")``) instead of in the driver."""
     table = f"ev_{uuid.uuid4().hex[:8]}"
     ck = tmp_path / "ck"
     run_job(pg, ["--sink", "2pc", "--table", table, "--checkpoint", str(ck), "--rows",
-                 str(ROWS), "--rows-per-epoch", str(PER_EPOCH)], ALL_POINTS,
-            env={COMMIT_PATH_ENV: "sink-runner"})
+                 str(ROWS), "--rows-per-epoch", str(PER_EPOCH), "--writer", "datasource"],
+            ALL_POINTS)
     assert_exactly_once(conn, table)
     assert_all_epochs_complete(ck, ROWS // PER_EPOCH)
 

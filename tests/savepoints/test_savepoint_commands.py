@@ -49,9 +49,9 @@ def restore_v2_through_a_kill(tmp_path: Path, out: Path, ck: Path, source: Path,
     (``restore.state``), the launcher's next driver restores again. Returns the stopped run,
     once it committed past epoch ``beyond`` after exactly that one process failure."""
     marker = tmp_path / f"fired-{ck.name}"
-    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3", EXACTLY_FAULT="restore.state",
-                  EXACTLY_FAULT_MARKER=str(marker))
-    run = SupervisedRun(JOB, ck, env, "-s", str(source), log=tmp_path / f"run-{ck.name}.log")
+    env = env_for(out, JOB_VERSION="v2", JOB_PARTITIONS="3")
+    run = SupervisedRun(JOB, ck, env, "-s", str(source), "--fault", "restore.state",
+                        "--fault-marker", str(marker), log=tmp_path / f"run-{ck.name}.log")
     try:
         run.wait_for(lambda: max(run.committed_epochs(), default=-1) > beyond,
                      f"epochs after the restore of {source.name}", timeout=240)
@@ -133,8 +133,8 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
 ])
 def test_a_driver_killed_while_taking_a_savepoint_leaves_it_marked_incomplete(tmp_path, point):
     ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
-    env = env_for(out, EXACTLY_FAULT=point, EXACTLY_FAULT_MARKER=str(tmp_path / "fired"))
-    run = SupervisedRun(JOB, ck, env, log=tmp_path / "run.log")
+    run = SupervisedRun(JOB, ck, env_for(out), "--fault", point, "--fault-marker",
+                        str(tmp_path / "fired"), log=tmp_path / "run.log")
     try:
         run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
         first = run.status().driver.pid

@@ -1,5 +1,5 @@
 """Admission-control scenarios, run by tests/spark/test_admission.py in a subprocess whose
-environment names the admission file (``EXACTLY_ADMISSION_FILE``): Spark's Python workers
+environment names the admission file (``_EXACTLY_ADMISSION_FILE``): Spark's Python workers
 inherit it from this process, so it must be set before Spark starts.
 
 Usage: ``admission_job.py SPEC.json RESULT.json``. SPEC holds ``{"scenarios": [...]}``; each
@@ -98,7 +98,7 @@ def run(spark, scenario: dict[str, Any], admission_file: Path) -> dict[str, Any]
 def main(spec_path: str, result_path: str) -> None:
     admission_file = admission_path()
     if admission_file is None:
-        raise SystemExit("set EXACTLY_ADMISSION_FILE before starting this job")
+        raise SystemExit("set _EXACTLY_ADMISSION_FILE before starting this job")
     spec = json.loads(Path(spec_path).read_text())
     spark = spark_session(app_name="exactly-admission-test",
                           conf={"spark.sql.streaming.numRecentProgressUpdates": "1000"})

@@ -1,6 +1,6 @@
 """Admission control under real Spark: exactly's sources honour the admission file.
 
-The file is named by ``EXACTLY_ADMISSION_FILE``, which Spark's Python workers inherit from the
+The file is named by ``_EXACTLY_ADMISSION_FILE``, which Spark's Python workers inherit from the
 driver process, so the queries run in a subprocess started with it set (``admission_job.py``,
 one Spark for all scenarios of a module), each from an exactly source into Spark's ``noop``
 sink with a 200 ms processingTime trigger. What each test proves, from the query's progress

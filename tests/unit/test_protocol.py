@@ -17,7 +17,7 @@ from exactly.audit import data_files
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import OwnershipError
 from exactly.protocol.contract import TaskInfo
-from exactly.protocol.faults import ACTION_ENV, FaultPoint, FaultSpec, maybe_crash
+from exactly.protocol.faults import FaultPoint, FaultSpec, fault_from, maybe_crash
 from exactly.protocol.task import slowest, write_task
 from exactly.testing.harness import ProtocolHarness
 
@@ -47,19 +47,20 @@ def test_fault_spec_parsing_rejects_unknown_points():
         FaultSpec.parse("after_lunch")
 
 
-def test_a_pause_action_stalls_at_the_point_until_its_file_is_removed(tmp_path, monkeypatch):
-    """EXACTLY_FAULT_ACTION=pause:FILE: a hung driver at the point (used to restart a
-    server in the middle of a commit); it signals FILE.waiting and goes on once FILE is
-    gone."""
+def test_a_pause_action_stalls_at_the_point_until_its_file_is_removed(tmp_path):
+    """The action pause:FILE (option exactly.faultAction, flag --fault-action): a hung
+    driver at the point (used to restart a server in the middle of a commit); it signals
+    FILE.waiting and goes on once FILE is gone."""
     import threading
 
     hold = tmp_path / "hold"
     hold.write_text("")
-    monkeypatch.setenv(ACTION_ENV, f"pause:{hold}")
+    spec = fault_from({"exactly.fault": "after_intent@0",
+                       "exactly.faultAction": f"pause:{hold}"})
     passed = threading.Event()
 
     def reach_the_point() -> None:
-        maybe_crash(FaultSpec(FaultPoint.AFTER_INTENT, 0), FaultPoint.AFTER_INTENT, 3)
+        maybe_crash(spec, FaultPoint.AFTER_INTENT, 3)
         passed.set()
 
     worker = threading.Thread(target=reach_the_point)

@@ -1,5 +1,5 @@
 """exactly's sources ask the admission file before every epoch (driven without Spark: the
-readers' ``latestOffset`` reads the file named by ``EXACTLY_ADMISSION_FILE`` on each call)."""
+readers' ``latestOffset`` reads the file named by ``_EXACTLY_ADMISSION_FILE`` on each call)."""
 
 from __future__ import annotations
 

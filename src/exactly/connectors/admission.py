@@ -5,9 +5,12 @@ epoch starts at all, is each source's ``latestOffset``: when it returns the star
 there is no new data and Spark runs no epoch. exactly's sources (files, datagen, PostgreSQL
 table, Kafka) therefore ask :func:`current_admission` on every call. The job supervisor
 (:mod:`exactly.ops.supervisor`) writes the *admission file* that answers, and names it to
-every source through the environment variable :data:`ADMISSION_FILE_ENV`, which Spark's
-Python workers inherit from the driver process. Without the variable, or with a missing or
-unreadable file, admission is open: sources behave as Spark alone would.
+every source through the environment variable :data:`ADMISSION_FILE_ENV` (internal plumbing:
+set by exactly -- ``exactly run``, :func:`exactly.ops.driver.run_job` -- before the driver's
+JVM starts, never set it yourself), which Spark's Python workers inherit from the driver
+process. Without the variable, or with a missing or unreadable file, admission is open:
+sources behave as Spark alone would. The supervisor only ever writes its job's own file
+(``<checkpoint>/exactly-job/admission.json``), never another file a variable names.
 
 The file (JSON, replaced atomically) holds:
 
@@ -31,8 +34,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-#: environment variable naming the admission file, set by the supervisor before Spark starts
-ADMISSION_FILE_ENV = "EXACTLY_ADMISSION_FILE"
+#: environment variable naming the admission file (internal: set by exactly before the
+#: driver's JVM starts, for its own processes; never set it yourself)
+ADMISSION_FILE_ENV = "_EXACTLY_ADMISSION_FILE"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ table path or ``s3://`` URI; S3 settings from the ``AWS_*`` environment variable
 Every input event becomes exactly one output row with the same ``id``. It runs in
 ``availableNow`` mode: it drains what the input directory holds, in epochs of
 ``max_files_per_epoch`` files, then stops. Progress is printed as one JSON object a line.
+
+``writer``: ``start_query`` (the sink commits in the driver, through ``foreachBatch``) or
+``datasource`` (PySpark's own ``writeStream.format(...).start()``: the sink's data source
+writer, committed in Spark's commit process). ``fault`` arms a crash point (``exactly
+pipeline --fault``), passed to the sink as its ``exactly.fault`` options.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from exactly import options as opt
 from exactly.config import CheckpointConfig
-from exactly.spark.runner import start_query
+from exactly.protocol.faults import FaultSpec
+from exactly.spark.runner import start_query, with_sink_log_dir
 from exactly.testing.chaos import report_progress
 
 EVENT_SCHEMA = "id long not null, key string, amount double, event_time timestamp"
@@ -32,6 +39,8 @@ class PipelineSpec:
     max_files_per_epoch: int = 2
     dead_letter_dir: str | None = None
     sink: str = "files"  #: files | delta
+    writer: str = "start_query"  #: start_query | datasource
+    fault: FaultSpec | None = None
 
 
 def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
@@ -54,8 +63,20 @@ def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 def run(spark: SparkSession, spec: PipelineSpec, out=sys.stdout) -> None:
     """Drain the input into the sink, printing progress; raises if the query fails."""
     config = CheckpointConfig(mode=spec.mode, storage=spec.checkpoint_dir)
-    options = {"format": spec.output_format} if spec.sink == "files" else {}
-    query = start_query(build(spark, spec), sink_format=f"exactly.{spec.sink}",
-                        path=spec.output_dir, options=options, checkpoint=config,
-                        available_now=True)
-    report_progress(query.query, out)
+    options = {opt.FORMAT: spec.output_format} if spec.sink == "files" else {}
+    if spec.fault is not None:
+        options.update(spec.fault.options())
+    sink_format = f"exactly.{spec.sink}"
+    if spec.writer == "datasource":  # PySpark's own form: Spark runs the sink's commit
+        for key, value in config.spark_conf().items():
+            spark.conf.set(key, value)
+        query = (build(spark, spec).writeStream.format(sink_format)
+                 .option(opt.CHECKPOINT_LOCATION, spec.checkpoint_dir)
+                 .option(opt.MODE, spec.mode)
+                 .options(**with_sink_log_dir(spec.checkpoint_dir, options))
+                 .trigger(availableNow=True).start(spec.output_dir))
+    else:
+        query = start_query(build(spark, spec), sink_format=sink_format,
+                            path=spec.output_dir, options=options, checkpoint=config,
+                            available_now=True).query
+    report_progress(query, out)

@@ -128,9 +128,11 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
               on_start: Callable[[Attempt], None] | None = None,
               on_end: Callable[[Attempt], None] | None = None,
               checkpoint: str | None = None,
-              env: dict[str, str] | None = None) -> ChaosRun:
+              env: dict[str, str] | None = None, writer: str = "start_query") -> ChaosRun:
     """Produce the input, run the job under ``schedule`` until drained, audit the output.
 
+    ``writer`` (``start_query`` | ``datasource``, for ``sink="exactly"``): where the sink
+    commits, see :mod:`exactly.demos.kafka_job`.
     ``checkpoint`` defaults to ``<workdir>/checkpoint`` (an ``s3a://`` URI puts it, and the
     sink's log and staging beside it, on object storage; ``env`` then carries the ``AWS_*``
     settings to the job). ``restart_broker`` is called once, in the first attempt that
@@ -147,7 +149,7 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
     command = [sys.executable, "-m", "exactly.demos.kafka_job", "--bootstrap", bootstrap,
                "--input", input_topic, "--output", output_topic,
                "--checkpoint", checkpoint or str(workdir / "checkpoint"), "--sink", sink,
-               "--mode", mode,
+               "--writer", writer, "--mode", mode,
                "--prefix", f"demo-{name}",
                "--max-offsets-per-trigger", str(math.ceil(events / epochs))]
     restarts = 0

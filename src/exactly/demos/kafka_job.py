@@ -11,16 +11,19 @@ record's 1-based position among its key's records (in id order within an epoch).
 end to end means: every id once in the output, and per key the ``seq`` values are exactly
 1..n (state was neither lost nor applied twice).
 
-``--sink exactly``  the ``exactly.kafka`` transactional sink through ``start_query``.
+``--sink exactly``  the ``exactly.kafka`` transactional sink through ``start_query`` (committed
+                    in the driver), or with ``--writer datasource`` through PySpark's own
+                    ``writeStream.format("exactly.kafka")`` (committed by the sink's data
+                    source writer in Spark's commit process).
 ``--sink spark``    Spark's own Kafka writer, in ``foreachBatch`` so that the same crash
                     points exist: the batch's records are written, then the driver points
                     and ``kafka.in_transaction`` fire, before Spark's commit log (the window
                     in which Spark's Kafka sink duplicates). ``in_write`` kills the Python
                     worker of a ``mapInArrow`` step feeding the writer after its first batch.
 
-Faults are armed as for every job, with ``EXACTLY_FAULT=POINT@EPOCH`` (and the once-marker
-``EXACTLY_FAULT_MARKER``), set per attempt by :func:`exactly.testing.chaos.run_with_crashes`;
-``POINT`` may be the Kafka sink's own ``kafka.in_transaction``.
+Faults are armed with the flags ``--fault POINT@EPOCH`` (and the once-marker
+``--fault-marker FILE``), which :func:`exactly.testing.chaos.run_with_crashes` appends per
+attempt; ``POINT`` may be the Kafka sink's own ``kafka.in_transaction``.
 
 Progress goes to stdout as one JSON object a line (``{"event": "epoch", ...}``).
 """
@@ -40,8 +43,9 @@ from exactly import options as opt
 from exactly.config import CheckpointConfig
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
-from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, fault_from, maybe_crash
-from exactly.spark.runner import start_query
+from exactly.demos.fault_flags import add_fault_flags, fault_of
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, maybe_crash
+from exactly.spark.runner import start_query, with_sink_log_dir
 from exactly.testing.chaos import report_progress
 
 EVENT_SCHEMA = "id long, key string, amount double"
@@ -83,9 +87,8 @@ def _crash_in_write(fault: FaultSpec | None, epoch: int):
     return step
 
 
-def spark_sink_writer(bootstrap: str, output_topic: str):
+def spark_sink_writer(bootstrap: str, output_topic: str, fault: FaultSpec | None):
     """``foreachBatch`` function: Spark's Kafka writer, then the driver crash points."""
-    fault = fault_from({})
 
     def write(batch: DataFrame, epoch: int) -> None:
         if fault is not None and fault.point == FaultPoint.IN_WRITE:
@@ -104,18 +107,30 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
         df = build(spark, args.bootstrap, args.input, args.max_offsets_per_trigger)
         config = CheckpointConfig(mode=args.mode, storage=args.checkpoint,
                                   interval=f"{args.interval_ms}ms")
-        if args.sink == "exactly":
+        fault = fault_of(args)
+        options = {opt.KAFKA_BOOTSTRAP: args.bootstrap, opt.TOPIC: args.output,
+                   opt.TRANSACTIONAL_ID_PREFIX: args.prefix,
+                   opt.KAFKA_TRANSACTION_TIMEOUT_MS: str(args.txn_timeout_ms),
+                   opt.CHECKPOINT_INTERVAL_MS: str(args.interval_ms),
+                   **(fault.options() if fault is not None else {})}
+        if args.sink == "exactly" and args.writer == "start_query":
             query = start_query(df, sink_format="exactly.kafka", checkpoint=config,
-                                available_now=not args.continuous, options={
-                                    opt.KAFKA_BOOTSTRAP: args.bootstrap,
-                                    opt.TOPIC: args.output,
-                                    opt.TRANSACTIONAL_ID_PREFIX: args.prefix,
-                                    opt.KAFKA_TRANSACTION_TIMEOUT_MS: str(args.txn_timeout_ms),
-                                    opt.CHECKPOINT_INTERVAL_MS: str(args.interval_ms)}).query
+                                available_now=not args.continuous, options=options).query
+        elif args.sink == "exactly":  # PySpark's own form: Spark runs the sink's commit
+            for key, value in config.spark_conf().items():
+                spark.conf.set(key, value)
+            writer = (df.writeStream.format("exactly.kafka")
+                      .option(opt.CHECKPOINT_LOCATION, args.checkpoint)
+                      .option(opt.MODE, args.mode)
+                      .options(**with_sink_log_dir(args.checkpoint, options)))
+            writer = (writer.trigger(processingTime=f"{args.interval_ms} milliseconds")
+                      if args.continuous else writer.trigger(availableNow=True))
+            query = writer.start()
         else:
             for key, value in config.spark_conf().items():
                 spark.conf.set(key, value)
-            writer = (df.writeStream.foreachBatch(spark_sink_writer(args.bootstrap, args.output))
+            writer = (df.writeStream
+                      .foreachBatch(spark_sink_writer(args.bootstrap, args.output, fault))
                       .option(opt.CHECKPOINT_LOCATION, args.checkpoint))
             writer = (writer.trigger(processingTime=f"{args.interval_ms} milliseconds")
                       if args.continuous else writer.trigger(availableNow=True))
@@ -142,6 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a directory, or s3a://bucket/prefix (AWS_* environment variables); "
                         "the sink's log and staging go beside it")
     p.add_argument("--sink", choices=("exactly", "spark"), default="exactly")
+    p.add_argument("--writer", choices=("start_query", "datasource"), default="start_query",
+                   help="--sink exactly: committed in the driver (start_query) or by the "
+                        "sink's data source writer in Spark's commit process")
     p.add_argument("--mode", choices=("exactly_once", "at_least_once"), default="exactly_once")
     p.add_argument("--prefix", default="exactly-kafka-job", help="transactional id prefix")
     p.add_argument("--max-offsets-per-trigger", type=int, default=500)
@@ -149,6 +167,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--txn-timeout-ms", type=int, default=60_000)
     p.add_argument("--continuous", action="store_true",
                    help="keep running with a processing-time trigger (bench latency)")
+    add_fault_flags(p)
     return p.parse_args(argv)
 
 

@@ -11,14 +11,16 @@ command line, where ``ps`` would show its password). Pipelines:
                (ValueState, RocksDB state store), update mode
 
 Sinks: ``2pc`` (exactly.postgres), ``wal`` (exactly.wal, PostgreSQL or ``--sqlite PATH``),
-``upsert`` (exactly.upsert). ``append`` goes through ``start_query`` (``--writer datasource``:
-the sink's format, committed in the driver, or by the data source writer in Spark's commit
-process with ``EXACTLY_COMMIT_PATH=sink-runner``); ``aggregate`` and ``keyed`` need update
-mode and build :class:`TwoPhaseForeachBatch` themselves (``--writer foreachbatch`` forces
-that path for ``append`` too). Sources: ``datagen`` (deterministic
-generator) or ``table`` (``exactly.postgres`` table source on ``--source-table``).
-The job drains its input (``availableNow``) and prints one JSON object per committed epoch.
-Fault injection: ``EXACTLY_FAULT=POINT[@EPOCH]`` as everywhere in exactly.
+``upsert`` (exactly.upsert). ``append`` goes through ``start_query`` (``--writer
+start_query``: the sink's format, committed in the driver) or PySpark's own
+``writeStream.format(...).start()`` (``--writer datasource``: the sink's data source writer,
+committed in Spark's commit process); ``aggregate`` and ``keyed`` need update mode and build
+:class:`TwoPhaseForeachBatch` themselves (``--writer foreachbatch`` forces that path for
+``append`` too). Sources: ``datagen`` (deterministic generator) or ``table``
+(``exactly.postgres`` table source on ``--source-table``). The job drains its input
+(``availableNow``) and prints one JSON object per committed epoch.
+Fault injection: ``--fault POINT[@EPOCH]`` (``--fault-marker``, ``--fault-action``), as for
+``exactly run``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 from pathlib import Path
 
 from exactly import options as opt
+from exactly.demos.fault_flags import add_fault_flags, fault_of
 from exactly.testing.chaos import report_progress
 
 DSN_ENV = "EXACTLY_PG_DSN"
@@ -37,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m exactly.demos.postgres_job")
     p.add_argument("--sink", choices=["2pc", "wal", "upsert"], default="2pc")
     p.add_argument("--pipeline", choices=["append", "aggregate", "keyed"], default="append")
-    p.add_argument("--writer", choices=["datasource", "foreachbatch"], default=None)
+    p.add_argument("--writer", choices=["start_query", "datasource", "foreachbatch"],
+                   default=None)
     p.add_argument("--source", choices=["datagen", "table"], default="datagen")
     p.add_argument("--source-table", default="exactly_source")
     p.add_argument("--table", required=True)
@@ -50,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["exactly_once", "at_least_once"], default="exactly_once")
     p.add_argument("--sqlite", default=None, help="wal sink: load into this SQLite file")
     p.add_argument("--master", default="local[2]")
+    add_fault_flags(p)
     return p.parse_args(argv)
 
 
@@ -130,9 +135,8 @@ def start(spark, args: argparse.Namespace):
 
     from exactly.config import CheckpointConfig, Mode
     from exactly.protocol.contract import SinkSettings
-    from exactly.protocol.faults import fault_from
     from exactly.spark.foreach_batch import TwoPhaseForeachBatch
-    from exactly.spark.runner import start_query
+    from exactly.spark.runner import start_query, with_sink_log_dir
 
     stateful = args.pipeline != "append"
     backend = "rocksdb" if args.pipeline == "keyed" else "hashmap"
@@ -142,9 +146,13 @@ def start(spark, args: argparse.Namespace):
         df = aggregate_frame(df, args)
     if stateful and args.sink == "wal":
         raise SystemExit("the wal sink appends rows; use --sink 2pc or upsert for aggregates")
+    if stateful and args.writer == "datasource":
+        raise SystemExit("Python data source sinks refuse update mode: aggregates need "
+                         "--writer foreachbatch (the default for them)")
     keys = ("key",) if stateful else (("id",) if args.sink == "upsert" else ())
-    writer = args.writer or ("foreachbatch" if stateful else "datasource")
-    if writer == "datasource":
+    fault = fault_of(args)
+    writer = args.writer or ("foreachbatch" if stateful else "start_query")
+    if writer != "foreachbatch":
         fmt = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert"}
         options = {"table": args.table}
         if args.sink == "2pc":  # write tasks per epoch: the prepared-transaction capacity check
@@ -155,8 +163,17 @@ def start(spark, args: argparse.Namespace):
             options[opt.DSN_ENV] = DSN_ENV
         if keys:
             options["keyColumns"] = ",".join(keys)
-        return start_query(df, sink_format=fmt[args.sink], checkpoint=config, options=options,
-                           available_now=True).query
+        if fault is not None:
+            options.update(fault.options())
+        if writer == "start_query":
+            return start_query(df, sink_format=fmt[args.sink], checkpoint=config,
+                               options=options, available_now=True).query
+        for key, value in config.spark_conf().items():  # PySpark's own form
+            spark.conf.set(key, value)
+        return (df.writeStream.format(fmt[args.sink]).outputMode("append")
+                .option(opt.CHECKPOINT_LOCATION, args.checkpoint).option(opt.MODE, args.mode)
+                .options(**with_sink_log_dir(args.checkpoint, options))
+                .trigger(availableNow=True).start())
     for key, value in config.spark_conf().items():
         spark.conf.set(key, value)
     log_dir = Path(args.checkpoint) / "exactly-sink"
@@ -164,7 +181,7 @@ def start(spark, args: argparse.Namespace):
     settings = SinkSettings(mode=Mode(args.mode), log_dir=str(log_dir))
     return (df.writeStream.outputMode("update" if stateful else "append")
             .option(opt.CHECKPOINT_LOCATION, args.checkpoint)
-            .foreachBatch(TwoPhaseForeachBatch(sink, settings, fault_from()))
+            .foreachBatch(TwoPhaseForeachBatch(sink, settings, fault))
             .trigger(availableNow=True).start())
 
 

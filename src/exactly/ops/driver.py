@@ -36,6 +36,7 @@ from exactly.ops.supervisor import (
     default_strategy,
 )
 from exactly.procs import current_process
+from exactly.protocol.faults import FaultSpec
 from exactly.savepoints.job import RestoreRequest
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ logger = logging.getLogger("exactly.ops.driver")
 
 JOB_FAILED = 3
 DRIVER_LOST = 75
-#: the launcher's run id, passed to every driver process it starts
-RUN_ID_ENV = "EXACTLY_RUN_ID"
 
 
 @dataclass(frozen=True)
@@ -64,13 +63,21 @@ class DriverSpec:
     stop_timeout_s: float = 600.0
     #: ``exactly run -s``: :class:`exactly.savepoints.job.RestoreRequest` as JSON
     restore: dict[str, Any] | None = None
+    #: the launcher's run id, the same for every driver process it starts
+    run_id: str | None = None
+    #: ``exactly run --fault``: a crash point armed in the job's exactly sink and at the
+    #: savepoint and restore points (fault injection for tests and drills)
+    fault: FaultSpec | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> DriverSpec:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        if data.get("fault") is not None:
+            data["fault"] = FaultSpec(**data["fault"])
+        return cls(**data)
 
     def restart_strategy(self) -> RestartStrategy | None:
         if self.strategy is None:
@@ -103,23 +110,25 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
 def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
               checkpoint: str | None, strategy: RestartStrategy | None, run_id: str,
               stop_timeout_s: float = 600.0, where: str = "build(spark)",
-              restore: RestoreRequest | None = None) -> Outcome:
+              restore: RestoreRequest | None = None, fault: FaultSpec | None = None) -> Outcome:
     """Build the job in ``spark`` and run it under a :class:`Supervisor` (SIGTERM and
     Ctrl-C stop it gracefully; a second Ctrl-C cancels). With ``restore``, the savepoint is
-    restored into the (new) checkpoint first. Raises JobFailedError / DriverLostError as the
-    supervisor does, SavepointError when the savepoint cannot be restored."""
+    restored into the (new) checkpoint first. ``fault`` arms a crash point in the job's
+    exactly sink and at the savepoint and restore points. Raises JobFailedError /
+    DriverLostError as the supervisor does, SavepointError when the savepoint cannot be
+    restored."""
     from exactly.ops.pacing import Pacer
     from exactly.savepoints.job import restore_job
     from exactly.savepoints.operators import job_operators, record_operators
 
-    job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint)
+    job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint).with_fault(fault)
     if job.checkpoint.is_memory_storage:
         raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
     operators = job_operators(job.df)
     if restore is not None:
         try:
-            done = restore_job(job, restore, operators)
+            done = restore_job(job, restore, operators, fault)
         except ExactlyError as exc:  # refused: nothing was restored, the run ends here
             _record_start_failure(job_dir(job.checkpoint.storage), run_id, "restore", exc)
             raise
@@ -133,17 +142,17 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     # tell the launcher which strategy counts process restarts, and who the driver is
     _merge(directory, {"strategy": strategy_to_json(chosen),
                        "driver": current_process().to_json()})
-    admission = os.environ.get(ADMISSION_FILE_ENV)
     config = job.checkpoint
-    if config.needs_admission and not admission:
+    admission = job_admission_file(directory)
+    if config.needs_admission and not admission_named(admission):
         raise ConfigError("min_pause_between_checkpoints and epoch sizing need exactly to "
                           "start Spark (the sources learn the admission file from the "
                           "environment): run the job with `exactly run` or run_job() before "
                           "any SparkSession exists")
-    pacer = Pacer(Path(admission or directory / "admission.json"), config.storage,
+    pacer = Pacer(admission, config.storage,
                   min_pause_s=config.min_pause_seconds, target_s=config.epoch_target_seconds)
     supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer,
-                            stop_timeout_s=stop_timeout_s, operators=operators)
+                            stop_timeout_s=stop_timeout_s, operators=operators, fault=fault)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def on_signal(signum, frame) -> None:
@@ -162,13 +171,15 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
 
 def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: str | None = None,
             restart_strategy: RestartStrategy | None = None, spark: SparkSession | None = None,
-            stop_timeout_s: float = 600.0, restore: RestoreRequest | None = None) -> Outcome:
+            stop_timeout_s: float = 600.0, restore: RestoreRequest | None = None,
+            fault: FaultSpec | None = None) -> Outcome:
     """Run a job in this process under the supervisor until it stops (Python API of
     ``exactly run`` without process restarts).
 
     ``build`` is a ``build(spark) -> Job`` function or the path of a job file. Without
     ``spark``, exactly starts the session (needed for min pause and epoch sizing).
     ``restore`` (``exactly run -s``) restores a savepoint into the new checkpoint first.
+    ``fault`` (``exactly run --fault``) arms a crash point, for tests and drills.
     Raises JobFailedError with the last cause when the restart strategy gives up, and
     SavepointError when the savepoint cannot be restored.
     """
@@ -177,19 +188,18 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
         build_fn, conf, where = job_file.build, dict(job_file.spark_conf), str(job_file.path)
     else:
         build_fn, conf, where = build, {}, getattr(build, "__name__", "build")
-    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+    run_id = new_run_id()
     own_session = spark is None
     if spark is None:
-        if checkpoint:
-            os.environ.setdefault(ADMISSION_FILE_ENV,
-                                  str(job_dir(checkpoint) / "admission.json"))
+        if checkpoint:  # before the JVM starts: Spark's Python workers inherit it
+            os.environ[ADMISSION_FILE_ENV] = str(job_admission_file(job_dir(checkpoint)))
         spark = start_spark(DriverSpec(str(where)), conf)
     if checkpoint:
         claim_job(job_dir(checkpoint), JobStatus(run_id, current_process(), "starting"))
     try:
         return supervise(spark, build_fn, checkpoint=checkpoint, strategy=restart_strategy,
                          run_id=run_id, stop_timeout_s=stop_timeout_s, where=str(where),
-                         restore=restore)
+                         restore=restore, fault=fault)
     finally:
         if own_session:
             _stop_quietly(spark)
@@ -202,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     args = sys.argv[1:] if argv is None else argv
     spec = DriverSpec.from_json(args[0])
-    run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+    run_id = spec.run_id or new_run_id()
     spark = None
     try:
         job_file = load_job_file(spec.job_file)
@@ -211,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
-                            restore=_restore_request(spec, job_file.spark_conf))
+                            restore=_restore_request(spec, job_file.spark_conf),
+                            fault=spec.fault)
         print(f"exactly run: job {outcome.value}", file=sys.stderr, flush=True)
         return 0
     except DriverLostError as exc:
@@ -230,6 +241,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             _stop_quietly(spark)
+
+
+def job_admission_file(directory: Path) -> Path:
+    """The admission file of the job whose job directory is ``directory``: the only file a
+    job's pacer writes (and deletes), and what exactly names to its sources (``exactly run``,
+    :func:`run_job`). A different file named by the environment is never written."""
+    return directory / "admission.json"
+
+
+def admission_named(path: Path) -> bool:
+    """True when this process's environment names ``path`` to Spark's Python workers
+    (set by exactly before the JVM started), so its sources read what the pacer writes."""
+    named = os.environ.get(ADMISSION_FILE_ENV)
+    return named is not None and Path(named).absolute() == path.absolute()
 
 
 def _restore_request(spec: DriverSpec, spark_conf: Mapping[str, str]) -> RestoreRequest | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from exactly import options as opt
 from exactly.config import CheckpointConfig
 from exactly.errors import ConfigError
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from exactly.ops.restart import RestartStrategy
+    from exactly.protocol.faults import FaultSpec
 
 
 @dataclass
@@ -60,6 +62,16 @@ class Job:
         if directory is None:
             return self
         return replace(self, checkpoint=self.checkpoint.replace(storage=directory))
+
+    def with_fault(self, fault: FaultSpec | None) -> Job:
+        """This job with ``fault`` armed in its exactly sink's options (``exactly run
+        --fault``; it replaces a fault the job's own options arm). A sink that is not
+        exactly's has no protocol points: its options stay as they are."""
+        if fault is None or not self.sink_format.lower().startswith("exactly."):
+            return self
+        own = {key: value for key, value in self.options.items()
+               if key not in (opt.FAULT, opt.FAULT_MARKER, opt.FAULT_ACTION)}
+        return replace(self, options={**own, **fault.options()})
 
 
 @dataclass(frozen=True)

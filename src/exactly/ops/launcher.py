@@ -14,6 +14,12 @@ The launcher is a small process without Spark. It claims the checkpoint (a secon
   its delay, or exit :data:`~exactly.ops.driver.JOB_FAILED` with the cause.
 
 SIGTERM and Ctrl-C are passed on to the driver, which stops gracefully.
+
+Every driver gets what it needs from the launcher in its :class:`~exactly.ops.driver.DriverSpec`
+(the run id, a fault armed with ``--fault``, which fires once in the run unless
+``--fault-marker`` names its marker) and, for its own processes, two internal environment
+variables: a fresh job token (:data:`exactly.procs.JOB_TOKEN_ENV`, to find and kill its
+leftovers) and the admission file (:data:`exactly.connectors.admission.ADMISSION_FILE_ENV`).
 """
 
 from __future__ import annotations
@@ -25,17 +31,17 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
 from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
-from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, RUN_ID_ENV, DriverSpec
+from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
 from exactly.ops.history import RestartHistory, new_run_id
 from exactly.ops.restart import RestartStrategy, strategy_from_json
 from exactly.ops.supervisor import default_strategy
-from exactly.procs import JOB_TOKEN_ENV, current_process, kill_job
+from exactly.procs import JOB_TOKEN_ENV, current_process, kill_job, new_job_token
 
 logger = logging.getLogger("exactly.ops.launcher")
 
@@ -49,9 +55,12 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
                           "job's address for stop, cancel and every restart")
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
     checkpoint = str(Path(spec.checkpoint).absolute())
-    spec = DriverSpec(**{**spec.__dict__, "checkpoint": checkpoint})
     directory = job_dir(checkpoint)
     run_id = new_run_id()
+    fault = spec.fault
+    if fault is not None and not fault.marker:  # fires once in this run, not in every driver
+        fault = fault.with_marker(directory / f"fault-{run_id}.json")
+    spec = replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault)
     claim_job(directory, JobStatus(run_id, current_process(), "starting"))
     history = RestartHistory(directory, run_id)
     control = ControlChannel(checkpoint)
@@ -67,9 +76,9 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
-            token = uuid.uuid4().hex
-            env = {**os.environ, JOB_TOKEN_ENV: token, RUN_ID_ENV: run_id,
-                   ADMISSION_FILE_ENV: str(directory / "admission.json")}
+            token = new_job_token()  # marks this driver's processes, for the kill after it
+            env = {**os.environ, JOB_TOKEN_ENV: token,
+                   ADMISSION_FILE_ENV: str(job_admission_file(directory))}
             started = time.time()
             child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
                                       spec.to_json()], env=env, start_new_session=True)

@@ -50,6 +50,7 @@ from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
 from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
 from exactly.ops.restart import ExponentialDelay, RestartStrategy
+from exactly.protocol.faults import FaultSpec
 
 logger = logging.getLogger("exactly.ops.supervisor")
 
@@ -117,7 +118,7 @@ class Supervisor:
                  run_id: str, poll_s: float = 0.2, stop_timeout_s: float = 600.0,
                  pacer: Any = None, rng: random.Random | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 operators: list[Any] | None = None) -> None:
+                 operators: list[Any] | None = None, fault: FaultSpec | None = None) -> None:
         if job.checkpoint.is_memory_storage:
             raise ExactlyError(
                 "a supervised job needs a durable checkpoint: its address for stop/cancel and "
@@ -144,6 +145,7 @@ class Supervisor:
         self._taken: set[str] = set()  # requests being handled (not answered yet)
         self._heartbeat_at = 0.0
         self._job_operators = operators  # for savepoints (uid -> operator number)
+        self.fault = fault  # armed at the savepoint points (exactly run --fault)
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self, *, cancel: bool = False) -> None:
@@ -351,7 +353,7 @@ class Supervisor:
         try:
             path = take_job_savepoint(self.job, target,
                                       trigger="stop" if stopping else "savepoint",
-                                      operators=self._operators())
+                                      operators=self._operators(), fault=self.fault)
         except Exception as exc:
             cause = root_cause("".join(_format(exc)))
             log_event(logger, "savepoint_failed", logging.WARNING, cause=cause)

@@ -2,20 +2,25 @@
 
 Points form an open registry: the protocol's own points (:class:`FaultPoint`) are registered
 here, and a sink registers its own under its name (``register_point("kafka.in_transaction",
-on_driver=True, ...)``). A fault is armed with the sink option ``exactly.fault`` or the
-environment variable ``EXACTLY_FAULT`` (the option wins), written ``POINT`` or
-``POINT@EPOCH``: it fires the first time the process reaches ``POINT`` in an epoch
-``>= EPOCH``. With the option ``exactly.faultMarker`` / variable ``EXACTLY_FAULT_MARKER`` set
-to a file path, it fires at most once across restarts: the marker is created atomically just
-before the action and records where it fired.
+on_driver=True, ...)``). A fault is a :class:`FaultSpec`, armed only explicitly -- never by
+the environment: the sink options ``exactly.fault`` (``POINT`` or ``POINT@EPOCH``: it fires
+the first time the process reaches ``POINT`` in an epoch ``>= EPOCH``),
+``exactly.faultMarker`` and ``exactly.faultAction``; the commands' flags ``--fault``,
+``--fault-marker`` and ``--fault-action`` (``exactly run``, ``exactly pipeline``, the demo
+jobs), which pass them on as those options; and the ``fault`` argument of the functions that
+have points of their own (:func:`exactly.savepoints.take.take_savepoint`,
+:func:`exactly.savepoints.restore.restore_into`). With a marker file set, a fault fires at
+most once across restarts: the marker is created atomically just before the action and
+records where it fired.
 
-What firing does is the *action*. The default, :func:`kill_process`, is a real crash:
-SIGKILL. Driver points kill the driver's whole local process tree, as a crash of its host
-would: the Spark driver JVM, the Python driver process that launched it, the PySpark worker
-daemons and Python workers under the JVM, and every process carrying the job's
-``EXACTLY_JOB_TOKEN`` (:func:`exactly.procs.local_job_pids`); ``in_write`` kills the
-executor's Python worker inside ``write()``. In-process protocol tests install
-:func:`raise_simulated_crash` instead (:func:`fault_action`), which raises
+What firing does is the *action*. The default, ``kill`` (:func:`kill_process`), is a real
+crash: SIGKILL. Driver points kill the driver's whole local process tree, as a crash of its
+host would: the Spark driver JVM, the Python driver process that launched it, the PySpark
+worker daemons and Python workers under the JVM, and every process carrying the job token
+exactly gave the job (:func:`exactly.procs.local_job_pids`); ``in_write`` kills the
+executor's Python worker inside ``write()``. ``pause:FILE`` (:func:`pause_while`) stalls at
+the point while FILE exists: a hung driver. In-process protocol tests install
+:func:`raise_simulated_crash` instead (:func:`fault_action`, the test kit's API), which raises
 :class:`SimulatedCrash`: protocol code never catches it, so everything after the point is
 skipped as a kill would skip it, and the test then "restarts" with a fresh committer.
 """
@@ -29,7 +34,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from exactly import options as opt
@@ -95,8 +100,11 @@ for _point, _text in (
 DRIVER_POINTS = tuple(p for p in FaultPoint if p.on_driver)
 FAULT_OPTION = opt.FAULT
 MARKER_OPTION = opt.FAULT_MARKER
-FAULT_ENV = "EXACTLY_FAULT"
-MARKER_ENV = "EXACTLY_FAULT_MARKER"
+ACTION_OPTION = opt.FAULT_ACTION
+#: the default action: SIGKILL (:func:`kill_process`)
+KILL = "kill"
+#: the prefix of the action ``pause:FILE`` (:func:`pause_while`)
+PAUSE = "pause:"
 
 
 def point_name(point: str | Enum) -> str:
@@ -111,17 +119,23 @@ def is_driver_point(point: str | Enum) -> bool:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One armed fault: a point name, the first epoch it may fire in, an optional marker."""
+    """One armed fault: a point name, the first epoch it may fire in, an optional marker
+    file (fire at most once across restarts) and the action (``kill`` or ``pause:FILE``).
+
+    Raises ConfigError for an action that is neither."""
 
     point: str
     min_epoch: int = 0
     marker: str | None = None
+    action: str = KILL
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "point", point_name(self.point))
+        action_for(self.action)  # an unknown action fails when the fault is armed
 
     @classmethod
-    def parse(cls, text: str, marker: str | None = None) -> FaultSpec:
+    def parse(cls, text: str, marker: str | None = None,
+              action: str | None = None) -> FaultSpec:
         """``POINT`` or ``POINT@EPOCH``. A name without a dot must be a protocol point; a
         dotted name (``kafka.in_transaction``) belongs to a sink that registers it when it
         loads, so it is accepted here."""
@@ -137,20 +151,54 @@ class FaultSpec:
             min_epoch = int(epoch_text) if epoch_text else 0
         except ValueError:
             raise ConfigError(f"fault {text!r}: the part after @ must be an epoch number") from None
-        return cls(point, min_epoch, marker or None)
+        return cls(point, min_epoch, marker or None, (action or KILL).strip())
+
+    @classmethod
+    def from_flags(cls, fault: str | None, marker: str | None = None,
+                   action: str | None = None) -> FaultSpec | None:
+        """The fault of the flags ``--fault``, ``--fault-marker``, ``--fault-action``; None
+        without ``--fault``. ConfigError for a marker or an action without a fault."""
+        if not fault:
+            if marker or action:
+                raise ConfigError("--fault-marker and --fault-action belong to a fault: add "
+                                  "--fault POINT[@EPOCH] (see `exactly faults`)")
+            return None
+        return cls.parse(fault, marker, action)
 
     def render(self) -> str:
         return f"{self.point}@{self.min_epoch}"
 
+    def with_marker(self, marker: str | os.PathLike[str]) -> FaultSpec:
+        """This fault, firing at most once across restarts (the marker file ``marker``)."""
+        return replace(self, marker=os.fspath(marker))
+
+    def options(self) -> dict[str, str]:
+        """The sink options that arm this fault (``exactly.fault``, ...)."""
+        armed = {FAULT_OPTION: self.render()}
+        if self.marker:
+            armed[MARKER_OPTION] = self.marker
+        if self.action != KILL:
+            armed[ACTION_OPTION] = self.action
+        return armed
+
+    def flags(self) -> list[str]:
+        """The command-line flags that arm this fault (``--fault POINT@EPOCH`` ...)."""
+        args = ["--fault", self.render()]
+        if self.marker:
+            args += ["--fault-marker", self.marker]
+        if self.action != KILL:
+            args += ["--fault-action", self.action]
+        return args
+
 
 def fault_from(options: Mapping[str, str] | None = None) -> FaultSpec | None:
-    """The fault armed by sink options, else by the environment, else ``None``."""
+    """The fault armed by sink options (``exactly.fault``, ``exactly.faultMarker``,
+    ``exactly.faultAction``), else ``None``. The environment arms nothing."""
     options = options or {}
-    text = options.get(FAULT_OPTION) or os.environ.get(FAULT_ENV)
+    text = options.get(FAULT_OPTION)
     if not text:
         return None
-    marker = options.get(MARKER_OPTION) or os.environ.get(MARKER_ENV)
-    return FaultSpec.parse(text, marker)
+    return FaultSpec.parse(text, options.get(MARKER_OPTION), options.get(ACTION_OPTION))
 
 
 # -- actions ---------------------------------------------------------------------------
@@ -200,26 +248,24 @@ def pause_while(path: str, limit_s: float = 300.0) -> FaultAction:
     return pause
 
 
-#: chooses the action in a process started by a harness: ``kill`` (default) or
-#: ``pause:<file>`` (see :func:`pause_while`)
-ACTION_ENV = "EXACTLY_FAULT_ACTION"
+#: the action installed by :func:`fault_action` (the test kit's), over every fault's own
 _action: FaultAction | None = None
 
 
-def _configured_action() -> FaultAction:
-    if _action is not None:
-        return _action
-    text = os.environ.get(ACTION_ENV, "kill")
-    if text.startswith("pause:"):
-        return pause_while(text[len("pause:"):])
-    if text != "kill":
-        raise ConfigError(f"{ACTION_ENV}={text!r}: use 'kill' or 'pause:<file>'")
+def action_for(text: str) -> FaultAction:
+    """The action named ``kill`` (SIGKILL) or ``pause:FILE`` (stall while FILE exists);
+    ConfigError for another name."""
+    if text.startswith(PAUSE) and len(text) > len(PAUSE):
+        return pause_while(text[len(PAUSE):])
+    if text != KILL:
+        raise ConfigError(f"fault action {text!r}: use 'kill' or 'pause:<file>'")
     return kill_process
 
 
 @contextlib.contextmanager
 def fault_action(action: FaultAction) -> Iterator[None]:
-    """Use ``action`` instead of SIGKILL for faults firing in this process, in the block."""
+    """Use ``action`` instead of each fault's own action for faults firing in this process,
+    in the block (the test kit's API, e.g. :func:`raise_simulated_crash`)."""
     global _action
     previous, _action = _action, action
     try:
@@ -242,7 +288,8 @@ def maybe_crash(spec: FaultSpec | None, point: str | Enum, epoch: int,
         return
     if before is not None:
         before()
-    _configured_action()(name, epoch, is_driver_point(name))
+    action = _action if _action is not None else action_for(spec.action)
+    action(name, epoch, is_driver_point(name))
 
 
 def _claim_marker(path: str, point: str, epoch: int) -> bool:

@@ -31,6 +31,7 @@ from exactly.savepoints.take import take_savepoint
 if TYPE_CHECKING:
     from exactly.config import CheckpointConfig
     from exactly.ops.job import Job
+    from exactly.protocol.faults import FaultSpec
     from exactly.savepoints.operators import JobOperator
 
 #: where a restore from a retained checkpoint stages its savepoint (in the new checkpoint's
@@ -55,12 +56,14 @@ def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
 
 
 def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
-                       operators: list[JobOperator] | None) -> Path:
-    """A savepoint of ``job``'s last completed epoch under ``target``."""
+                       operators: list[JobOperator] | None,
+                       fault: FaultSpec | None = None) -> Path:
+    """A savepoint of ``job``'s last completed epoch under ``target`` (``fault``: a crash
+    point of :mod:`exactly.savepoints.take` armed, ``exactly run --fault``)."""
     checkpoint = job.checkpoint.storage
     return take_savepoint(job.df.sparkSession, checkpoint, target, operators=operators,
                           sinks=[sink_info(job, checkpoint)], trigger=trigger,
-                          job=_job_info(job, checkpoint))
+                          job=_job_info(job, checkpoint), fault=fault)
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -71,7 +74,7 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
-                            mode: RestoreMode) -> Path:
+                            mode: RestoreMode, fault: FaultSpec | None = None) -> Path:
     """A savepoint of the retained checkpoint's last completed epoch, staged inside the new
     ``checkpoint`` (``exactly-job/retained``), which the restore then takes over. The
     retained checkpoint is only read. Its operators get the uids the last ``exactly run`` on
@@ -96,7 +99,7 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
     return take_savepoint(job.df.sparkSession, str(retained), staging,
                           operators=recorded_operators(job_dir(retained)),
                           sinks=[sink_info(job, str(retained))], trigger="checkpoint",
-                          job=_job_info(job, str(retained)), record=False)
+                          job=_job_info(job, str(retained)), record=False, fault=fault)
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,13 @@ class RestoreRequest:
                    SinkRollback(data.get("sink_rollback", "refuse")))
 
 
-def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator]) -> dict | None:
+def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
+                fault: FaultSpec | None = None) -> dict | None:
     """Restore ``request.savepoint`` into the job's (new) checkpoint; None when this
     checkpoint already holds the restore (a restarted driver process). Raises
-    SavepointError before writing anything when the savepoint cannot be restored."""
+    SavepointError before writing anything when the savepoint cannot be restored.
+    ``fault`` arms the crash points of the restore (and of the savepoint a retained
+    checkpoint is staged as), ``exactly run --fault``."""
     from exactly.spark.checkpoint import local_checkpoint
 
     checkpoint = local_checkpoint(job.checkpoint.storage)
@@ -145,7 +151,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     mode = request.mode
     retained = is_checkpoint(path)
     if retained:
-        path = savepoint_of_checkpoint(job, path, checkpoint, mode)
+        path = savepoint_of_checkpoint(job, path, checkpoint, mode, fault)
         mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
     manifest = read_manifest(path)
     spark = job.df.sparkSession
@@ -156,7 +162,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator])
     state = decide(job, manifest, request.sink_rollback, query_id)
     done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
                         origin=request.savepoint,
-                        restored_from="checkpoint" if retained else "savepoint",
+                        restored_from="checkpoint" if retained else "savepoint", fault=fault,
                         before_done=lambda: hand_over(job, manifest, state,
                                                       request.sink_rollback, query_id))
     if retained:

@@ -38,7 +38,7 @@ from exactly.fsutil import atomic_write_json, read_json
 from exactly.logs import log_event
 from exactly.monitoring.store import append_now
 from exactly.ops.control import job_dir
-from exactly.protocol.faults import fault_from, maybe_crash, register_point
+from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.operators import JobOperator
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
@@ -66,7 +66,8 @@ METADATA_NAMES = {
 #: operators a restore can start empty: one default store, operator metadata version 1
 EMPTY_START = ("stateStoreSave", "dedupe", "dedupeWithinWatermark")
 RESTORE_MARKER = "restore.json"
-#: crash point (``EXACTLY_FAULT``): state written, the restore not yet recorded done
+#: crash point (``restore_into(fault=...)``, ``exactly run --fault``): state written, the
+#: restore not yet recorded done
 RESTORED_STATE = register_point("restore.state", on_driver=True,
                                 description="restored state written, restore not recorded")
 
@@ -297,7 +298,8 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                  mode: RestoreMode = RestoreMode.NO_CLAIM, query_id: str | None = None,
                  before_done: Callable[[], dict[str, Any]] | None = None,
                  origin: str | None = None,
-                 restored_from: str = "savepoint") -> dict[str, Any]:
+                 restored_from: str = "savepoint",
+                 fault: FaultSpec | None = None) -> dict[str, Any]:
     """Write the new checkpoint at ``checkpoint`` as ``plan`` says; returns what was done.
 
     The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``). A
@@ -306,7 +308,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     runs last, before the marker says done (the sink's take-over); what it returns is
     recorded. ``origin`` is what the marker names as restored (default: the savepoint);
     ``restored_from`` (``savepoint`` or ``checkpoint``) what the history's ``restore`` record
-    calls it."""
+    calls it. ``fault`` arms the crash point :data:`RESTORED_STATE` for the crash tests."""
     from exactly.savepoints import state_writer
 
     dest = Path(checkpoint)
@@ -396,7 +398,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
         meta.mkdir(parents=True, exist_ok=True)
         (meta / "metadata").write_text(_v1_metadata(op.operator_id, _kind(op), ["default"],
                                                     plan.partitions))
-    maybe_crash(fault_from(), RESTORED_STATE, epoch)
+    maybe_crash(fault, RESTORED_STATE, epoch)
     sink = before_done() if before_done is not None else {}
     done = {"state": "done", "epoch": epoch,
             "query_id": query_id, "savepoint_query_id": manifest.query_id,

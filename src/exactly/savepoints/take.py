@@ -34,7 +34,7 @@ from exactly.config import StateBackend
 from exactly.errors import SavepointError
 from exactly.logs import log_event
 from exactly.monitoring.store import append_now
-from exactly.protocol.faults import fault_from, maybe_crash, register_point
+from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import (
     CHECKPOINT_DIR,
     Manifest,
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("exactly.savepoints")
 
-#: crash points (``EXACTLY_FAULT``) of taking a savepoint, for the crash tests
+#: crash points of taking a savepoint (armed by ``take_savepoint(fault=...)``, ``exactly run
+#: --fault``), for the crash tests
 COPIED = register_point("savepoint.copied", on_driver=True,
                         description="savepoint files copied, no manifest yet")
 WRITTEN = register_point("savepoint.written", on_driver=True,
@@ -256,11 +257,13 @@ def _store_sizes(op_path: Path, stores: list[StoreInfo]) -> None:
 def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLike[str], *,
                    operators: list[JobOperator] | None = None,
                    sinks: list[SinkInfo] | None = None, trigger: str = "savepoint",
-                   job: dict[str, Any] | None = None, record: bool = True) -> Path:
+                   job: dict[str, Any] | None = None, record: bool = True,
+                   fault: FaultSpec | None = None) -> Path:
     """Take a savepoint of ``checkpoint``'s last completed epoch under ``target``; returns
     its directory (``target/savepoint-<epoch>-<id>``). ``record`` adds a ``savepoint``
     record to the checkpoint's history (off where the checkpoint must stay unwritten: a
-    retained checkpoint being restored).
+    retained checkpoint being restored). ``fault`` arms a crash point (:data:`COPIED`,
+    :data:`WRITTEN`) for the crash tests.
 
     Safe while the query runs. Raises SavepointError when no epoch has completed yet, the
     checkpoint is not local, or a state version cannot be copied. A crash leaves only a
@@ -289,7 +292,6 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     work = inprogress_dir(root, epoch, savepoint_id)
     work.mkdir()
     copy_epoch(local, epoch, work / CHECKPOINT_DIR, int(conf.get(SHUFFLE_KEY, "200")))
-    fault = fault_from()
     maybe_crash(fault, COPIED, epoch)
     infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
     query_id = json.loads((local / "metadata").read_text())["id"]

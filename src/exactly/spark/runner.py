@@ -11,15 +11,15 @@ reads, a sink setting its sink refuses (:func:`exactly.spark.formats.check_sink`
 mode ``update`` into an append-only sink, and a sink log of another query under a
 ``memory`` checkpoint.
 
-Where the commit runs: an exactly sink started here runs the same sink and protocol through
-``foreachBatch`` (:class:`~exactly.spark.foreach_batch.TwoPhaseForeachBatch`), in every
-output mode: the tasks write in Python workers that the daemon forks with exactly already
-imported, and the commit runs in the driver's own Python process. Through the sink's Python
-data source writer (what ``writeStream.format("exactly.files")`` gives without
-``start_query``), Spark starts a write-planning and a commit process of their own for the
-query's first epoch, which measured 1.8x Spark's Parquet sink on the first epoch here against
-1.0x (docs/performance.md). ``EXACTLY_COMMIT_PATH=sink-runner`` keeps the data source writer
-for append and complete mode.
+Where the commit runs: an exactly sink started here always runs the same sink and protocol
+through ``foreachBatch`` (:class:`~exactly.spark.foreach_batch.TwoPhaseForeachBatch`), in
+every output mode: the tasks write in Python workers that the daemon forks with exactly
+already imported, and the commit runs in the driver's own Python process. The sink's Python
+data source writer is what PySpark's own ``df.writeStream.format("exactly.files")...start()``
+gives, without ``start_query``: Spark starts a write-planning and a commit process of their
+own for the query's first epoch, which measured 1.8x Spark's Parquet sink on the first epoch
+here against 1.0x (docs/performance.md). Both paths run the same protocol with the same
+guarantee.
 """
 
 from __future__ import annotations
@@ -168,22 +168,6 @@ def pinned_state_backend(location: str) -> StateBackend | None:
     return StateBackend.of_provider(pinned) if isinstance(pinned, str) and pinned else None
 
 
-#: ``driver`` (default): exactly sinks commit through ``foreachBatch`` in the driver process;
-#: ``sink-runner``: through the sink's data source writer, in Spark's commit process
-COMMIT_PATH_ENV = "EXACTLY_COMMIT_PATH"
-COMMIT_PATHS = ("driver", "sink-runner")
-
-
-def commit_in_driver() -> bool:
-    """True unless ``EXACTLY_COMMIT_PATH=sink-runner``; ConfigError for another value."""
-    import os
-
-    value = os.environ.get(COMMIT_PATH_ENV, "driver").strip().lower() or "driver"
-    if value not in COMMIT_PATHS:
-        raise ConfigError(f"{COMMIT_PATH_ENV}={value!r} is not one of {' | '.join(COMMIT_PATHS)}")
-    return value == "driver"
-
-
 def supervisor_policies(config: CheckpointConfig) -> list[str]:
     """The settings of ``config`` that act between epochs, which only exactly's supervisor
     (``exactly run``, :func:`exactly.ops.driver.run_job`) applies: ``timeout``,
@@ -222,11 +206,11 @@ def start_query(df: DataFrame, *, sink_format: str, checkpoint: CheckpointConfig
     ``available_now=True`` processes what the sources hold at start, in epochs sized by the
     sources' limits, then stops (a bounded run whose last epoch is checkpointed).
 
-    ``output_mode``: ``append`` and ``complete`` run the sink as a Spark data source;
-    ``update`` (Python data source sinks refuse it) runs the same sink, built from the same
-    options, through ``foreachBatch`` with the same checkpoint, trigger, mode and checks.
-    ``update`` needs a sink that changes a key's row in place (``exactly.postgres`` with
-    ``writeMode=upsert``, ``exactly.upsert``) or a changelog (``exactly.kafka``).
+    An exactly sink commits through ``foreachBatch`` in the driver process, in every output
+    mode (``append``, ``complete``, and ``update``, which Python data source sinks refuse);
+    another format is started as Spark's own sink. ``update`` needs a sink that changes a
+    key's row in place (``exactly.postgres`` with ``writeMode=upsert``, ``exactly.upsert``)
+    or a changelog (``exactly.kafka``).
 
     The state backend is a session setting in Spark: it applies to queries started later in
     the same session too, and a checkpoint keeps the backend it was first started with.
@@ -295,8 +279,7 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
                 refuse_memory_checkpoint_on_owned_log(log_dir)
             check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails
     writer: Any
-    via_foreach_batch = built is not None and (mode_name == "update" or commit_in_driver())
-    if via_foreach_batch and built is not None:
+    if built is not None:
         from exactly.spark.foreach_batch import TwoPhaseForeachBatch
 
         writer = (df.writeStream.outputMode(mode_name)
@@ -314,7 +297,7 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     else:
         writer = writer.trigger(processingTime=f"{int(checkpoint.interval_seconds * 1000)} "
                                                "milliseconds")
-    query = writer.start(path) if path and not via_foreach_batch else writer.start()
+    query = writer.start(path) if path and built is None else writer.start()
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
               checkpoint=location, mode=checkpoint.mode.value, output_mode=mode_name)
     if checkpoint.history and local is not None:

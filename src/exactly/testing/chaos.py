@@ -1,20 +1,23 @@
 """Crash-and-restart harness: run a job, kill it at protocol points, restart until drained.
 
-Each attempt runs the job in a fresh process (its own session) with one fault armed
-through ``EXACTLY_FAULT`` and a once-only marker file. An attempt that dies by the armed
-fault is restarted with the next fault; an attempt that exits cleanly has drained the
-input. Any other failure stops the harness: it is a bug, not an injected crash.
+Each attempt runs the job in a fresh process (its own session) with one fault armed by the
+flags ``--fault POINT@EPOCH --fault-marker FILE`` appended to its command line (every exactly
+job command takes them: ``exactly run``, ``exactly pipeline``, the demo jobs), the marker a
+once-only file. An attempt that dies by the armed fault is restarted with the next fault; an
+attempt that exits cleanly has drained the input. Any other failure stops the harness: it
+is a bug, not an injected crash.
 
 Besides faults at protocol points, an attempt can be killed from outside after a delay
 (``kill_after``, :class:`RandomKill`): random-time chaos, the whole process tree SIGKILLed
 wherever it is.
 
-Every attempt carries a fresh token in its environment (``EXACTLY_JOB_TOKEN``, see
-:mod:`exactly.procs`). After every attempt -- a crash, a clean exit, a failure, a watchdog
-timeout, an external kill, an exception in a hook -- the harness SIGKILLs whatever is left
-of the job's process tree (the PySpark worker daemons live in process groups of their own
-and outlive their driver) and checks that nothing carrying the token is alive; if something
-is, it raises :class:`exactly.procs.ProcessesSurvived` naming the pids and command lines.
+Every attempt carries a fresh job token in its environment
+(:data:`exactly.procs.JOB_TOKEN_ENV`, made by this process: :func:`exactly.procs.new_job_token`).
+After every attempt -- a crash, a clean exit, a failure, a watchdog timeout, an external
+kill, an exception in a hook -- the harness SIGKILLs whatever is left of the job's process
+tree (the PySpark worker daemons live in process groups of their own and outlive their
+driver) and checks that nothing carrying the token is alive; if something is, it raises
+:class:`exactly.procs.ProcessesSurvived` naming the pids and command lines.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import psutil
 
 from exactly.errors import ExactlyError
 from exactly.procs import JOB_TOKEN_ENV, ProcessInfo, kill_job, new_job_token
-from exactly.protocol.faults import FAULT_ENV, MARKER_ENV, FaultPoint, FaultSpec
+from exactly.protocol.faults import FaultPoint, FaultSpec
 
 #: ``Attempt.fired["point"]`` of an attempt killed from outside (``kill_after``)
 EXTERNAL_KILL = "external_kill"
@@ -62,7 +65,7 @@ class Attempt:
     returncode: int
     fired: dict | None  # the marker record when the fault fired (or the external kill)
     epochs: list[int] = field(default_factory=list)
-    token: str = ""  # EXACTLY_JOB_TOKEN of this attempt's processes
+    token: str = ""  # the job token of this attempt's processes
     kill: RandomKill | None = None  # the external kill armed for this attempt
     timed_out: bool = False  # the watchdog killed it
     #: processes of the job still alive when the attempt ended (driver exited or killed),
@@ -109,6 +112,10 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
     after every injected crash, until an attempt exits cleanly (input drained). A fault
     that is not reached before the input drains does not fire (see :func:`unfired`).
 
+    ``command`` must take the fault flags: an attempt with a fault runs ``command`` followed
+    by ``--fault POINT@EPOCH --fault-marker FILE`` (and ``--fault-action`` for a fault whose
+    action is not ``kill``; :meth:`~exactly.protocol.faults.FaultSpec.flags`).
+
     ``kill_after``: one per attempt in order, a delay in seconds or a :class:`RandomKill`;
     an attempt still running that long after its start (or after its N-th epoch report)
     has its whole process tree SIGKILLed from outside (recorded as
@@ -142,17 +149,14 @@ def _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end,
         armed = pending.pop(0) if pending else None
         attempt = Attempt(len(attempts) + 1, armed, 0, None, token=new_job_token(),
                           kill=kills.pop(0) if kills else None)
-        child_env = {**os.environ, **(env or {})}
-        child_env.pop(FAULT_ENV, None)
-        child_env.pop(MARKER_ENV, None)
-        child_env[JOB_TOKEN_ENV] = attempt.token
+        child_env = {**os.environ, **(env or {}), JOB_TOKEN_ENV: attempt.token}
         marker = marker_dir / f"attempt-{attempt.number}.json"
+        argv = list(command)
         if armed is not None:
-            child_env[FAULT_ENV] = armed.render()
-            child_env[MARKER_ENV] = str(marker)
+            argv += armed.with_marker(marker).flags()
         if on_start is not None:
             on_start(attempt)
-        stderr_tail = _run_attempt(command, child_env, attempt, on_line, timeout)
+        stderr_tail = _run_attempt(argv, child_env, attempt, on_line, timeout)
         if marker.exists():
             attempt.fired = json.loads(marker.read_text())
         elif attempt.killed_externally and armed is not None:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import psutil
 
 from exactly.ops.control import JobStatus, job_dir
-from exactly.procs import JOB_TOKEN_ENV, kill_job
+from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
@@ -28,7 +27,7 @@ class SupervisedRun:
     def __init__(self, job: str | Path, checkpoint: Path, env: dict[str, str], *args: str,
                  log: Path) -> None:
         self.checkpoint = checkpoint
-        self.token = uuid.uuid4().hex
+        self.token = new_job_token()
         self.log = log
         full_env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
                     "EXACTLY_LOG_LEVEL": "INFO", **env}

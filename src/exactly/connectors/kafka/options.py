@@ -67,7 +67,7 @@ class KafkaSinkOptions:
     marker_topic: str | None
     checkpoint_interval_ms: int | None
     publish_timeout_ms: int
-    #: the armed fault (option ``exactly.fault``, else ``EXACTLY_FAULT``), for the sink's
+    #: the armed fault (options ``exactly.fault``, ``exactly.faultMarker``, ...), for the sink's
     #: own point ``kafka.in_transaction``
     fault: FaultSpec | None = None
 
