@@ -384,9 +384,11 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
 
 @main.command(context_settings={"show_default": True})
 @click.argument("job_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--checkpoint", "checkpoint_dir", required=True,
+@click.option("--checkpoint", "checkpoint_dir", default=None,
               type=click.Path(file_okay=False),
-              help="Checkpoint directory: the job's address for stop, cancel and restarts.")
+              help="Checkpoint directory: the job's address for stop, cancel and restarts "
+                   "[default: the job's CheckpointConfig(storage=...), learnt by building the "
+                   "job once before it starts].")
 @click.option("--restart-strategy", "strategy", default=None, metavar="NAME",
               callback=lambda ctx, param, value: _strategy_name(value),
               help="Flink's restart strategies: exponential-delay, fixed-delay, failure-rate, "
@@ -422,7 +424,7 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
                    "sink, PostgreSQL append, Delta) or keep them.")
 @fault_options
 @reports_failure("run")
-def run(job_file: str, checkpoint_dir: str, strategy: str | None,
+def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
         shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
@@ -464,8 +466,9 @@ def run(job_file: str, checkpoint_dir: str, strategy: str | None,
             sink_rollback != "refuse"):
         raise click.UsageError("--allow-non-restored-state, --restore-mode, --parallelism "
                                "and --sink-rollback belong to a restore: add -s SAVEPOINT")
-    spec = DriverSpec(job_file=str(Path(job_file).absolute()),
-                      checkpoint=str(Path(checkpoint_dir).absolute()), strategy=strategy,
+    checkpoint = str(Path(checkpoint_dir).absolute()) if checkpoint_dir else None
+    spec = DriverSpec(job_file=str(Path(job_file).absolute()), checkpoint=checkpoint,
+                      strategy=strategy,
                       strategy_options=parse_option_pairs(strategy_options), master=master,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
                       spark_conf=_pairs(spark_conf, "--conf"),

@@ -58,7 +58,7 @@ STATE_STORE_PROVIDERS = {
 }
 
 #: shortest checkpoint timeout / epoch-sizing target accepted (Spark's own cost per epoch is
-#: ~0.3 s on a small machine, DESIGN section 9)
+#: ~0.3 s on a small machine, docs/design.md section 9)
 MIN_TIMEOUT_S = 1.0
 
 #: Flink's time units (``TimeUtils``): every label, and the plural of the long ones

@@ -1,6 +1,6 @@
 """Barrier alignment under kill -9: a pipeline with two replayable inputs and one 2PC sink.
 
-DESIGN section 1 claims alignment holds by construction: an epoch is one bulk-synchronous
+docs/design.md section 1 claims alignment holds by construction: an epoch is one bulk-synchronous
 step, and every input of a union or join is cut at epoch n's positions in Spark's offset log
 before any record of n is processed. These tests put that claim under crashes.
 

@@ -1,7 +1,7 @@
 """The sinks of the contract suite: how to build each one, feed it rows with ids, read back
 the ids a reader sees, and what it promises beyond the common protocol.
 
-Every case writes rows carrying an integer ``id`` (the audit id of DESIGN section 7) and
+Every case writes rows carrying an integer ``id`` (the audit id of docs/design.md section 7) and
 reads back the sorted ids a reader sees, duplicates included, so "visible exactly once" is
 ``visible() == sorted(expected ids)``. Server-backed cases need the ``pg`` or ``broker``
 fixture, started on first use (the ``server`` lane).

@@ -1,4 +1,4 @@
-"""The commit protocol (DESIGN section 3), one specification for every exactly-once sink.
+"""The commit protocol (docs/design.md section 3), one specification for every exactly-once sink.
 
 Each scenario runs over every sink of sink_cases.py (files and SQLite write-ahead in the
 fast lane; PostgreSQL 2PC, PostgreSQL write-ahead, PostgreSQL upsert and Kafka with the

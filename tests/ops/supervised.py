@@ -16,5 +16,6 @@ class SupervisedRun(_SupervisedRun):
     """:class:`exactly.testing.supervised.SupervisedRun` of ``tests/ops/jobs/<job>``."""
 
     def __init__(self, job: str, checkpoint: Path, env: dict[str, str], *args: str,
-                 log: Path) -> None:
-        super().__init__(JOBS / job, checkpoint, env, *args, log=log)
+                 log: Path, name_checkpoint: bool = True) -> None:
+        super().__init__(JOBS / job, checkpoint, env, *args, log=log,
+                         name_checkpoint=name_checkpoint)

@@ -1,4 +1,4 @@
-"""The package layout's rules (DESIGN section 8), checked on the source's import statements.
+"""The package layout's rules (docs/design.md section 8), checked on the source's import statements.
 
 * the protocol knows no connector and no Spark adapter;
 * a connector never imports another target's connector (shared SQL plumbing excepted);

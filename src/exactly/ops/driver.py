@@ -205,12 +205,37 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
             _stop_quietly(spark)
 
 
+#: ``python -m exactly.ops.driver RESOLVE SPEC``: print the job's checkpoint and exit
+RESOLVE = "--resolve-checkpoint"
+
+
+def resolve_checkpoint(spec: DriverSpec) -> str:
+    """The checkpoint the job file of ``spec`` names in its ``CheckpointConfig(storage=...)``,
+    learnt by building the job in a session of its own (``exactly run`` without
+    ``--checkpoint``). Raises ConfigError when the job names none (``memory``)."""
+    job_file = load_job_file(spec.job_file)
+    spark = start_spark(spec, job_file.spark_conf)
+    try:
+        job = check_job(job_file.build(spark), str(job_file.path))
+    finally:
+        _stop_quietly(spark)
+    if job.checkpoint.is_memory_storage:
+        raise ConfigError(
+            f"{job_file.path}: the job names no checkpoint (CheckpointConfig(storage=...) is "
+            "'memory') and no --checkpoint was given; exactly run needs a durable checkpoint, "
+            "the job's address: give --checkpoint DIR, or CheckpointConfig(storage=DIR) in the "
+            "job")
+    return job.checkpoint.storage
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry of a driver process started by the launcher; returns the exit code."""
     from exactly.logs import configure
 
     configure()
     args = sys.argv[1:] if argv is None else argv
+    if args[0] == RESOLVE:
+        return _resolve_main(DriverSpec.from_json(args[1]))
     spec = DriverSpec.from_json(args[0])
     run_id = spec.run_id or new_run_id()
     spark = None
@@ -241,6 +266,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             _stop_quietly(spark)
+
+
+def _resolve_main(spec: DriverSpec) -> int:
+    """Print ``{"checkpoint": ...}`` of :func:`resolve_checkpoint` on stdout (exit 0), or the
+    root cause on stderr (exit :data:`JOB_FAILED`)."""
+    try:
+        print(json.dumps({"checkpoint": resolve_checkpoint(spec)}), flush=True)
+        return 0
+    except Exception as exc:
+        import traceback
+
+        from exactly.causes import root_cause
+
+        print(root_cause("".join(traceback.format_exception(exc))), file=sys.stderr,
+              flush=True)
+        return JOB_FAILED
 
 
 def job_admission_file(directory: Path) -> Path:

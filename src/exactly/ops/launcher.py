@@ -24,6 +24,7 @@ leftovers) and the admission file (:data:`exactly.connectors.admission.ADMISSION
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -48,13 +49,8 @@ logger = logging.getLogger("exactly.ops.launcher")
 
 def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
-    if not spec.checkpoint:
-        from exactly.errors import ConfigError
-
-        raise ConfigError("exactly run needs --checkpoint DIR: the checkpoint directory is the "
-                          "job's address for stop, cancel and every restart")
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
-    checkpoint = str(Path(spec.checkpoint).absolute())
+    checkpoint = checkpoint_location(spec.checkpoint or _resolved_checkpoint(spec))
     directory = job_dir(checkpoint)
     run_id = new_run_id()
     fault = spec.fault
@@ -118,6 +114,32 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def checkpoint_location(checkpoint: str) -> str:
+    """The checkpoint as every process of the run names it: an absolute local path."""
+    return str(Path(checkpoint.removeprefix("file://")).absolute())
+
+
+def _resolved_checkpoint(spec: DriverSpec) -> str:
+    """The checkpoint the job file names (``exactly run`` without ``--checkpoint``): its job
+    is built once in a driver process of its own, which then ends. Raises ConfigError with
+    that process's root cause when the job names none or cannot be built."""
+    from exactly.errors import ConfigError
+    from exactly.ops.driver import RESOLVE
+
+    token = new_job_token()
+    try:
+        found = subprocess.run([sys.executable, "-m", "exactly.ops.driver", RESOLVE,
+                                spec.to_json()], env={**os.environ, JOB_TOKEN_ENV: token},
+                               capture_output=True, text=True, start_new_session=True)
+    finally:
+        kill_job(token, what="the processes that built the job to learn its checkpoint")
+    lines = [line for line in found.stdout.splitlines() if line.startswith("{")]
+    if found.returncode != 0 or not lines:
+        cause = (found.stderr.strip().splitlines() or [f"exit {found.returncode}"])[-1]
+        raise ConfigError(f"exactly run without --checkpoint: {cause}")
+    return str(json.loads(lines[-1])["checkpoint"])
 
 
 def _wait(child: subprocess.Popen) -> int:

@@ -10,7 +10,7 @@ Layout under the log directory::
 Intents and completions carry the epoch's ``input``: the source positions Spark wrote to
 ``offsets/<epoch>`` for it (parsed, a digest, and the raw entry so it can be restored). An
 epoch is its number *and* its input: a later commit call for the same number is a replay
-only when its input is the same (DESIGN section 3, "Epoch identity").
+only when its input is the same (docs/design.md section 3, "Epoch identity").
 
 The log lives in a local (or shared POSIX) directory or under an ``s3://`` prefix
 (:mod:`exactly.protocol.logstore`). Every file is written whole (a directory: temp file,

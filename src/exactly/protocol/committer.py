@@ -1,4 +1,4 @@
-"""The generic driver side of the commit protocol (DESIGN section 3), written once.
+"""The generic driver side of the commit protocol (docs/design.md section 3), written once.
 
 Spark calls the sink's ``commit(messages, epoch)`` after every task of the epoch returned
 its handle, and writes its own commit log for the epoch only after that call returns. A

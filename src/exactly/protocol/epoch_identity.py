@@ -1,4 +1,4 @@
-"""Epoch identity: an epoch is its number AND its input (DESIGN section 3).
+"""Epoch identity: an epoch is its number AND its input (docs/design.md section 3).
 
 Spark can plan an epoch number again over different input: an operator deletes a torn
 ``offsets/N`` (and ``commits/N``) while more input arrived, a checkpoint is restored from an

@@ -1,4 +1,4 @@
-"""Fault injection at named points of the commit protocol (DESIGN section 3).
+"""Fault injection at named points of the commit protocol (docs/design.md section 3).
 
 Points form an open registry: the protocol's own points (:class:`FaultPoint`) are registered
 here, and a sink registers its own under its name (``register_point("kafka.in_transaction",

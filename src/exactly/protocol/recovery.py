@@ -1,6 +1,6 @@
 """Recovery before the first epoch of a new driver, for sinks whose pre-commits hold locks.
 
-The generic committer recovers at the first *commit* of a run (DESIGN section 3, step 4),
+The generic committer recovers at the first *commit* of a run (docs/design.md section 3, step 4),
 i.e. after the run's first tasks wrote. That is too late for a target where a leftover
 pre-commit blocks new writes: a PostgreSQL prepared transaction keeps its row locks (and
 unique-index entries) until it is committed or rolled back, so a replay that upserts the

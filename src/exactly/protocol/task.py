@@ -1,4 +1,4 @@
-"""The executor side of the commit protocol (step 1 of DESIGN section 3), written once.
+"""The executor side of the commit protocol (step 1 of docs/design.md section 3), written once.
 
 Both Spark adapters (:mod:`exactly.spark.writer` for ``writeStream.format``,
 :mod:`exactly.spark.foreach_batch` for ``foreachBatch``) and the protocol tests run a task

@@ -10,7 +10,7 @@ Spark's streaming checkpoint directory holds::
 The offset log entry of epoch N is written *before* N runs: its source lines are the
 epoch's input positions (the barrier). :class:`EpochInput` is what an exactly sink records
 about them when it commits N, so a later commit call for the same number can tell a replay
-(same positions) from a re-planned epoch (different positions; see DESIGN section 3,
+(same positions) from a re-planned epoch (different positions; see docs/design.md section 3,
 "Epoch identity").
 
 Every reader here fails with :class:`~exactly.errors.CorruptCheckpointFileError`, which names

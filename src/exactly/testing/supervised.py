@@ -22,10 +22,11 @@ EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
 
 class SupervisedRun:
-    """One ``exactly run JOB --checkpoint CK`` in the background (``job``: a job file)."""
+    """One ``exactly run JOB --checkpoint CK`` in the background (``job``: a job file);
+    ``name_checkpoint=False`` leaves ``--checkpoint`` out (the job names ``checkpoint``)."""
 
     def __init__(self, job: str | Path, checkpoint: Path, env: dict[str, str], *args: str,
-                 log: Path) -> None:
+                 log: Path, name_checkpoint: bool = True) -> None:
         self.checkpoint = checkpoint
         self.token = new_job_token()
         self.log = log
@@ -33,7 +34,8 @@ class SupervisedRun:
                     "EXACTLY_LOG_LEVEL": "INFO", **env}
         self._log_file = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*EXACTLY, "run", str(job), "--checkpoint", str(checkpoint), *args],
+            [*EXACTLY, "run", str(job),
+             *(["--checkpoint", str(checkpoint)] if name_checkpoint else []), *args],
             env=full_env, stdout=self._log_file, stderr=subprocess.STDOUT,
             start_new_session=True)
 

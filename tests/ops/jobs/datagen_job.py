@@ -11,8 +11,9 @@ at once), ``JOB_MAX_ROWS`` rows per epoch cap, ``JOB_INTERVAL`` checkpoint inter
 ``JOB_FAIL_IDS`` ids whose first processing raises (one marker file each in
 ``JOB_MARKERS``), ``JOB_SLOW_MS`` sleep per row batch, ``JOB_ROW_COST_US`` sleep per
 row, ``JOB_CHECKPOINT_*`` CheckpointConfig options (``TIMEOUT``, ``TOLERABLE``,
-``MIN_PAUSE``, ``TARGET``, ``CLEANUP``). ``JOB_FAIL_FILE``: while this file exists, the
-first task that renames it away raises (the recovery benchmark's query failure).
+``MIN_PAUSE``, ``TARGET``, ``CLEANUP``, ``STORAGE``: the job names its checkpoint).
+``JOB_FAIL_FILE``: while this file exists, the first task that renames it away raises (the
+recovery benchmark's query failure).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def build(spark):
     config = {"interval": _env("JOB_INTERVAL", "1s")}
     for option, var in (("timeout", "TIMEOUT"), ("min_pause_between_checkpoints", "MIN_PAUSE"),
                         ("target_epoch_duration", "TARGET"),
-                        ("externalized_cleanup", "CLEANUP")):
+                        ("externalized_cleanup", "CLEANUP"), ("storage", "STORAGE")):
         if _env(f"JOB_CHECKPOINT_{var}"):
             config[option] = _env(f"JOB_CHECKPOINT_{var}")
     if _env("JOB_CHECKPOINT_TOLERABLE"):

@@ -13,7 +13,7 @@ absent, which ``deltalake`` does with the store's conditional put; on S3-compati
 give it storage option ``conditional_put=etag`` when the store needs it (see
 docs/delta.md).
 
-Protocol (DESIGN section 3):
+Protocol (docs/design.md section 3):
 
 * task (executor): on the first row, a *pending marker*
   ``_exactly/pending/<query>/<epoch>/<attempt>.json`` names the data file; then the rows go
