@@ -1,8 +1,8 @@
 """A killed job leaves no process behind: driver, driver JVM, PySpark worker daemons, workers.
 
 PySpark's worker daemons move into process groups of their own, so killing the driver's
-process group is not enough (docs/design.md section 9). These tests run the real ``exactly pipeline``
-job (Spark ``local[2]``) under the crash harness, look at its processes after its first
+process group is not enough (docs/design.md section 9). These tests run the real ``exactly
+pipeline`` job (Spark ``local[2]``) under the crash harness, look at its processes after its first
 epoch -- and check that worker daemons really were outside the driver's process group, or
 the test would prove nothing -- then check, right after the harness's kill, that none of
 them and no process carrying the job's token is alive (a SIGKILLed process the kernel is
