@@ -17,7 +17,7 @@ restarted driver publishes from it.
 Audits as in the sinks' own chaos tests: every id exactly once, no prepared transaction, no
 staged or pending leftovers.
 
-The default lane runs the file, write-ahead and Kafka sinks here; the 2PC, upsert and Delta
+The default lane runs the file and write-ahead sinks here; the 2PC, upsert, Kafka and Delta
 sinks (each killed at protocol points in its own chaos test) join them with EXACTLY_SLOW=1,
 to keep the default run within its CI budget.
 """
@@ -266,6 +266,9 @@ def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink, request
 # -- Kafka -----------------------------------------------------------------------------
 
 
+# CI budget: the Kafka sink under kills is tests/kafka/test_kafka_chaos.py, on S3 in the
+# contract suite (case kafka_s3); on the cluster with EXACTLY_SLOW=1
+@pytest.mark.slow
 @pytest.mark.server
 def test_kafka_sink_on_the_cluster(cluster, broker, s3_server, tmp_path, monkeypatch):
     """Kafka -> stateful job -> Kafka (``exactly.kafka`` transactional sink), with the

@@ -4,10 +4,11 @@ after the intent (recovery publishes the epoch from the staged objects), inside 
 transaction (the restart aborts it and publishes again) and while tasks write (their
 half-written uploads are aborted), restarted, and audited by a read_committed consumer.
 
-A long variant (EXACTLY_SLOW=1). The default lane runs this job with its state on S3 on the
-standalone cluster (tests/chaos/test_cluster_lane.py: a driver kill after the intent and an
-executor kill), and the sink against S3 at every protocol point without Spark
-(tests/contract, case kafka_s3)."""
+A long variant (EXACTLY_SLOW=1), as is this job on the standalone cluster
+(tests/chaos/test_cluster_lane.py). The default lane runs the sink against S3 at every
+protocol point without Spark (tests/contract, case kafka_s3), the Kafka job under kills with
+its state on local disk (tests/kafka/test_kafka_chaos.py) and the write-ahead sink's staging
+on S3 under kills on the cluster."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ pytestmark = [
     pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
                        reason="long variant: set EXACTLY_SLOW=1 (the default lane runs the "
-                              "Kafka job on S3 in tests/chaos/test_cluster_lane.py)"),
+                              "Kafka sink on S3 in tests/contract, case kafka_s3)"),
 ]
 EVENTS, EPOCHS = 1000, 5
 SCHEDULE = [FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(IN_TRANSACTION, 2),

@@ -37,6 +37,8 @@ def _prepared(conn) -> int:
     return conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0]
 
 
+@pytest.mark.slow  # CI budget: an outage of the target under the restart strategy is the Kafka
+# broker's below; PostgreSQL restarted mid-commit is tests/postgres/test_pg_chaos.py
 def test_postgres_stopped_for_20_seconds_restarts_with_backoff_until_it_is_back(
         tmp_path, pg, conn, table_name):
     rows = 6000

@@ -101,6 +101,8 @@ def test_wal_sink_into_postgres_from_the_table_source_survives_kills(pg, conn, t
     assert not list((ck / "exactly-sink" / "wal").glob("*/*")), "staged files left behind"
 
 
+@pytest.mark.slow  # CI budget: the write-ahead sink under kills is the PostgreSQL run above; SQLite
+# at every protocol point is the contract suite (case sqlite_wal)
 def test_wal_sink_into_sqlite_survives_a_kill_between_load_and_acknowledgement(pg, tmp_path):
     db = tmp_path / "out.sqlite"
     points = ALL_POINTS if SLOW else (FaultPoint.AFTER_COMMITS,)

@@ -99,6 +99,8 @@ def test_transform_with_state_survives_every_restore_of_the_upgrade_path(
     assert_exactly_once(out, 7 * STEP)
 
 
+@pytest.mark.slow  # CI budget: restores of this job are the upgrade path above and
+# tests/savepoints/test_savepoints_every_backend.py
 def test_one_savepoint_restored_twice_gives_equal_outputs_and_stays_unchanged(
         spark, tmp_path, savepoints):
     first = StatefulJob(spark, tmp_path / "ck0", **ENV, JOB_OUT=str(tmp_path / "out0"))
@@ -142,6 +144,8 @@ def test_one_savepoint_restored_twice_gives_equal_outputs_and_stays_unchanged(
                                   outputs[0])
 
 
+@pytest.mark.slow  # CI budget: the same rollback, refused then retracted and audited, is
+# tests/savepoints/test_refused_restore.py; every sink's in test_rollback_lineage.py
 def test_rolling_back_the_file_sink_is_refused_then_retracts_newer_epochs(
         spark, tmp_path, savepoints):
     out = tmp_path / "out"

@@ -60,6 +60,7 @@ def last_line(stderr: str) -> str:
     return [line for line in stderr.splitlines() if line.strip()][-1]
 
 
+@pytest.mark.slow  # CI budget: a write error's root cause as the last line is the ENOSPC test below
 def test_pipeline_into_a_read_only_mount_ends_stderr_with_the_erofs_error(
         tmp_path, read_only_dir):
     out = read_only_dir / "out"
