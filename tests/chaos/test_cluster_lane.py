@@ -55,6 +55,8 @@ pytestmark = pytest.mark.chaos
 ROWS, PER_EPOCH = 5000, 1000  # 5 epochs: the restarted attempt replays 1, then loses an executor
 FILES = 10  # 500 events a file, 2 files an epoch
 DRIVER_KILL = [FaultSpec(FaultPoint.AFTER_INTENT, 1)]
+#: how often the executor killer looks at the executors' logs (each look reads them whole)
+POLL_S = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -108,20 +110,20 @@ class ExecutorKiller:
     def _kill(self) -> None:
         app = None
         while app is None or self.cluster.finished_tasks(app) < self.after_tasks:
-            if self._ended.wait(0.02):
+            if self._ended.wait(POLL_S):
                 return
             app = app or next((a for a in self.cluster.applications()
                                if a not in self._before), None)
         self._note(f"{app}: {self.cluster.finished_tasks(app)} tasks finished")
-        polls = 0  # ~10 s (500 polls) looking for a busy executor, then any of them
+        polls = 0  # ~10 s looking for a busy executor, then any of them
         while not self._ended.is_set():
             executors = [e for e in self.cluster.executors() if e.app_id == app]
             busy = [e for e in executors if e.running_tasks()]
-            if busy or (executors and polls >= 500):
+            if busy or (executors and polls >= 10 / POLL_S):
                 self._shoot((busy or executors)[0])
                 return
             polls += 1
-            self._ended.wait(0.02)
+            self._ended.wait(POLL_S)
 
     def _shoot(self, victim: Executor) -> None:
         self.busy = victim.running_tasks()

@@ -42,8 +42,8 @@ SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 
 
 class PollingReader(threading.Thread):
-    """Reads the table's newest version over and over while the job runs; records every
-    (version, ids) it saw."""
+    """Reads the table's newest version four times a second while the job runs; records every
+    (version, ids) it saw. (Every version the table ever had is read back afterwards too.)"""
 
     def __init__(self, uri: str, options: dict[str, str]) -> None:
         super().__init__(daemon=True)
@@ -53,7 +53,7 @@ class PollingReader(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(0.25):
             try:
                 table = DeltaTable(self.uri, storage_options=self.options)
             except TableNotFoundError:  # not created yet

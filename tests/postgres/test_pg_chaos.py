@@ -143,7 +143,7 @@ class Poller(BackgroundReader):
                             if events < self.seen.get(key, 0):
                                 self.backwards.append((key, self.seen[key], events))
                             self.seen[key] = events
-                        self.stopping.wait(0.02)
+                        self.stopping.wait(0.1)
             except psycopg.Error:  # table not there yet
                 self.stopping.wait(0.2)
 
