@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The dashboard's JavaScript (`exactly ui`): Chart.js from the npm registry, pinned by version
 # and checked against the registry's sha512 integrity, copied into the package's static files.
-# Idempotent; the tarball is cached in ~/.cache/exactly/npm. Needs npm (Debian: npm).
+# Idempotent; the tarball is cached in ~/.cache/exactly/npm. Fetched over HTTPS from the
+# registry (Python's urllib; no npm needed), accepted only when its sha512 matches the pin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,11 +16,6 @@ log() { printf '[install-js] %s\n' "$*" >&2; }
 if [ -f "$dest/chart.umd.min.js" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$CHARTJS_VERSION" ]; then
   exit 0
 fi
-if ! command -v npm >/dev/null 2>&1; then
-  if declare -F apt_install >/dev/null; then apt_install npm; else
-    log "npm is missing: install it (Debian: apt-get install npm) and run again"; exit 1
-  fi
-fi
 cache="${XDG_CACHE_HOME:-$HOME/.cache}"
 case "$cache" in /*) ;; *) cache="$HOME/.cache" ;; esac
 cache="$cache/exactly/npm"
@@ -27,10 +23,15 @@ mkdir -p "$cache" "$dest"
 tarball="$cache/chart.js-$CHARTJS_VERSION.tgz"
 if [ ! -f "$tarball" ]; then
   log "fetching chart.js@$CHARTJS_VERSION from the npm registry"
-  work="$(mktemp -d "$cache/.fetch-XXXXXX")"
-  (cd "$work" && npm pack --silent "chart.js@$CHARTJS_VERSION" >/dev/null)
-  mv "$work/chart.js-$CHARTJS_VERSION.tgz" "$tarball"
-  rmdir "$work"
+  part="$tarball.part.$$"
+  url="https://registry.npmjs.org/chart.js/-/chart.js-$CHARTJS_VERSION.tgz"
+  if ! python3 -c 'import shutil, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=60) as r, open(sys.argv[2], "wb") as f:
+    shutil.copyfileobj(r, f)' "$url" "$part"; then
+    rm -f "$part"
+    log "could not fetch $url (is the npm registry reachable?)"; exit 1
+  fi
+  mv "$part" "$tarball"
 fi
 actual="sha512-$(openssl dgst -sha512 -binary "$tarball" | base64 -w0)"
 if [ "$actual" != "$CHARTJS_INTEGRITY" ]; then

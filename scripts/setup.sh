@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Set up everything exactly needs on a fresh Debian machine. Idempotent and cached:
-#   - a Java runtime for Spark (Debian openjdk-17, only when no java is on PATH)
+#   - the Debian packages: a Java runtime for Spark (openjdk-17, only when no java is on
+#     PATH), PostgreSQL and its JDBC driver, Maven (for the jars below); with --browser also
+#     chromium and chromium-driver (the dashboard's browser tests) -- one apt transaction
 #   - .venv with exactly and its test dependencies (reinstalled only when pyproject changes)
-#   - every extra installer in scripts/install-*.sh (PostgreSQL, Kafka jars, ...)
+#   - every extra installer in scripts/install-*.sh (PostgreSQL, Kafka and S3 jars, the
+#     dashboard's chart library, ...), the state writer's jar, the driver's class archive
+# Steps that do not need each other run side by side (the apt transaction beside the pip
+# install; the jar downloads beside the class archive build): on a fresh machine most of the
+# time is network and unpacking.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,37 +26,63 @@ apt_install() {
 }
 export -f apt_install log
 
-command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+# run_all NAME CMD NAME CMD ...: run the commands side by side; fail (naming it) if one fails
+run_all() {
+  local names=() pids=() failed=()
+  while [ $# -ge 2 ]; do
+    names+=("$1"); bash -c "$2" & pids+=($!); shift 2
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed+=("${names[$i]}"); done
+  if [ ${#failed[@]} -gt 0 ]; then
+    log "failed: ${failed[*]} (its output is above)"
+    exit 1
+  fi
+}
 
+debs=(postgresql libpostgresql-jdbc-java maven)
+command -v java >/dev/null 2>&1 || debs+=(openjdk-17-jre-headless)
+for arg in "$@"; do
+  case "$arg" in
+    --browser) debs+=(chromium chromium-driver) ;;
+    *) log "unknown argument $arg (known: --browser)"; exit 2 ;;
+  esac
+done
 PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv"
-  "$PYTHON" -m venv .venv
-fi
-stamp=".venv/.exactly-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  log "installing exactly and its dependencies into .venv"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test]'
-  echo "$want" > "$stamp"
-fi
+python_env() {
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    "$PYTHON" -m venv .venv
+  fi
+  local stamp=".venv/.exactly-installed" want
+  want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing exactly and its dependencies into .venv"
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[test]'
+    echo "$want" > "$stamp"
+  fi
+}
+export -f python_env
+export PYTHON
 
+run_all "Debian packages (${debs[*]})" "apt_install ${debs[*]}" \
+        "the Python environment (.venv)" python_env
+
+installers=""
 for installer in scripts/install-*.sh; do
   [ -e "$installer" ] || continue
-  bash "$installer"
+  installers+="bash $installer && "
 done
-
 # exactly's state writer (savepoint restores that rescale or switch the state backend):
-# compiled against the installed PySpark once, cached in ~/.cache/exactly/jvm
-.venv/bin/python -c "from exactly.savepoints.state_writer import ensure_jar; ensure_jar()"
-
-# the Spark driver's class archive (JDK class-data sharing): every driver start, restart and
-# test loads Spark's classes from it, ~2.5 s faster; built once per PySpark and Java runtime
-.venv/bin/python -c "
+# compiled against the installed PySpark once, cached in ~/.cache/exactly/jvm. The driver's
+# class archive (JDK class-data sharing): every driver start, restart and test loads Spark's
+# classes from it (about half a driver's start-up CPU); built once per PySpark and Java runtime
+jvm_files='.venv/bin/python -c "from exactly.savepoints.state_writer import ensure_jar; ensure_jar()" && .venv/bin/python -c "
 from exactly.spark.class_archive import archive_path, build
 path = archive_path()
 if path is not None and not path.is_file():
-    import sys; print('[setup] building the Spark driver class archive (once)', file=sys.stderr)
+    import sys; print(\"[setup] building the Spark driver class archive (once)\", file=sys.stderr)
     build()
-"
+"'
+run_all "the installers (scripts/install-*.sh)" "${installers}true" \
+        "the state writer and the class archive" "$jvm_files"

@@ -28,7 +28,7 @@ def browser():
 
     for binary in (CHROMIUM, CHROMEDRIVER):
         if shutil.which(binary) is None:
-            pytest.fail(f"{binary} is missing: run scripts/browser-for-tests.sh (Debian "
+            pytest.fail(f"{binary} is missing: run scripts/setup.sh --browser (Debian "
                         "chromium and chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
