@@ -32,12 +32,11 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
 #: the default lane's points: the ones where the Delta sink's own steps decide the outcome --
 #: an attempt killed mid-write (its file and marker are aborted), an intent without its Delta
 #: commit (recovery makes it), a Delta commit without its completion record (the table's
-#: transaction version recognises it), a completed epoch Spark replays. The other two
-#: (before the intent, between the handle checks) run with EXACTLY_SLOW=1 and in the
-#: contract suite (tests/contract, cases delta and delta_s3).
+#: transaction version recognises it). The others (before the intent, between the handle
+#: checks, a completed epoch Spark replays) run with EXACTLY_SLOW=1 and in the contract
+#: suite (tests/contract, cases delta and delta_s3).
 DECIDING_POINTS = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.AFTER_INTENT, 1),
-                   FaultSpec(FaultPoint.AFTER_COMMITS, 2),
-                   FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
+                   FaultSpec(FaultPoint.AFTER_COMMITS, 2)]
 SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 
 
@@ -94,7 +93,7 @@ def where(request, tmp_path) -> tuple[str, str, dict[str, str], dict[str, str]]:
 def test_delta_sink_killed_at_every_protocol_point_commits_every_event_exactly_once(
         tmp_path, where):
     """One run, restarted after each kill -9 (one crash per protocol point; every point with
-    EXACTLY_SLOW=1, else the four where the Delta sink decides the outcome). After every
+    EXACTLY_SLOW=1, else the three where the Delta sink decides the outcome). After every
     crash the table holds whole epochs, the crashed epoch only when the kill came after its
     Delta commit; a polling reader and every version of the table hold whole epochs only;
     at the end every event is there exactly once, and no data file or pending marker of an

@@ -51,13 +51,13 @@ ROWS_PER_EPOCH = 60  # 200 payments, 60 an epoch: cut at other places than the o
 ADDED = 30  # orders (one new file) and payments added while the job is down after a crash
 TABLE_ID_OFFSET = 1_000_000
 SLOW = os.environ.get("EXACTLY_SLOW") == "1"
-#: the union and the join runs split the protocol points between them, so that together
-#: they kill a multi-input query once at every point (every point each with EXACTLY_SLOW=1);
-#: the file sink's own every-point run is tests/chaos/test_file_sink_chaos.py
-UNION_POINTS = (tuple(FaultPoint) if SLOW else
-                (FaultPoint.IN_WRITE, FaultPoint.BEFORE_INTENT, FaultPoint.AFTER_COMMITS))
+#: the default lane kills the union and the join twice each, before and after the intent
+#: (an epoch replayed from its logged positions, and one finished from its intent); every
+#: point each with EXACTLY_SLOW=1 (CI budget). The file sink's own every-point run is
+#: tests/chaos/test_file_sink_chaos.py
+UNION_POINTS = (tuple(FaultPoint) if SLOW else (FaultPoint.IN_WRITE, FaultPoint.AFTER_COMMITS))
 JOIN_POINTS = (tuple(FaultPoint) if SLOW else
-               (FaultPoint.AFTER_INTENT, FaultPoint.BETWEEN_COMMITS, FaultPoint.AFTER_COMPLETE))
+               (FaultPoint.AFTER_INTENT, FaultPoint.AFTER_COMPLETE))
 
 
 @pytest.fixture(scope="module")
@@ -264,9 +264,9 @@ def fresh_inputs(pg, tmp: Path) -> Inputs:
 
 def test_union_killed_at_protocol_points_in_turn_commits_both_inputs_exactly_once(
         pg, spark, tmp_path):
-    """One run killed at protocol points in turn (the i-th at epoch i + 1; the points the
-    join run does not take, every point with EXACTLY_SLOW=1), rows added to both inputs
-    while it is down after each crash."""
+    """One run killed at protocol points in turn (the i-th at epoch i + 1; two points, every
+    point with EXACTLY_SLOW=1), rows added to both inputs while it is down after each
+    crash."""
     inputs = fresh_inputs(pg, tmp_path)
     schedule = [FaultSpec(point, i + 1) for i, point in enumerate(UNION_POINTS)]
     run_until_drained("union", inputs, tmp_path, schedule)
@@ -291,7 +291,7 @@ def test_join_killed_at_protocol_points_in_turn_joins_both_inputs_exactly_once(
         pg, spark, tmp_path):
     """Stream-stream inner join with watermarks on both sides; payments arrive in the reverse
     order of their orders, so most pairs meet across epochs through the join state. One run,
-    killed at protocol points in turn (the i-th at epoch i + 1; every point with
+    killed at protocol points in turn (the i-th at epoch i + 1; two points, every point with
     EXACTLY_SLOW=1), rows added to both inputs after every crash: each order is joined with its
     payment exactly once, in the epoch that took the later of the two, as in a batch join."""
     inputs = fresh_inputs(pg, tmp_path)
@@ -306,5 +306,6 @@ def test_join_killed_at_protocol_points_in_turn_joins_both_inputs_exactly_once(
     assert across > out.num_rows // 2, "the join state was hardly used: the test is too easy"
 
 
+@pytest.mark.slow
 def test_the_union_and_join_runs_together_kill_at_every_protocol_point():
     assert sorted(set(UNION_POINTS) | set(JOIN_POINTS)) == sorted(FaultPoint)

@@ -23,6 +23,9 @@ def topic_ids(broker, topic) -> np.ndarray:
     return json_ids(v for _, _, _, v in consume_all(broker.bootstrap, topic))
 
 
+# CI budget: the Kafka sink's hand-over and refused rollback are proven without Spark in
+# test_rollback_lineage.py (case kafka); this job end to end with EXACTLY_SLOW=1
+@pytest.mark.slow
 def test_an_upgrade_takes_the_topic_over_and_a_rollback_is_refused(spark, broker, topic,
                                                                   tmp_path, savepoints):
     env = {"JOB_KIND": "tws", "JOB_BACKEND": "rocksdb", "JOB_SINK": "kafka",
