@@ -443,7 +443,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     """
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec
-    from exactly.ops.launcher import launch
+    from exactly.ops.launcher import checkpoint_location, launch
     from exactly.ops.restart import parse_option_pairs
     from exactly.savepoints.job import RestoreRequest, is_checkpoint
     from exactly.savepoints.manifest import read_manifest
@@ -466,7 +466,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
             sink_rollback != "refuse"):
         raise click.UsageError("--allow-non-restored-state, --restore-mode, --parallelism "
                                "and --sink-rollback belong to a restore: add -s SAVEPOINT")
-    checkpoint = str(Path(checkpoint_dir).absolute()) if checkpoint_dir else None
+    checkpoint = checkpoint_location(checkpoint_dir) if checkpoint_dir else None
     spec = DriverSpec(job_file=str(Path(job_file).absolute()), checkpoint=checkpoint,
                       strategy=strategy,
                       strategy_options=parse_option_pairs(strategy_options), master=master,

@@ -330,6 +330,18 @@ class CheckpointConfig:
         """True when sources are asked to size epochs (``epoch_target_seconds`` is set)."""
         return self.epoch_target_seconds is not None
 
+    def supervisor_policies(self) -> list[str]:
+        """The settings given that act between epochs, which only exactly's supervisor
+        applies (``exactly run``, ``run_job``): ``timeout``, ``tolerable_failed_checkpoints``,
+        ``min_pause_between_checkpoints`` and epoch sizing, as ``name=value`` texts."""
+        given = [("timeout", self.timeout is not None),
+                 ("tolerable_failed_checkpoints", self.tolerable_failed_checkpoints > 0),
+                 ("min_pause_between_checkpoints", self.min_pause_seconds > 0),
+                 ("target_epoch_duration", self.target_epoch_duration is not None),
+                 ("unaligned", self.unaligned),
+                 ("aligned_checkpoint_timeout", self.aligned_checkpoint_timeout is not None)]
+        return [f"{name}={getattr(self, name)!r}" for name, on in given if on]
+
     @property
     def needs_admission(self) -> bool:
         """True when exactly's sources must consult the supervisor's admission file."""

@@ -124,3 +124,16 @@ def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused
     assert nothing.exit_code == 2 and "give CHECKPOINT [TARGET]" in nothing.output
     other = runner.invoke(main, ["savepoint", "--dispose", str(tmp_path)])
     assert other.exit_code == 3 and "not a savepoint" in other.output and tmp_path.exists()
+
+
+def test_run_refuses_a_checkpoint_that_is_not_a_local_directory_instead_of_making_one(
+        tmp_path, monkeypatch):
+    """`--checkpoint s3a://...` once became a local directory named `s3a:`; now it fails in
+    one line and nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    job = tmp_path / "job.py"
+    job.write_text("def build(spark):\n    raise AssertionError('must not run')\n")
+    result = _run_cli("run", str(job), "--checkpoint", "s3a://lake/ck/orders")
+    assert result.exit_code == 3, result.output
+    assert "the checkpoint s3a://lake/ck/orders is not a local directory" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py"]

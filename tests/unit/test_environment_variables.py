@@ -154,8 +154,8 @@ def test_exactly_run_passes_its_fault_to_the_driver_and_into_the_jobs_exactly_si
     spec = DriverSpec("job.py", run_id="r1", fault=fault)
     assert DriverSpec.from_json(spec.to_json()) == spec
     job = Job(None, sink_format="exactly.files", path="/out",  # type: ignore[arg-type]
-              options={"format": "json", "exactly.fault": "in_write@0",
-                       "exactly.faultAction": "pause:/tmp/h"})
+              options={"format": "json", "Exactly.Fault": "in_write@0",
+                       "exactly.faultaction": "pause:/tmp/h"})  # names in any case
     assert job.with_fault(fault).options == {"format": "json", **fault.options()}
     assert job.with_fault(None) is job
     other = Job(None, sink_format="parquet", options={"x": "1"})  # type: ignore[arg-type]

@@ -146,9 +146,10 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     admission = job_admission_file(directory)
     if config.needs_admission and not admission_named(admission):
         raise ConfigError("min_pause_between_checkpoints and epoch sizing need exactly to "
-                          "start Spark (the sources learn the admission file from the "
-                          "environment): run the job with `exactly run` or run_job() before "
-                          "any SparkSession exists")
+                          "name the job's admission file before Spark's JVM starts (its "
+                          "Python workers inherit it): run the job with `exactly run`, or "
+                          "with run_job(build, checkpoint=DIR) as the first Spark session of "
+                          "this process")
     pacer = Pacer(admission, config.storage,
                   min_pause_s=config.min_pause_seconds, target_s=config.epoch_target_seconds)
     supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer,
@@ -191,7 +192,7 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
     run_id = new_run_id()
     own_session = spark is None
     if spark is None:
-        if checkpoint:  # before the JVM starts: Spark's Python workers inherit it
+        if checkpoint and not _jvm_running():  # Spark's Python workers inherit it from the JVM
             os.environ[ADMISSION_FILE_ENV] = str(job_admission_file(job_dir(checkpoint)))
         spark = start_spark(DriverSpec(str(where)), conf)
     if checkpoint:
@@ -213,8 +214,12 @@ def resolve_checkpoint(spec: DriverSpec) -> str:
     """The checkpoint the job file of ``spec`` names in its ``CheckpointConfig(storage=...)``,
     learnt by building the job in a session of its own (``exactly run`` without
     ``--checkpoint``). Raises ConfigError when the job names none (``memory``)."""
+    from dataclasses import replace
+
     job_file = load_job_file(spec.job_file)
-    spark = start_spark(spec, job_file.spark_conf)
+    # building the job only defines its DataFrames: a small local session does (no cluster
+    # application is registered for it)
+    spark = start_spark(replace(spec, master="local[1]", spark_ui=False), job_file.spark_conf)
     try:
         job = check_job(job_file.build(spark), str(job_file.path))
     finally:
@@ -258,9 +263,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from exactly.causes import root_cause
 
-        _mark_failed(spec, str(exc))
         text = str(exc) if isinstance(exc, JobFailedError) else root_cause(
             "".join(traceback.format_exception(exc)))
+        _mark_failed(spec, text)
         print(f"exactly run: job failed: {text}", file=sys.stderr, flush=True)
         return JOB_FAILED
     finally:
@@ -282,6 +287,13 @@ def _resolve_main(spec: DriverSpec) -> int:
         print(root_cause("".join(traceback.format_exception(exc))), file=sys.stderr,
               flush=True)
         return JOB_FAILED
+
+
+def _jvm_running() -> bool:
+    """Whether this process already started Spark's JVM (its environment is fixed then)."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
 
 
 def job_admission_file(directory: Path) -> Path:

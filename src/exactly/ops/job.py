@@ -67,10 +67,13 @@ class Job:
         """This job with ``fault`` armed in its exactly sink's options (``exactly run
         --fault``; it replaces a fault the job's own options arm). A sink that is not
         exactly's has no protocol points: its options stay as they are."""
-        if fault is None or not self.sink_format.lower().startswith("exactly."):
+        from exactly.spark.formats import SINK_BUILDERS
+
+        if fault is None or self.sink_format.lower() not in SINK_BUILDERS:
             return self
+        armed = {name.lower() for name in (opt.FAULT, opt.FAULT_MARKER, opt.FAULT_ACTION)}
         own = {key: value for key, value in self.options.items()
-               if key not in (opt.FAULT, opt.FAULT_MARKER, opt.FAULT_ACTION)}
+               if key.lower() not in armed}  # option names compare case-insensitively
         return replace(self, options={**own, **fault.options()})
 
 

@@ -117,8 +117,19 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
 
 
 def checkpoint_location(checkpoint: str) -> str:
-    """The checkpoint as every process of the run names it: an absolute local path."""
-    return str(Path(checkpoint.removeprefix("file://")).absolute())
+    """The checkpoint as every process of the run names it: an absolute local path.
+    Raises ConfigError for a location on another file system (``s3a://``, ``hdfs://``):
+    ``exactly run`` keeps its control files beside a local checkpoint."""
+    from exactly.errors import ConfigError
+    from exactly.spark.checkpoint import local_checkpoint
+
+    local = local_checkpoint(checkpoint)
+    if local is None:
+        raise ConfigError(f"exactly run: the checkpoint {checkpoint} is not a local "
+                          "directory; exactly run keeps the job's control files, history "
+                          "and restart log beside the checkpoint and needs a local (or "
+                          "mounted) directory for it")
+    return str(local.absolute())
 
 
 def _resolved_checkpoint(spec: DriverSpec) -> str:

@@ -266,7 +266,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             try:
                 producer.init_transactions(30)
             finally:
-                producer.close()
+                producer.flush(5)
             fenced.append(txn_id)
         record_edge(self.options, Edge(to_query, lineage[0], time.time()))
         return {"fenced_transactional_id": fenced[0], "fenced": fenced}
