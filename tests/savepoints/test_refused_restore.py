@@ -76,3 +76,31 @@ def test_a_refused_restore_leaves_only_its_failed_run_which_checkpoints_and_ui_s
     again.restore(savepoint, 3 * STEP, sink_rollback=SinkRollback.RETRACT)
     again.run(3 * STEP)
     assert_exactly_once(out, 3 * STEP)
+
+
+def test_an_interrupted_restore_of_another_savepoint_refuses_a_second_savepoint(tmp_path):
+    """A crash left ``restore.json`` in progress for savepoint 1 (its query may own the
+    sink's target already): restoring savepoint 2 into that checkpoint is refused before
+    anything is read or written, naming both ways out; the marker stays as it was."""
+    from exactly.config import CheckpointConfig
+    from exactly.ops.control import job_dir
+    from exactly.ops.job import Job
+    from exactly.savepoints.job import restore_job
+
+    checkpoint = tmp_path / "ck"
+    marker = job_dir(checkpoint) / "restore.json"
+    marker.parent.mkdir(parents=True)
+    interrupted = {"state": "in-progress", "savepoint": str(tmp_path / "sp-1"), "epoch": 3,
+                   "query_id": "q-restored"}
+    marker.write_text(json.dumps(interrupted))
+    job = Job(None, "exactly.files", options={"path": str(tmp_path / "out")},  # type: ignore[arg-type]
+              checkpoint=CheckpointConfig(storage=str(checkpoint)))
+    try:
+        restore_job(job, RestoreRequest(str(tmp_path / "sp-2")), [])
+        raise AssertionError("the second savepoint was accepted")
+    except SavepointError as exc:
+        message = str(exc)
+    assert f"interrupted restore of {tmp_path / 'sp-1'}" in message, message
+    assert f"-s {tmp_path / 'sp-1'}" in message and "new checkpoint directory" in message
+    assert json.loads(marker.read_text()) == interrupted
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["exactly-job"]

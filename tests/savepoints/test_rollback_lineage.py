@@ -247,6 +247,7 @@ class Lineage:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.sinks: dict[str, TwoPhaseCommitSink] = {}
+        self.b = ""  # the query restored from A by :func:`upgraded`
 
     def checkpoint(self, query: str) -> Path:
         return self.target.tmp / f"ck-{query[:8]}"
@@ -286,6 +287,7 @@ def upgraded(target: Target) -> tuple[Lineage, str]:
     line.restore(a, 3, b)
     line.run(b, range(4, 6))
     assert target.visible() == truth(*range(6))
+    line.b = b
     return line, a
 
 
@@ -392,3 +394,159 @@ def test_delta_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrit
         line.restore(c, 2, str(uuid.uuid4()), SinkRollback.RETRACT)
     assert "OPTIMIZE" in str(refused.value) and "--sink-rollback keep" in str(refused.value)
     assert target.visible() == sorted([*truth(0, 1, 2, 3), 9001, 9002])
+
+
+@over("files", "pg_2pc_append", "wal", "kafka", "delta")
+def test_a_savepoint_of_a_branch_a_later_restore_replaced_is_refused(target):
+    """A ran 0..3; B, restored from A@3, ran 4..5; then C was restored from A's older
+    savepoint at 1 (a rollback, kept) and ran 2..3. The target's line of A is C's now, so
+    B's savepoint at 5 continues nothing the target holds: refused, nothing written.
+    Targets several queries write (Kafka, Delta, write-ahead tables) name the branch point."""
+    line, a = upgraded(target)
+    b = line.b
+    c = str(uuid.uuid4())
+    line.restore(a, 1, c, SinkRollback.KEEP)
+    line.run(c, range(2, 4))
+    before = target.visible()
+    with pytest.raises(SavepointError) as refused:
+        line.restore(b, 5, str(uuid.uuid4()), SinkRollback.KEEP)
+    message = str(refused.value)
+    if target.name in ("files", "pg_2pc_append"):  # one owner: C, whose lineage is A@1
+        assert "not this job's output" in message, message
+    else:
+        assert (f"query {c} (restored from {a} at epoch 1) replaced the line of query {b}"
+                in message), message
+        assert f"one of {a} at epoch 1 or older" in message, message
+    assert target.visible() == before
+
+
+@over("files", "kafka")
+def test_a_restore_is_refused_before_writing_while_the_savepoints_job_still_runs(target):
+    """The savepoint's own job is alive on its checkpoint (its status names a live
+    process): the rule refuses before anything is written, naming `exactly stop`."""
+    from exactly.ops.control import JobStatus, claim_job, job_dir
+    from exactly.procs import current_process
+
+    line, _ = upgraded(target)
+    b = line.b
+    claim_job(job_dir(line.checkpoint(b)), JobStatus("r1", current_process(), "running"))
+    job, savepoint = line.job("new"), manifest(b, 5, line.checkpoint(b))
+    with pytest.raises(SavepointError, match=r"still runs on .*exactly stop "):
+        decide(job, savepoint, SinkRollback.KEEP, "new")
+    assert target.visible() == truth(*range(6))
+
+
+@over("pg_2pc_append")
+def test_a_kept_rollback_shows_the_restored_querys_epochs_in_the_view_only_when_complete(
+        target):
+    """C is restored from A@1 keeping epochs 2..5 of the line. While C's epoch 2 stands
+    between its two COMMIT PREPAREDs, the committed view shows no row of it (the recorded
+    epoch went back to the savepoint's 1 at the hand-over, not left at 5); once complete,
+    epoch 2 shows whole: C's rows and the kept ones."""
+    from exactly.protocol.faults import FaultPoint
+
+    line, a = upgraded(target)
+    c = str(uuid.uuid4())
+    line.restore(a, 1, c, SinkRollback.KEEP)
+
+    def view() -> list[int]:
+        with target.pg.connect() as conn:
+            return [r[0] for r in conn.execute(
+                f'SELECT id FROM "{target.table}_committed" ORDER BY id')]
+
+    seen: list[list[int]] = []
+    harness = ProtocolHarness(line.sink(c), query_id=c)
+    with harness.pause_at(FaultPoint.BETWEEN_COMMITS, 2, lambda: seen.append(view())):
+        harness.run_epoch(2, [target.batch(p) for p in epoch_ids(2)])
+    assert seen == [truth(0, 1)]
+    assert view() == sorted(truth(0, 1, 2) + truth(2))
+
+
+@over("files")
+@pytest.mark.parametrize("crash", ["after_renames", "inside_removal"])
+def test_a_file_retract_a_crash_interrupts_never_shows_half_an_epoch_and_is_finished(
+        target, crash, monkeypatch):
+    """The retract of epochs 2..5 dies after the epoch directories were renamed aside (the
+    log still says them complete), or inside the removal of a directory after one of its
+    files was deleted (as a SIGKILL mid-``rmtree`` leaves it). Readers see whole epochs
+    only; a kept restore that would skip epochs still logged complete is refused; the
+    restore run again with retract finishes it."""
+    import shutil
+
+    import exactly.connectors.files.sink as files_sink
+
+    line, a = upgraded(target)
+    c = str(uuid.uuid4())
+    real_rmtree, real_fsync = shutil.rmtree, files_sink.fsync_dir
+
+    class Killed(Exception):
+        pass
+
+    def dies_midway(path, *args, **kwargs):
+        data = [p for p in Path(path).rglob("*") if p.is_file() and p.suffix == ".parquet"]
+        if data:
+            data[0].unlink()
+            raise Killed(path)
+        real_rmtree(path, *args, **kwargs)
+
+    def dies_after_renames(path):
+        if any(target.tmp.joinpath("out").glob("_retracted-*")):
+            raise Killed(path)
+        real_fsync(path)
+
+    if crash == "inside_removal":
+        monkeypatch.setattr(files_sink.shutil, "rmtree", dies_midway)
+    else:
+        monkeypatch.setattr(files_sink, "fsync_dir", dies_after_renames)
+    with pytest.raises(Killed):
+        line.restore(a, 1, c, SinkRollback.RETRACT)
+    monkeypatch.undo()
+    seen = target.visible()
+    whole = {e: set(truth(e)) for e in range(6)}
+    assert set(seen) == set().union(*(ids for ids in whole.values() if ids <= set(seen)))
+    assert len(seen) == len(set(seen))
+    if crash == "after_renames":
+        with pytest.raises(SavepointError, match="retract a crash interrupted"):
+            line.restore(a, 1, c, SinkRollback.KEEP)  # would skip the hidden, logged epochs
+
+    line.restore(a, 1, c, SinkRollback.RETRACT)
+    assert target.visible() == truth(0, 1)
+    assert not list(target.tmp.joinpath("out").glob("_retracted-*"))
+    line.run(c, range(2, 4))
+    assert target.visible() == truth(*range(4))
+
+
+@over("kafka")
+def test_kafka_hand_overs_dropped_from_the_lineage_record_are_warned_and_recorded(
+        target, monkeypatch, caplog):
+    """The record holds the newest hand-overs that fit (here 1): the second restore drops
+    the first's, says so in a warning and in what the restore records."""
+    import logging
+
+    import exactly.connectors.kafka.lineage as kafka_lineage
+
+    monkeypatch.setattr(kafka_lineage, "MAX_EDGES", 1)
+    line, _ = upgraded(target)  # B <- A@3 recorded
+    c = str(uuid.uuid4())
+    with caplog.at_level(logging.WARNING, logger="exactly.kafka"):
+        done = line.restore(line.b, 5, c)
+    assert done["lineage_edges_dropped"] == [line.b]
+    warned = [r for r in caplog.records if "kafka_lineage_trimmed" in r.getMessage()]
+    assert len(warned) == 1 and line.b in warned[0].getMessage()
+    assert [e.query_id for e in kafka_lineage.read_edges(line.sink(c).options)] == [c]
+
+
+@over("delta")
+def test_delta_retract_takes_back_the_lines_files_only_not_rows_an_earlier_keep_left(
+        target):
+    """A ran 0..5; C, restored from A@1 keeping A's epochs 2..5, ran 2..6. Retracting
+    after C's epoch 3 takes back C's epochs 4..6, the files of the queries whose ``txn``
+    it resets; A's kept rows of epochs 4..5 are another branch's and stay."""
+    line = Lineage(target)
+    a, c = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 6))
+    line.restore(a, 1, c, SinkRollback.KEEP)
+    line.run(c, range(2, 7))
+    done = line.restore(c, 3, str(uuid.uuid4()), SinkRollback.RETRACT)
+    assert done["retracted_epochs"] == [4, 5, 6]
+    assert target.visible() == sorted(truth(*range(6)) + truth(2, 3))

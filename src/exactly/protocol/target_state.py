@@ -28,10 +28,17 @@ Two kinds of target record lineage differently:
   sink's table) records the owner and its lineage in one place; a savepoint of a query
   outside that lineage is "not this job's output";
 * a target **several queries may write** (Kafka topics, Delta tables, write-ahead tables)
-  records each hand-over as an :class:`Edge`; :func:`line_state` follows the edges from the
-  savepoint's query to the newest query descending from it (the owner of *its* line). A
-  query without edges is a line of its own there: its own progress counts, and such a
-  target is never "another job's output".
+  records each hand-over as an :class:`Edge`; :func:`line_state` goes back from the
+  savepoint's query to the first of its ancestors the target records (the *root*), then
+  follows the newest hand-over from each query to the newest query descending from the
+  root: the owner of the line. A savepoint whose query is neither that owner nor one of its
+  ancestors is of a branch a later restore replaced (:attr:`TargetState.savepoint_lineage`
+  names where they split). A query without edges is a line of its own there: its own
+  progress counts, and such a target is never "another job's output".
+
+Every restore records its hand-over, a fork (a restore into a target holding nothing of
+the line) too: restoring the same savepoint into that target again, or an older savepoint
+of the same query, is then judged on the line the fork started.
 """
 
 from __future__ import annotations
@@ -161,7 +168,9 @@ class TargetState:
     query asked about) belongs to now; None when it holds no output of that line.
     ``lineage``: the owner's ancestors, parent first. ``progress``: the newest epoch of the
     owner's line visible in the target (None: none). ``known``: False for a target that
-    cannot tell (a sink without a target-state part).
+    cannot tell (a sink without a target-state part). ``savepoint_lineage``: the ancestors
+    of the query asked about as the target records them (targets several queries write;
+    empty elsewhere): when that query is not in the owner's line, where it left the line.
     """
 
     target: str
@@ -169,6 +178,7 @@ class TargetState:
     lineage: Lineage = ()
     progress: int | None = None
     known: bool = True
+    savepoint_lineage: Lineage = ()
 
     @classmethod
     def unknown(cls, target: str) -> TargetState:
@@ -195,6 +205,29 @@ class TargetState:
             if step.query_id == query_id:
                 return step.epoch
         return None
+
+    def branch_point(self, query_id: str) -> Restored | None:
+        """For ``query_id`` outside the owner's line: the nearest of its recorded ancestors
+        the line holds (``query_id``, or a query it descends from, was restored from that
+        query's savepoint at that epoch; the line went on from there on another branch).
+        None when the target records no shared ancestor."""
+        if self.holds(query_id):
+            return None
+        return next((step for step in self.savepoint_lineage if self.holds(step.query_id)),
+                    None)
+
+    def retracted_members(self, epoch: int) -> tuple[str, ...]:
+        """The queries of the line whose output after ``epoch`` is the line's, newest first:
+        the owner and its ancestors back to (not including) the first one the line left at
+        or before ``epoch``; what that one and older ones wrote after ``epoch`` is another
+        branch's (rows a ``keep`` left), not the line's to take back."""
+        members = []
+        for query in self.members:
+            left = self.left_at(query)
+            if left is not None and left <= epoch:
+                break
+            members.append(query)
+        return tuple(members)
 
     def continued(self, query_id: str, epoch: int) -> Lineage:
         """The lineage of a query restored from ``query_id``'s savepoint at ``epoch``:
@@ -241,15 +274,20 @@ def line_state(target: str, edges: Sequence[Edge], query_id: str,
                last_epoch: Callable[[str], int | None]) -> TargetState:
     """The state of ``query_id``'s line in a target several queries may write.
 
-    The owner is the newest query descending from ``query_id`` (:func:`line_head`);
-    ``last_epoch(q)`` is the newest epoch of query ``q`` visible in the target (None: none).
-    The line's progress is the owner's newest epoch there, or, before the owner wrote any,
-    the epoch it was restored from. A line without output is fresh (owner None).
+    The line starts at the *root*, the oldest of ``query_id``'s ancestors the edges record
+    (``query_id`` itself without one); its owner is the newest query descending from the
+    root (:func:`line_head`), which may be on another branch than ``query_id`` when a later
+    restore replaced ``query_id``'s (then ``query_id`` is not in the owner's lineage and
+    :meth:`TargetState.branch_point` says where they split). ``last_epoch(q)`` is the newest
+    epoch of query ``q`` visible in the target (None: none). The line's progress is the
+    owner's newest epoch there, or, before the owner wrote any, the epoch it was restored
+    from. A line without output is fresh (owner None).
     """
-    head = line_head(edges, query_id)
+    own = ancestors(edges, query_id)
+    head = line_head(edges, own[-1].query_id if own else query_id)
     lineage = ancestors(edges, head)
     last = last_epoch(head)
     progress = last if last is not None else (lineage[0].epoch if lineage else None)
     if progress is None:
         return TargetState(target)
-    return TargetState(target, head, lineage, progress)
+    return TargetState(target, head, lineage, progress, savepoint_lineage=own)

@@ -145,6 +145,15 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
                 f"{checkpoint} was restored from {previous.get('savepoint')} already; restore "
                 f"{request.savepoint} into a new checkpoint directory")
         return None
+    if (isinstance(previous, dict) and previous.get("savepoint")
+            and Path(previous["savepoint"]) != Path(request.savepoint)):
+        # its query may own the sink's target already: another savepoint must not reuse it
+        raise SavepointError(
+            f"{checkpoint} holds an interrupted restore of {previous['savepoint']} (its "
+            f"query {previous.get('query_id')} may have taken the sink's target over); "
+            f"restoring {request.savepoint} there is refused. Finish that restore (run the "
+            f"job again with -s {previous['savepoint']}) or restore {request.savepoint} "
+            "into a new checkpoint directory")
     query_id = (previous.get("query_id") if isinstance(previous, dict) else None) or \
         str(uuid.uuid4())
     path = Path(request.savepoint)

@@ -22,8 +22,9 @@ for a savepoint of query Q at epoch N:
   converging values for an upserting one);
 * the owner is a query outside Q's lineage: refused, it is not this job's output.
 
-The take-over (retract, then hand-over) is refused while the savepoint's own job still runs
-on its checkpoint: two live queries must not share a target. Every per-target step lives in
+A restore into a target the savepoint's line holds is refused, before anything is written,
+while the savepoint's own job still runs on its checkpoint: two live queries must not share
+a target. Every per-target step lives in
 the sink's connector; this module holds no knowledge of any target.
 """
 
@@ -134,6 +135,17 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
     if state.fresh or state.owner == new_query_id:
         return state  # a fork, or this restore's own hand-over (a driver restarted)
     if state.owner is not None and not state.holds(query):
+        branch = state.branch_point(query)
+        if branch is not None:
+            went_on = state.left_at(branch.query_id)
+            raise SavepointError(
+                f"{where} went on from query {branch.query_id} on another branch: "
+                f"{state.describe_line(branch.query_id)} replaced the line of query {query} "
+                f"(restored from {branch.query_id} at epoch {branch.epoch}) by a later "
+                f"restore, so the target no longer holds what this savepoint of {query} "
+                f"continues. Restore a savepoint of {state.owner}"
+                + (f", one of {branch.query_id} at epoch {went_on} or older"
+                   if went_on is not None else "") + ", or into a fresh target")
         raise SavepointError(
             f"{where} holds the output of query {state.owner}, not of the savepoint's "
             f"query {query} or a query restored from it: it is not this job's output. "
@@ -146,6 +158,11 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
             f"at epoch {epoch}: its epochs {left + 1}..{epoch} are not part of what the "
             f"target holds (another branch of {query}). Restore a savepoint of {query} at "
             f"epoch {left} or older, a savepoint of {state.owner}, or into a fresh target")
+    if _source_job_alive(savepoint):
+        raise SavepointError(
+            f"the job the savepoint was taken from still runs on {savepoint.checkpoint} and "
+            f"writes to the {state.target}: two live queries must not share it. Stop it "
+            f"first (exactly stop {savepoint.checkpoint}) or restore into a fresh target")
     if state.progress is None or state.progress <= epoch:
         return state
     assert sink is not None  # only a sink's target state is known
@@ -175,22 +192,14 @@ def _source_job_alive(savepoint: SavepointRef) -> bool:
 
 
 def take_over(sink: TwoPhaseCommitSink | None, state: TargetState, savepoint: SavepointRef,
-              policy: SinkRollback, new_query_id: str, *,
-              source_alive: bool | None = None) -> dict[str, Any]:
+              policy: SinkRollback, new_query_id: str) -> dict[str, Any]:
     """Make the target the restored query's, after :func:`check_target` passed: retract the
     line's epochs after the savepoint (``policy`` retract, target ahead), then hand it over.
-    Idempotent. Returns what was done, for the restore record. ``source_alive``: whether the
-    savepoint's own job still runs (None: asked of its checkpoint)."""
+    Idempotent. Returns what was done, for the restore record."""
     if sink is None or not state.known or state.fresh:
         return {"sink": "fresh target"}
     if state.owner == new_query_id:
         return {"sink": "already taken over"}
-    alive = _source_job_alive(savepoint) if source_alive is None else source_alive
-    if alive:
-        raise SavepointError(
-            f"the job the savepoint was taken from still runs on {savepoint.checkpoint} and "
-            f"writes to the {state.target}: stop it first (exactly stop "
-            f"{savepoint.checkpoint}) or restore into a fresh target")
     done: dict[str, Any] = {}
     if (policy is SinkRollback.RETRACT and state.progress is not None
             and state.progress > savepoint.epoch):

@@ -381,18 +381,19 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         return line_state(self.describe_target(), self._edges(), query_id,
                           lambda q: table.transaction_version(app_id(q)))
 
-    def _retract_plan(self, state: TargetState, epoch: int) -> tuple[list[Any], str | None]:
-        """The snapshot's add actions of the line's files of epochs after ``epoch`` (from
-        their names), and why a retract would be wrong (None: it is right)."""
-        table = self._delta()
-        members = state.members
+    def _retract_plan(self, table: Any, state: TargetState,
+                      epoch: int) -> tuple[list[Any], str | None]:
+        """In ``table``'s snapshot: the add actions of the line's files of epochs after
+        ``epoch`` (from their names; the queries of :meth:`TargetState.retracted_members`),
+        and why a retract would be wrong (None: it is right)."""
+        members = state.retracted_members(epoch)
         adds = pa.table(table.get_add_actions(flatten=True))
         doomed = []
         for row in adds.select(["path", "size_bytes"]).to_pylist():
             found = _file_epoch(row["path"], members)
             if found is not None and found > epoch:
                 doomed.append(row)
-        rewrites = _rewrites_after(table, members, epoch)
+        rewrites = _rewrites_after(table, state.members, epoch)
         if rewrites:
             return doomed, (
                 f"the table was rewritten after the line's first epoch past {epoch} "
@@ -401,29 +402,29 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         return doomed, None
 
     def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
-        _, refusal = self._retract_plan(state, epoch)
+        _, refusal = self._retract_plan(self._delta(), state, epoch)
         return RollbackSupport(
             retract=refusal,
             keep="their rows stay and the restored job commits those epochs again: the "
                  "table then holds them twice")
 
     def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
-        """One Delta commit: remove every file of the line's epochs after ``epoch`` and set
-        the ``txn`` version of the savepoint's query and its descendants in the line back to
-        ``epoch``. Idempotent (a second call finds nothing to remove)."""
+        """One Delta commit, planned and made on one snapshot (a concurrent commit is
+        checked by Delta's conflict detection): remove every file of the line's epochs after
+        ``epoch`` and set the ``txn`` version of the same queries (the savepoint's query and
+        its descendants in the line) back to ``epoch``. Idempotent (a second call finds
+        nothing to remove)."""
         from deltalake import CommitProperties, Transaction
         from deltalake.transaction import RemoveAction
 
-        doomed, refusal = self._retract_plan(state, epoch)
+        table = self._delta()
+        doomed, refusal = self._retract_plan(table, state, epoch)
         if refusal is not None:
             raise SavepointError(f"--sink-rollback retract: {refusal}")
-        table = self._delta()
         now = int(time.time() * 1000)
+        members = state.retracted_members(epoch)
         newer = []
-        for query in state.members:  # the owner first, then back through its ancestors
-            left = state.left_at(query)
-            if left is not None and left <= epoch:
-                break  # this ancestor and older ones wrote nothing past ``epoch`` in the line
+        for query in members:
             version = table.transaction_version(app_id(query))
             if version is None or version > epoch:
                 newer.append(Transaction(app_id(query), epoch, now))
@@ -435,9 +436,9 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             commit_properties=CommitProperties(
                 app_transactions=newer or None,
                 custom_metadata={"exactly.retractedAfter": str(epoch),
-                                 "exactly.line": ",".join(state.members)},
+                                 "exactly.line": ",".join(members)},
                 max_commit_retries=COMMIT_RETRIES))
-        epochs = sorted({_file_epoch(row["path"], state.members) or 0 for row in doomed})
+        epochs = sorted({_file_epoch(row["path"], members) or 0 for row in doomed})
         log_event(logger, "delta_retract", files=len(doomed), after_epoch=epoch,
                   table_version=table.version())
         return {"retracted_files": len(doomed), "retracted_epochs": epochs}

@@ -43,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exactly.errors import ConfigError, DataLossError
+from exactly.errors import ConfigError, DataLossError, SavepointError
 from exactly.fsutil import atomic_write_json, fsync_dir, naming, read_json
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.contract import (
@@ -61,6 +61,9 @@ from exactly.protocol.staging import (
     remove_if_empty,
 )
 from exactly.protocol.target_state import lineage_from_json, lineage_to_json
+
+#: an epoch directory being retracted is renamed to this prefix first (readers skip ``_``)
+RETRACTED_PREFIX = "_retracted-"
 
 FORMATS = {"parquet": "parquet", "json": "jsonl", "jsonl": "jsonl"}
 
@@ -211,15 +214,20 @@ class FileSink(StagingSink):
                  "fails at the first of them)")
 
     def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
-        """Delete every ``epoch-N`` directory with N > ``epoch``, the commit log's intents
-        and completions of those epochs, and the staged attempts of those epochs (their
-        pre-commits; an epoch half published). Idempotent."""
+        """Take back every ``epoch-N`` directory with N > ``epoch``, the commit log's
+        intents and completions of those epochs, and the staged attempts of those epochs
+        (their pre-commits; an epoch half published). Each directory is first renamed to a
+        ``_retracted-`` name readers skip (one atomic step: a crash never leaves an epoch
+        half visible), then the log entries go, then the renamed directories. Idempotent: a
+        retract a crash interrupted is finished by the next one."""
+        self._remove_retracted()  # left by an interrupted retract
         removed = []
         for directory in sorted(self.root.glob("epoch-*")):
             number = directory.name.removeprefix("epoch-")
             if number.isdigit() and int(number) > epoch:
-                shutil.rmtree(directory)
+                directory.rename(self.root / f"{RETRACTED_PREFIX}{directory.name}")
                 removed.append(int(number))
+        fsync_dir(self.root)
         if self.stage.base.is_dir():
             for directory in self.stage.base.iterdir():
                 if directory.name.isdigit() and int(directory.name) > epoch:
@@ -228,12 +236,29 @@ class FileSink(StagingSink):
             for path in folder.glob("*.json") if folder.is_dir() else []:
                 if path.stem.isdigit() and int(path.stem) > epoch:
                     path.unlink()
-        fsync_dir(self.root)
+            if folder.is_dir():
+                fsync_dir(folder)
+        self._remove_retracted()
         return {"retracted_epochs": removed}
+
+    def _remove_retracted(self) -> None:
+        for directory in self.root.glob(f"{RETRACTED_PREFIX}*"):
+            shutil.rmtree(directory)
+        fsync_dir(self.root)
 
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Abort the staged attempts the superseded queries left, then name ``to_query`` the
-        owner in ``_exactly/query.json`` with its lineage (atomically replaced)."""
+        owner in ``_exactly/query.json`` with its lineage (atomically replaced). Refused
+        while a retract a crash interrupted is unfinished: its epochs are hidden but still
+        logged complete, so a kept restore would skip them."""
+        hidden = {int(d.name.rsplit("-", 1)[-1]) for d in
+                  self.root.glob(f"{RETRACTED_PREFIX}epoch-*") if d.name[-1:].isdigit()}
+        if hidden & set(CommitLog(self.log_directory).completed_epochs()):
+            raise SavepointError(
+                f"the file sink's target {self.root} holds a retract a crash interrupted "
+                f"({RETRACTED_PREFIX}* directories): run the restore again with "
+                "--sink-rollback retract to finish it")
+        self._remove_retracted()  # no longer logged: only the removal was interrupted
         aborted = 0
         for query in {*state.members, lineage[0].query_id}:
             for handle in self.list_pre_commits(query):

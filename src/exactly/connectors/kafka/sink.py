@@ -268,5 +268,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             finally:
                 producer.flush(5)
             fenced.append(txn_id)
-        record_edge(self.options, Edge(to_query, lineage[0], time.time()))
-        return {"fenced_transactional_id": fenced[0], "fenced": fenced}
+        dropped = record_edge(self.options, Edge(to_query, lineage[0], time.time()))
+        done: dict[str, Any] = {"fenced_transactional_id": fenced[0], "fenced": fenced}
+        if dropped:
+            done["lineage_edges_dropped"] = [e.query_id for e in dropped]
+        return done

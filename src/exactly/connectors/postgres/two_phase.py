@@ -535,16 +535,21 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Abort the prepared transactions the superseded queries left (they would hold row
         locks for good), then move the table's row in the epochs table to ``to_query`` with
-        its lineage (adding the ``lineage`` column to an epochs table made before it)."""
+        its lineage (adding the ``lineage`` column to an epochs table made before it). The
+        recorded epoch goes back to the savepoint's when the table is ahead of it (``keep``):
+        the view shows the restored query's epochs from there on only once each is
+        complete, as it shows every epoch; the kept rows of later epochs show again as the
+        restored query completes their numbers."""
         from psycopg import sql
 
         aborted = self._abort_line({*state.members, lineage[0].query_id})
         with pg_connect(self.dsn, application="exactly-restore") as conn:
             add_lineage_column(conn, self.epochs)
-            conn.execute(sql.SQL("UPDATE {} SET query_id = %s, {} = %s WHERE relid = {}")
+            conn.execute(sql.SQL("UPDATE {} SET query_id = %s, {} = %s, "
+                                 "epoch = least(epoch, %s) WHERE relid = {}")
                          .format(self.epochs.sql(), sql.Identifier(LINEAGE_COLUMN),
                                  self._regclass(conn)),
-                         (to_query, json.dumps(lineage_to_json(lineage))))
+                         (to_query, json.dumps(lineage_to_json(lineage)), lineage[0].epoch))
             conn.commit()
         return {"aborted_pre_commits": aborted}
 
