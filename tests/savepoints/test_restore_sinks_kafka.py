@@ -35,7 +35,7 @@ def test_an_upgrade_takes_the_topic_over_and_a_rollback_is_refused(spark, broker
     sp = first.savepoint(savepoints)
     second = StatefulJob(spark, tmp_path / "ck1", **env)
     done = second.restore(sp, 2 * STEP)
-    assert done["fenced_transactional_id"].startswith(f"sp-{topic}-")
+    assert done["fenced"][0].startswith(f"sp-{topic}-")
     second.run(2 * STEP)
     report = audit_ids(topic_ids(broker, topic), np.arange(2 * STEP))
     assert report.ok, report.to_json()

@@ -550,3 +550,50 @@ def test_delta_retract_takes_back_the_lines_files_only_not_rows_an_earlier_keep_
     done = line.restore(c, 3, str(uuid.uuid4()), SinkRollback.RETRACT)
     assert done["retracted_epochs"] == [4, 5, 6]
     assert target.visible() == sorted(truth(*range(6)) + truth(2, 3))
+
+
+@over("files", "pg_2pc_append", "wal", "kafka", "delta", "delta_s3")
+def test_a_fork_records_its_lineage_so_an_older_savepoint_restored_into_it_is_a_rollback(
+        target):
+    """A's savepoint at 3 is restored as B into a fresh target (a fork: A's own output is
+    elsewhere) and B runs 4..5. A's older savepoint at 1 restored into B's target is a
+    rollback over the line B continues: refused naming the choices, not taken for another
+    job's output (files, PostgreSQL) or for a fresh target (Kafka, Delta, write-ahead
+    tables, which would then hold both lines' epochs). The fork supersedes nothing: the
+    savepoint's query may still run on its own target."""
+    line = Lineage(target)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    if target.name == "pg_2pc_append":
+        line.sink(b)  # the table exists before the restore (else nothing can be recorded)
+    done = line.restore(a, 3, b)
+    assert not done.get("aborted_pre_commits") and not done.get("fenced"), done
+    line.run(b, range(4, 6))
+    assert target.visible() == truth(4, 5)
+    with pytest.raises(SavepointError) as refused:
+        line.restore(a, 1, str(uuid.uuid4()))
+    message = str(refused.value)
+    assert f"holds epochs 2..5 of query {b} (restored from {a} at epoch 3)" in message, message
+    assert "--sink-rollback keep" in message, message
+    assert target.visible() == truth(4, 5)
+
+
+@pytest.mark.server
+def test_a_kafka_fork_into_a_topic_not_made_yet_is_restored_and_says_no_lineage_was_recorded(
+        broker, tmp_path, caplog):
+    """The topic does not exist until the restored job's first write creates it: the
+    hand-over has nowhere to record the fork; the restore goes on, and its record and a
+    warning say so (with the fix: create the topic first)."""
+    import logging
+
+    topic = f"not-made-{uuid.uuid4().hex[:8]}"
+    options = {"kafka.bootstrap.servers": broker.bootstrap, "topic": topic,
+               "transactionalIdPrefix": f"fork-{topic}"}
+    job = Job(None, "exactly.kafka", options=options,  # type: ignore[arg-type]
+              checkpoint=CheckpointConfig(storage=str(tmp_path / "ck-b")))
+    savepoint = manifest("a", 3, tmp_path / "ck-a")
+    state = decide(job, savepoint, SinkRollback.REFUSE, "b")
+    assert state.fresh
+    with caplog.at_level(logging.WARNING, logger="exactly.kafka"):
+        done = hand_over(job, savepoint, state, SinkRollback.REFUSE, "b")
+    assert done == {"fenced": [], "lineage_recorded": f"no: topic {topic} does not exist yet"}
+    assert any("kafka_fork_lineage_not_recorded" in r.getMessage() for r in caplog.records)

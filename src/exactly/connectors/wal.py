@@ -204,6 +204,9 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore") as conn:
+            if self.lineage_table.schema:  # a fork may come before the job made its schema
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(self.lineage_table.schema)))
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (target text NOT NULL, query_id text NOT NULL, "
                 "parent_query_id text NOT NULL, parent_epoch bigint NOT NULL, "
@@ -321,6 +324,7 @@ class SqliteWalTarget(WalTarget):
 
     def record_edge(self, edge: Edge) -> None:
         table = self.lineage_table.sqlite()
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)  # a fork comes first
         with sqlite_connect(self.path) as conn:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (target TEXT NOT NULL, query_id "

@@ -13,7 +13,8 @@ numbers at N+1, as a restored Flink job gets a new job id. Before it runs, the r
   means (``--sink-rollback keep``);
 * ``retract_after(state, epoch)``: take those epochs back;
 * ``hand_over(state, to_query, lineage)``: make the target the restored query's, recording
-  its lineage.
+  its lineage; in a fresh target (a fork) too, where it supersedes no query
+  (:meth:`TargetState.superseded`) and the target may not exist yet.
 
 Lineage. Query B restored from query A's savepoint at epoch 10 continues A: A's output up to
 epoch 10 is B's too. A savepoint of A at epoch N may therefore be restored into a target
@@ -215,6 +216,14 @@ class TargetState:
             return None
         return next((step for step in self.savepoint_lineage if self.holds(step.query_id)),
                     None)
+
+    def superseded(self, lineage: Lineage) -> tuple[str, ...]:
+        """The queries a hand-over to a query with ``lineage`` supersedes in this target:
+        the line's members and the savepoint's query; none in a fresh target (a fork: the
+        savepoint's query may still run elsewhere, its transactions are not this target's)."""
+        if self.fresh:
+            return ()
+        return tuple(dict.fromkeys([*self.members, lineage[0].query_id]))
 
     def retracted_members(self, epoch: int) -> tuple[str, ...]:
         """The queries of the line whose output after ``epoch`` is the line's, newest first:

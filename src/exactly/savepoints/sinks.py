@@ -7,7 +7,8 @@ asked through the target-state part of the sink contract
 restored from, and at which epochs) and how far that line got there (its progress M). Then,
 for a savepoint of query Q at epoch N:
 
-* no output of Q's line (a fresh target): a **fork**; the new query writes from N+1 on;
+* no output of Q's line (a fresh target): a **fork**; the new query writes from N+1 on
+  (the hand-over records its lineage there, superseding no query);
 * the owner is Q or descends from Q (Q is in its lineage). If the line left Q at epoch e
   (Q's child was restored from Q's savepoint at e) and N > e, the savepoint holds epochs
   e+1..N this line of the target never kept: refused, naming both (a branch);
@@ -194,10 +195,12 @@ def _source_job_alive(savepoint: SavepointRef) -> bool:
 def take_over(sink: TwoPhaseCommitSink | None, state: TargetState, savepoint: SavepointRef,
               policy: SinkRollback, new_query_id: str) -> dict[str, Any]:
     """Make the target the restored query's, after :func:`check_target` passed: retract the
-    line's epochs after the savepoint (``policy`` retract, target ahead), then hand it over.
-    Idempotent. Returns what was done, for the restore record."""
-    if sink is None or not state.known or state.fresh:
-        return {"sink": "fresh target"}
+    line's epochs after the savepoint (``policy`` retract, target ahead), then hand it over,
+    a fresh target too (a fork records its lineage, so a later restore of an older
+    savepoint of the line into it meets the rollback rule). Idempotent. Returns what was
+    done, for the restore record."""
+    if sink is None or not state.known:
+        return {"sink": "not recorded (the target cannot tell)"}
     if state.owner == new_query_id:
         return {"sink": "already taken over"}
     done: dict[str, Any] = {}

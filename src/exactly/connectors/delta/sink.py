@@ -447,7 +447,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         """Abort the pending pre-commits of the superseded queries, then record ``to_query``
         <- ``lineage[0]`` in ``_exactly/lineage/<to_query>.json`` (one atomic write)."""
         aborted = 0
-        for query in {*state.members, lineage[0].query_id}:
+        for query in state.superseded(lineage):
             for handle in self.list_pre_commits(query):
                 self.abort(handle)
                 aborted += 1

@@ -242,9 +242,11 @@ class FileSink(StagingSink):
         return {"retracted_epochs": removed}
 
     def _remove_retracted(self) -> None:
-        for directory in self.root.glob(f"{RETRACTED_PREFIX}*"):
+        retracted = list(self.root.glob(f"{RETRACTED_PREFIX}*"))
+        for directory in retracted:
             shutil.rmtree(directory)
-        fsync_dir(self.root)
+        if retracted:
+            fsync_dir(self.root)
 
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Abort the staged attempts the superseded queries left, then name ``to_query`` the
@@ -260,7 +262,7 @@ class FileSink(StagingSink):
                 "--sink-rollback retract to finish it")
         self._remove_retracted()  # no longer logged: only the removal was interrupted
         aborted = 0
-        for query in {*state.members, lineage[0].query_id}:
+        for query in state.superseded(lineage):
             for handle in self.list_pre_commits(query):
                 self.abort(handle)
                 aborted += 1

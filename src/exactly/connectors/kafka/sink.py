@@ -60,6 +60,7 @@ the publishing producer, the epoch marker and the error handling:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ from exactly.connectors.kafka.publisher import (
     read_marker,
 )
 from exactly.errors import DataLossError
+from exactly.logs import log_event
 from exactly.protocol.contract import (
     CommitOutcome,
     Edge,
@@ -93,6 +95,8 @@ from exactly.protocol.contract import (
 )
 from exactly.protocol.staging import StagedPayload, StagedTxn, open_stage
 from exactly.protocol.target_state import line_state
+
+logger = logging.getLogger("exactly.kafka")
 
 _STAGED = "rows.arrow"
 
@@ -253,14 +257,15 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
 
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Fence the transactional producers of the savepoint's query and of the line's
-        newest query (aborting a transaction a crashed driver left open), then record
-        ``to_query`` <- ``lineage[0]``."""
-        from confluent_kafka import Producer
+        newest query (aborting a transaction a crashed driver left open; none in a fork),
+        then record ``to_query`` <- ``lineage[0]``."""
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
         from exactly.connectors.kafka.lineage import record_edge
 
         fenced = []
-        for query in dict.fromkeys([lineage[0].query_id, *state.members[:1]]):
+        for query in dict.fromkeys(q for q in (lineage[0].query_id, *state.members[:1])
+                                   if q in state.superseded(lineage)):
             txn_id = self.options.transactional_id(query)
             producer = Producer({**self.options.client_conf(), "transactional.id": txn_id})
             try:
@@ -268,8 +273,23 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             finally:
                 producer.flush(5)
             fenced.append(txn_id)
-        dropped = record_edge(self.options, Edge(to_query, lineage[0], time.time()))
-        done: dict[str, Any] = {"fenced_transactional_id": fenced[0], "fenced": fenced}
+        done: dict[str, Any] = {"fenced": fenced}
+        try:
+            dropped = record_edge(self.options, Edge(to_query, lineage[0], time.time()))
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (state.fresh and getattr(error, "code", lambda: None)()
+                    == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise
+            # a fork into a topic the job's first write will create: nothing to record on
+            topic = self.options.require_marker_topic()
+            log_event(logger, "kafka_fork_lineage_not_recorded", logging.WARNING,
+                      topic=topic, query=to_query, parent=lineage[0].query_id,
+                      hint="create the topic before restoring to have the fork's lineage "
+                           "recorded; a later restore of an older savepoint of "
+                           f"{lineage[0].query_id} into it is then checked as a rollback")
+            done["lineage_recorded"] = f"no: topic {topic} does not exist yet"
+            return done
         if dropped:
             done["lineage_edges_dropped"] = [e.query_id for e in dropped]
         return done

@@ -539,17 +539,25 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         recorded epoch goes back to the savepoint's when the table is ahead of it (``keep``):
         the view shows the restored query's epochs from there on only once each is
         complete, as it shows every epoch; the kept rows of later epochs show again as the
-        restored query completes their numbers."""
+        restored query completes their numbers. A fork into a table without a row records
+        one at the savepoint's epoch; into a table that does not exist yet, nothing (the
+        job creates it; a later restore then finds that query's output without lineage)."""
         from psycopg import sql
 
-        aborted = self._abort_line({*state.members, lineage[0].query_id})
+        aborted = self._abort_line(state.superseded(lineage))
         with pg_connect(self.dsn, application="exactly-restore") as conn:
+            if conn.execute("SELECT to_regclass(%s)",
+                            (self.table.sql().as_string(conn),)).fetchone()[0] is None:
+                return {"aborted_pre_commits": aborted,
+                        "lineage_recorded": "no: the table does not exist yet"}
+            ensure_epochs_table(conn, self.epochs)
             add_lineage_column(conn, self.epochs)
-            conn.execute(sql.SQL("UPDATE {} SET query_id = %s, {} = %s, "
-                                 "epoch = least(epoch, %s) WHERE relid = {}")
-                         .format(self.epochs.sql(), sql.Identifier(LINEAGE_COLUMN),
-                                 self._regclass(conn)),
-                         (to_query, json.dumps(lineage_to_json(lineage)), lineage[0].epoch))
+            conn.execute(sql.SQL(
+                "INSERT INTO {e} AS e (relid, query_id, epoch, {l}) VALUES ({t}, %s, %s, %s) "
+                "ON CONFLICT (relid) DO UPDATE SET query_id = excluded.query_id, "
+                "{l} = excluded.{l}, epoch = least(e.epoch, excluded.epoch)").format(
+                e=self.epochs.sql(), l=sql.Identifier(LINEAGE_COLUMN), t=self._regclass(conn)),
+                (to_query, lineage[0].epoch, json.dumps(lineage_to_json(lineage))))
             conn.commit()
         return {"aborted_pre_commits": aborted}
 
