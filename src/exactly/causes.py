@@ -21,6 +21,13 @@ _SPARK_PREFIX = re.compile(r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated
 _SQLSTATE = re.compile(r"(\s*SQLSTATE: \w+)+\s*$")
 
 
+def root_cause_of(exc: BaseException) -> str:
+    """:func:`root_cause` of ``exc`` formatted with its traceback and chained causes."""
+    import traceback
+
+    return root_cause("".join(traceback.format_exception(exc)))
+
+
 def root_cause(text: str) -> str:
     """The one line that says what really went wrong, from a formatted exception.
 

@@ -263,6 +263,26 @@ class Column:
     has_default: bool
 
 
+def pg_relation_exists(conn, table: TableName) -> bool:
+    """Whether ``table`` (a table or view) exists in PostgreSQL."""
+    return conn.execute("SELECT to_regclass(%s)",
+                        (table.sql().as_string(conn),)).fetchone()[0] is not None
+
+
+def create_pg_table(conn, table: TableName, columns: str) -> None:
+    """``CREATE TABLE IF NOT EXISTS table (columns)``, its schema first; committed.
+    ``columns`` is SQL the caller writes (no user input)."""
+    from psycopg import sql
+
+    with conn.cursor() as cur:
+        if table.schema:
+            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(table.schema)))
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + columns + ")").format(
+            table.sql()))
+    conn.commit()
+
+
 def pg_columns(conn, table: TableName) -> list[Column] | None:
     """The columns of ``table`` in order, or None when it does not exist."""
     with conn.cursor() as cur:

@@ -46,9 +46,11 @@ from exactly.connectors.sql import (
     TableName,
     clean_error,
     copy_into,
+    create_pg_table,
     ensure_pg_table,
     ensure_sqlite_table,
     pg_connect,
+    pg_relation_exists,
     quote_sqlite,
     redact_dsn,
     retrying,
@@ -179,8 +181,7 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
-            if conn.execute("SELECT to_regclass(%s)", (self.markers.sql().as_string(conn),)
-                            ).fetchone()[0] is None:
+            if not pg_relation_exists(conn, self.markers):
                 return None
             row = conn.execute(sql.SQL("SELECT max(epoch) FROM {} WHERE query_id = %s AND "
                                        "target = %s").format(self.markers.sql()),
@@ -191,8 +192,7 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
-            if conn.execute("SELECT to_regclass(%s)",
-                            (self.lineage_table.sql().as_string(conn),)).fetchone()[0] is None:
+            if not pg_relation_exists(conn, self.lineage_table):
                 return []
             rows = conn.execute(sql.SQL(
                 "SELECT query_id, parent_query_id, parent_epoch, restored_at FROM {} "
@@ -204,14 +204,12 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore") as conn:
-            if self.lineage_table.schema:  # a fork may come before the job made its schema
-                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                    sql.Identifier(self.lineage_table.schema)))
-            conn.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (target text NOT NULL, query_id text NOT NULL, "
-                "parent_query_id text NOT NULL, parent_epoch bigint NOT NULL, "
-                "restored_at double precision NOT NULL, PRIMARY KEY (target, query_id))"
-            ).format(self.lineage_table.sql()))
+            # its schema too: a fork may come before the job made it
+            create_pg_table(conn, self.lineage_table,
+                            "target text NOT NULL, query_id text NOT NULL, "
+                            "parent_query_id text NOT NULL, parent_epoch bigint NOT NULL, "
+                            "restored_at double precision NOT NULL, "
+                            "PRIMARY KEY (target, query_id)")
             conn.execute(sql.SQL(
                 "INSERT INTO {} (target, query_id, parent_query_id, parent_epoch, restored_at) "
                 "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (target, query_id) DO UPDATE SET "

@@ -259,12 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exactly run: driver lost: {exc}", file=sys.stderr, flush=True)
         return DRIVER_LOST
     except (JobFailedError, ExactlyError) as exc:
-        import traceback
+        from exactly.causes import root_cause_of
 
-        from exactly.causes import root_cause
-
-        text = str(exc) if isinstance(exc, JobFailedError) else root_cause(
-            "".join(traceback.format_exception(exc)))
+        text = str(exc) if isinstance(exc, JobFailedError) else root_cause_of(exc)
         _mark_failed(spec, text)
         print(f"exactly run: job failed: {text}", file=sys.stderr, flush=True)
         return JOB_FAILED
@@ -280,12 +277,9 @@ def _resolve_main(spec: DriverSpec) -> int:
         print(json.dumps({"checkpoint": resolve_checkpoint(spec)}), flush=True)
         return 0
     except Exception as exc:
-        import traceback
+        from exactly.causes import root_cause_of
 
-        from exactly.causes import root_cause
-
-        print(root_cause("".join(traceback.format_exception(exc))), file=sys.stderr,
-              flush=True)
+        print(root_cause_of(exc), file=sys.stderr, flush=True)
         return JOB_FAILED
 
 
@@ -332,12 +326,10 @@ def _record_start_failure(directory: Path, run_id: str, kind: str,
     """A run that failed before its query started (a refused restore) ends here: its cause
     goes to the restart history and ``job.json`` (state ``failed``), so ``exactly
     checkpoints`` and ``exactly ui`` show the run and why it ended."""
-    import traceback
-
-    from exactly.causes import root_cause
+    from exactly.causes import root_cause_of
     from exactly.ops.history import RestartHistory
 
-    cause = root_cause("".join(traceback.format_exception(exc)))
+    cause = root_cause_of(exc)
     RestartHistory(directory, run_id).append("failure", kind=kind, cause=cause,
                                              action="give-up", fatal=True)
     _merge(directory, {"state": "failed", "detail": cause})

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from exactly.causes import root_cause
+from exactly.causes import root_cause, root_cause_of
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
@@ -355,7 +355,7 @@ class Supervisor:
                                       trigger="stop" if stopping else "savepoint",
                                       operators=self._operators(), fault=self.fault)
         except Exception as exc:
-            cause = root_cause("".join(_format(exc)))
+            cause = root_cause_of(exc)
             log_event(logger, "savepoint_failed", logging.WARNING, cause=cause)
             self._answer(request, "failed", f"{prefix}savepoint failed: {cause}",
                          last_epoch=self.last_epoch)

@@ -223,6 +223,16 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     def list_pre_commits(self, query_id: str) -> Iterable[Handle]:
         """Every pre-commit of ``query_id`` still present (not committed) in the target."""
 
+    def abort_pre_commits(self, queries: Iterable[str]) -> int:
+        """Abort every pre-commit ``queries`` left in the target (a hand-over drops what the
+        queries it supersedes left behind); returns how many."""
+        aborted = 0
+        for query in queries:
+            for handle in self.list_pre_commits(query):
+                self.abort(handle)
+                aborted += 1
+        return aborted
+
     # -- target state (restores; driver, with no query running on the target) ---------
     def describe_target(self) -> str:
         """The target in a few words, without secrets: a path, a table, a topic."""

@@ -446,11 +446,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Abort the pending pre-commits of the superseded queries, then record ``to_query``
         <- ``lineage[0]`` in ``_exactly/lineage/<to_query>.json`` (one atomic write)."""
-        aborted = 0
-        for query in state.superseded(lineage):
-            for handle in self.list_pre_commits(query):
-                self.abort(handle)
-                aborted += 1
+        aborted = self.abort_pre_commits(state.superseded(lineage))
         fs, base = self._fs()
         edge = Edge(to_query, lineage[0], time.time())
         if self.location.is_local:

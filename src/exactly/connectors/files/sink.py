@@ -222,11 +222,10 @@ class FileSink(StagingSink):
         retract a crash interrupted is finished by the next one."""
         self._remove_retracted()  # left by an interrupted retract
         removed = []
-        for directory in sorted(self.root.glob("epoch-*")):
-            number = directory.name.removeprefix("epoch-")
-            if number.isdigit() and int(number) > epoch:
+        for number, directory in sorted(self._epoch_dirs().items()):
+            if number > epoch:
                 directory.rename(self.root / f"{RETRACTED_PREFIX}{directory.name}")
-                removed.append(int(number))
+                removed.append(number)
         fsync_dir(self.root)
         if self.stage.base.is_dir():
             for directory in self.stage.base.iterdir():
@@ -241,6 +240,12 @@ class FileSink(StagingSink):
         self._remove_retracted()
         return {"retracted_epochs": removed}
 
+    def _epoch_dirs(self, prefix: str = "") -> dict[int, Path]:
+        """The output's epoch directories named ``<prefix>epoch-N``, by N."""
+        head = f"{prefix}epoch-"
+        return {int(d.name.removeprefix(head)): d for d in self.root.glob(f"{head}*")
+                if d.name.removeprefix(head).isdigit()}
+
     def _remove_retracted(self) -> None:
         retracted = list(self.root.glob(f"{RETRACTED_PREFIX}*"))
         for directory in retracted:
@@ -253,19 +258,14 @@ class FileSink(StagingSink):
         owner in ``_exactly/query.json`` with its lineage (atomically replaced). Refused
         while a retract a crash interrupted is unfinished: its epochs are hidden but still
         logged complete, so a kept restore would skip them."""
-        hidden = {int(d.name.rsplit("-", 1)[-1]) for d in
-                  self.root.glob(f"{RETRACTED_PREFIX}epoch-*") if d.name[-1:].isdigit()}
+        hidden = self._epoch_dirs(RETRACTED_PREFIX).keys()
         if hidden & set(CommitLog(self.log_directory).completed_epochs()):
             raise SavepointError(
                 f"the file sink's target {self.root} holds a retract a crash interrupted "
                 f"({RETRACTED_PREFIX}* directories): run the restore again with "
                 "--sink-rollback retract to finish it")
         self._remove_retracted()  # no longer logged: only the removal was interrupted
-        aborted = 0
-        for query in state.superseded(lineage):
-            for handle in self.list_pre_commits(query):
-                self.abort(handle)
-                aborted += 1
+        aborted = self.abort_pre_commits(state.superseded(lineage))
         record = self._owner_record() or {}
         record.pop("restored_from", None)  # the one-step record of older versions
         atomic_write_json(self.log_directory / "query.json",

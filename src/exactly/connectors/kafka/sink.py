@@ -264,8 +264,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         from exactly.connectors.kafka.lineage import record_edge
 
         fenced = []
-        for query in dict.fromkeys(q for q in (lineage[0].query_id, *state.members[:1])
-                                   if q in state.superseded(lineage)):
+        newest = () if state.fresh else (lineage[0].query_id, *state.members[:1])
+        for query in dict.fromkeys(newest):
             txn_id = self.options.transactional_id(query)
             producer = Producer({**self.options.client_conf(), "transactional.id": txn_id})
             try:
@@ -278,8 +278,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             dropped = record_edge(self.options, Edge(to_query, lineage[0], time.time()))
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            if not (state.fresh and getattr(error, "code", lambda: None)()
-                    == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            if not state.fresh or not isinstance(error, KafkaError) or \
+                    error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise
             # a fork into a topic the job's first write will create: nothing to record on
             topic = self.options.require_marker_topic()

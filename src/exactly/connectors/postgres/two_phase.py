@@ -71,9 +71,11 @@ from exactly.connectors.sql import (
     CopyStream,
     TableName,
     clean_error,
+    create_pg_table,
     ensure_pg_table,
     pg_columns,
     pg_connect,
+    pg_relation_exists,
     redact_dsn,
     retrying,
 )
@@ -475,10 +477,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
-            exists = conn.execute("SELECT to_regclass(%s), to_regclass(%s)",
-                                  (self.table.sql().as_string(conn),
-                                   self.epochs.sql().as_string(conn))).fetchone()
-            if exists is None or exists[0] is None or exists[1] is None:
+            if not (pg_relation_exists(conn, self.table)
+                    and pg_relation_exists(conn, self.epochs)):
                 return TargetState(self.describe_target())
             lineage = (sql.Identifier(LINEAGE_COLUMN) if has_lineage_column(conn, self.epochs)
                        else sql.SQL("NULL"))
@@ -505,15 +505,6 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             keep="their rows stay and the restored job writes those epochs again: the "
                  "table then holds them twice")
 
-    def _abort_line(self, queries) -> int:
-        """Roll back the prepared transactions ``queries`` left (they hold row locks)."""
-        aborted = 0
-        for query in queries:
-            for handle in self.list_pre_commits(query):
-                self.abort(handle)
-                aborted += 1
-        return aborted
-
     def retract_after(self, state: TargetState, epoch: int) -> dict[str, Any]:
         """Append mode: abort the line's prepared transactions, then, in one transaction,
         delete the rows whose epoch column is > ``epoch`` and record ``epoch`` as the last
@@ -523,7 +514,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         reason = self.rollback_support(state, epoch).retract
         if reason is not None:
             raise SavepointError(f"--sink-rollback retract: {reason}")
-        aborted = self._abort_line(state.members)
+        aborted = self.abort_pre_commits(state.members)
         with pg_connect(self.dsn, application="exactly-restore") as conn:
             deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(
                 self.table.sql(), sql.Identifier(self.epoch_column)), (epoch,)).rowcount
@@ -544,10 +535,9 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         job creates it; a later restore then finds that query's output without lineage)."""
         from psycopg import sql
 
-        aborted = self._abort_line(state.superseded(lineage))
+        aborted = self.abort_pre_commits(state.superseded(lineage))
         with pg_connect(self.dsn, application="exactly-restore") as conn:
-            if conn.execute("SELECT to_regclass(%s)",
-                            (self.table.sql().as_string(conn),)).fetchone()[0] is None:
+            if not pg_relation_exists(conn, self.table):
                 return {"aborted_pre_commits": aborted,
                         "lineage_recorded": "no: the table does not exist yet"}
             ensure_epochs_table(conn, self.epochs)
@@ -579,21 +569,8 @@ def add_lineage_column(conn, epochs: TableName) -> None:
             epochs.sql(), sql.Identifier(LINEAGE_COLUMN)))
 
 
-def _create_table(conn, table: TableName, columns: str) -> None:
-    """``CREATE TABLE IF NOT EXISTS table (columns)``, its schema first; committed."""
-    from psycopg import sql
-
-    with conn.cursor() as cur:
-        if table.schema:
-            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                sql.Identifier(table.schema)))
-        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + columns + ")").format(
-            table.sql()))
-    conn.commit()
-
-
 def ensure_marker_table(conn, markers: TableName) -> None:
-    _create_table(conn, markers,
+    create_pg_table(conn, markers,
                   "gid text PRIMARY KEY, query_id text NOT NULL, epoch bigint NOT NULL, "
                   "partition integer NOT NULL, rows bigint NOT NULL, "
                   "prepared_at timestamptz NOT NULL DEFAULT now()")
@@ -607,7 +584,7 @@ def ensure_epochs_table(conn, epochs: TableName) -> None:
     ``lineage`` holds the owner's lineage (an epochs table made before it lacks it until a
     restore hands the table over: :func:`add_lineage_column`).
     """
-    _create_table(conn, epochs,
+    create_pg_table(conn, epochs,
                   "relid regclass PRIMARY KEY, query_id text NOT NULL, epoch bigint NOT NULL, "
                   "committed_at timestamptz NOT NULL DEFAULT now(), lineage text")
 

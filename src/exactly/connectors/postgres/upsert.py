@@ -46,7 +46,14 @@ import pyarrow as pa
 
 from exactly import options as opt
 from exactly.connectors.postgres.upsert_sql import copy_upsert, dedup_last
-from exactly.connectors.sql import TableName, clean_error, ensure_pg_table, pg_connect, redact_dsn
+from exactly.connectors.sql import (
+    TableName,
+    clean_error,
+    ensure_pg_table,
+    pg_connect,
+    pg_relation_exists,
+    redact_dsn,
+)
 from exactly.errors import ConfigError
 from exactly.protocol.contract import (
     CommitOutcome,
@@ -170,9 +177,7 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
         from psycopg import sql
 
         with pg_connect(self.dsn, application="exactly-restore", autocommit=True) as conn:
-            exists = conn.execute("SELECT to_regclass(%s)",
-                                  (self.table.sql().as_string(conn),)).fetchone()
-            if exists is None or exists[0] is None:
+            if not pg_relation_exists(conn, self.table):
                 return TargetState(self.describe_target())
             row = conn.execute(sql.SQL("SELECT max({}) FROM {}").format(
                 sql.Identifier(self.epoch_column), self.table.sql())).fetchone()
