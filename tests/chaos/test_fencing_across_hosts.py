@@ -13,6 +13,7 @@ commit log shared), then A is resumed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -58,6 +59,29 @@ def lease(out: Path) -> dict:
     return json.loads((out / "_exactly" / "lease.json").read_text())
 
 
+def freeze(token: str) -> list[psutil.Process]:
+    """SIGSTOP every process of the job ``token``; scans repeat until one finds no process
+    that is not stopped yet (one forked between a scan and its stop is caught by the next),
+    and a process that exited between a scan and its stop is passed over."""
+    stopped: dict[int, psutil.Process] = {}
+    while True:
+        fresh = [p for p in job_processes(token) if p.pid not in stopped]
+        if not fresh:
+            return list(stopped.values())
+        for proc in fresh:
+            try:
+                proc.suspend()
+            except psutil.NoSuchProcess:
+                continue
+            stopped[proc.pid] = proc
+
+
+def thaw(processes: list[psutil.Process]) -> None:
+    for proc in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.resume()
+
+
 def completions(log: CommitLog) -> dict[int, str]:
     return {e: (log.completion(e) or {}).get("run_id", "") for e in log.completed_epochs()}
 
@@ -70,9 +94,7 @@ def test_a_paused_driver_loses_its_lease_to_another_host_and_commits_nothing_aft
     b = None
     try:
         wait_for(lambda: len(log.completed_epochs()) >= 3, running=((a, tmp_path / "a.log"),))
-        paused = job_processes(token_a)
-        for proc in paused:
-            proc.suspend()
+        paused = freeze(token_a)
         held = lease(out)
         run_a = held["run_id"]
         shutil.copytree(ck_a, ck_b)  # the checkpoint as the other host sees it
@@ -91,8 +113,7 @@ def test_a_paused_driver_loses_its_lease_to_another_host_and_commits_nothing_aft
         wait_for(lambda: sum(run == taken["run_id"] for run in completions(log).values()) >= 2,
                  running=running_b)
 
-        for proc in paused:
-            proc.resume()
+        thaw(paused)
         assert a.wait(timeout=120) != 0  # A fails on fencing: its run lost the lease
         stderr_a = (tmp_path / "a.log").read_text()
         assert "fenced off" in stderr_a, stderr_a[-3000:]
