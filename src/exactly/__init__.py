@@ -30,6 +30,7 @@ _EXPORTS = {
     "ExponentialDelay": "exactly.ops.restart",
     "NoRestart": "exactly.ops.restart",
     "uid": "exactly.savepoints.operators",
+    "TransientError": "exactly.errors",
 }
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Mode",
     "NoRestart",
     "StateBackend",
+    "TransientError",
     "TwoPhaseCommitSink",
     "register",
     "restart_strategy",
@@ -56,6 +58,7 @@ __all__ = [
 if TYPE_CHECKING:
     from exactly.auditor import verify
     from exactly.config import CheckpointConfig, Mode, StateBackend
+    from exactly.errors import TransientError
     from exactly.ops.driver import run_job
     from exactly.ops.job import Job
     from exactly.ops.restart import (

@@ -18,7 +18,7 @@ _JAVA_LINE = re.compile(r"^(?:Caused by: |: )?(?:[a-z]\w*\.)+([A-Z]\w*(?:Error|E
                         r"(.+)$")
 _SPARK_PREFIX = re.compile(r"^\[STREAM_FAILED\] Query \[id = [^\]]*\] terminated with "
                            r"exception: ")
-_SQLSTATE = re.compile(r"(\s*SQLSTATE: \w+)+\s*$")
+_SQLSTATE = re.compile(r"(\s*SQLSTATE: \w+)+;?\s*$")
 
 
 def root_cause_of(exc: BaseException) -> str:

@@ -75,3 +75,15 @@ class SavepointError(ExactlyError):
 class AuditInputError(ConfigError):
     """``exactly verify`` cannot read what it was asked to compare: a table, topic, file,
     column or query that does not exist or does not parse (the CLI exits with 2)."""
+
+
+class JobBuildError(ExactlyError):
+    """``build(spark)`` of a job file raised: an error in the job (or what it reads while it
+    builds) that a restart does not fix, so ``exactly run`` fails at once and says why.
+    Raise :class:`TransientError` from the original error for one a restart can fix."""
+
+
+class TransientError(ExactlyError):
+    """Raise it (``raise TransientError("...") from exc``) in a job's ``build(spark)`` for a
+    failure that a restart can fix (a service that is not up yet): ``exactly run`` then
+    starts the driver again as its restart strategy says, instead of failing the job."""

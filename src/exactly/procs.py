@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -65,24 +66,76 @@ class ProcessId:
     host: str
     pid: int
     start_ticks: int
+    #: the PID namespace the pid is counted in (``pid:[inode]``; empty in records written
+    #: before it was recorded: taken as this process's namespace)
+    pidns: str = ""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ProcessId:
-        return cls(str(data["host"]), int(data["pid"]), int(data["start_ticks"]))
+        return cls(str(data["host"]), int(data["pid"]), int(data["start_ticks"]),
+                   str(data.get("pidns") or ""))
 
     def is_alive(self) -> bool | None:
-        """True/False on this host; ``None`` when the process lives on another host."""
+        """True/False on this host; ``None`` when the process lives on another host. A
+        zombie (a process that exited and was not reaped yet) is dead.
+
+        A process of another PID namespace (a container) is looked up by its pid in that
+        namespace when the namespace is visible from here (from the host, or a parent
+        namespace). When it is not (a sibling container, or a namespace that is gone), the
+        pid and start time are checked here, as for a process recorded without its
+        namespace: two live containers must not share a host name (``$EXACTLY_HOST_ID``)."""
         if self.host != host_identity():
             return None
-        stat = _stat(self.pid)
-        return stat is not None and stat[2] == self.start_ticks
+        pid = self.pid
+        if self.pidns and self.pidns != pid_namespace():
+            seen = _pid_seen_here(self.pidns, self.pid)
+            if seen == 0:  # the namespace is visible from here, the process is not in it
+                return False
+            if seen is not None:
+                pid = seen
+        stat = _stat(pid)
+        return stat is not None and stat[2] == self.start_ticks and stat[3] not in _DEAD
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(command, parent pid, start time in clock ticks) of ``pid``, or None if gone."""
+#: process states of /proc/<pid>/stat that are no longer a running process: zombie, dead
+_DEAD = ("Z", "X", "x")
+
+
+def pid_namespace() -> str:
+    """The PID namespace of this process (``pid:[4026531836]``); empty where unknown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _pid_seen_here(namespace: str, pid: int) -> int | None:
+    """The pid, in this process's namespace, of process ``pid`` of PID namespace
+    ``namespace``; 0 when that namespace is visible from here but has no such process; None
+    when no process of that namespace is visible from here."""
+    visible = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != namespace:
+                continue
+            visible = True
+            with open(f"/proc/{entry.name}/status") as f:
+                nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")),
+                             [])
+        except OSError:
+            continue
+        if nspid and int(nspid[-1]) == pid:
+            return int(entry.name)
+    return 0 if visible else None
+
+
+def _stat(pid: int) -> tuple[str, int, int, str] | None:
+    """(command, parent pid, start time in clock ticks, state) of ``pid``, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
@@ -90,7 +143,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         return None
     comm = text[text.index("(") + 1 : text.rindex(")")]
     fields = text[text.rindex(")") + 2 :].split()
-    return comm, int(fields[1]), int(fields[19])
+    return comm, int(fields[1]), int(fields[19]), fields[0]
 
 
 def _ancestors(pid: int) -> list[tuple[int, str]]:
@@ -131,15 +184,13 @@ def current_process() -> ProcessId:
 def process_id(pid: int) -> ProcessId:
     """Identity of process ``pid`` on this host (start time 0 if it is already gone)."""
     stat = _stat(pid)
-    return ProcessId(host_identity(), pid, stat[2] if stat else 0)
+    return ProcessId(host_identity(), pid, stat[2] if stat else 0, pid_namespace())
 
 
 def driver_identity() -> ProcessId:
     """Identity of the Spark driver, seen from a driver-side worker (the JVM ancestor) or
     from the Python driver itself (e.g. inside ``foreachBatch``)."""
-    pid = jvm_ancestor() or _own_gateway_jvm() or os.getpid()
-    stat = _stat(pid)
-    return ProcessId(host_identity(), pid, stat[2] if stat else 0)
+    return process_id(jvm_ancestor() or _own_gateway_jvm() or os.getpid())
 
 
 def driver_processes() -> list[int]:
@@ -349,3 +400,41 @@ def local_job_pids() -> list[int]:
         pids.update(p.pid for p in job_processes(token))
     pids.discard(os.getpid())
     return sorted(pids)
+
+
+# -- a launcher's children -------------------------------------------------------------------
+
+#: prctl option that makes a process the reaper of its orphaned descendants (linux/prctl.h)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of its orphaned descendants (Linux's child subreaper):
+    a process of its tree whose parent dies is re-parented here instead of to pid 1, so it
+    stays within reach and its exit is reaped here (:func:`reap_children`). Returns False
+    where the kernel refuses it (not Linux). A PID 1 is every orphan's reaper anyway."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_children(child: subprocess.Popen | None = None) -> int:
+    """Collect the exit status of every child of this process that has ended, without
+    blocking, so none stays a zombie (what a PID 1 or a child subreaper must do for the
+    orphans it inherits). When ``child`` is among them its ``returncode`` is set, as its own
+    ``poll()`` would. Returns how many were reaped."""
+    reaped = 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped += 1
+        if child is not None and pid == child.pid and child.returncode is None:
+            child.returncode = os.waitstatus_to_exitcode(status)

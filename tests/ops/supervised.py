@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from exactly.testing.supervised import EXACTLY
@@ -16,6 +17,6 @@ class SupervisedRun(_SupervisedRun):
     """:class:`exactly.testing.supervised.SupervisedRun` of ``tests/ops/jobs/<job>``."""
 
     def __init__(self, job: str, checkpoint: Path, env: dict[str, str], *args: str,
-                 log: Path, name_checkpoint: bool = True) -> None:
+                 log: Path, name_checkpoint: bool = True, wrap: Sequence[str] = ()) -> None:
         super().__init__(JOBS / job, checkpoint, env, *args, log=log,
-                         name_checkpoint=name_checkpoint)
+                         name_checkpoint=name_checkpoint, wrap=wrap)

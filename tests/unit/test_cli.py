@@ -137,3 +137,40 @@ def test_run_refuses_a_checkpoint_that_is_not_a_local_directory_instead_of_makin
     assert result.exit_code == 3, result.output
     assert "the checkpoint s3a://lake/ck/orders is not a local directory" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py"]
+
+
+def _doctor(directory: Path) -> tuple[int, list[dict]]:
+    result = CliRunner().invoke(main, ["doctor", str(directory), "--json"])
+    return result.exit_code, json.loads(result.stdout)["findings"]
+
+
+def test_doctor_on_an_empty_directory_says_it_is_not_a_checkpoint_and_fails(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, findings = _doctor(tmp_path / "empty")
+    assert code == 1
+    (error,) = [f for f in findings if f["severity"] == "error"]
+    assert error["path"] == str(tmp_path / "empty")
+    assert "not a checkpoint" in error["problem"] and "empty" in error["problem"]
+    assert "--checkpoint DIR" in error["repair"]
+    text = CliRunner().invoke(main, ["doctor", str(tmp_path / "empty")])
+    assert text.exit_code == 1 and "clean" not in text.output
+
+
+def test_doctor_on_an_input_directory_of_data_files_says_it_is_not_a_checkpoint(tmp_path):
+    write(tmp_path / "in", [1, 2, 3])
+    (tmp_path / "in" / "more.csv").write_text("id\n4\n")
+    code, findings = _doctor(tmp_path / "in")
+    assert code == 1
+    (error,) = [f for f in findings if f["severity"] == "error"]
+    assert error["path"] == str(tmp_path / "in")
+    assert "not a checkpoint" in error["problem"] and "part.parquet" in error["problem"]
+
+
+def test_doctor_on_a_checkpoint_whose_query_has_not_started_yet_reports_no_error(tmp_path):
+    """``exactly run`` writes ``exactly-job/`` before Spark writes anything: a checkpoint in
+    the making, not an error."""
+    (tmp_path / "ck" / "exactly-job" / "history").mkdir(parents=True)
+    code, findings = _doctor(tmp_path / "ck")
+    assert code == 0
+    assert not [f for f in findings if f["severity"] == "error"]
+    assert any("no query has run on it yet" in f["problem"] for f in findings)

@@ -10,6 +10,7 @@ from exactly.ops.restart import (
     FailureRate,
     FixedDelay,
     NoRestart,
+    gives_up_on_repeats,
     parse_option_pairs,
     restart_strategy,
     strategy_from_json,
@@ -103,3 +104,33 @@ def test_cli_option_pairs_need_an_equals_sign():
     assert parse_option_pairs(["attempts=3", "delay = 2s"]) == {"attempts": "3", "delay": "2s"}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_option_pairs(["attempts"])
+
+
+def test_max_repeated_cause_is_an_option_of_every_strategy_that_restarts():
+    for name in ("fixed-delay", "failure-rate", "exponential-delay"):
+        strategy = restart_strategy(name, {"max-repeated-cause": "3"})
+        assert strategy.max_repeated_cause == 3  # type: ignore[attr-defined]
+        assert "max-repeated-cause=3" in strategy.describe()
+        assert strategy_from_json(strategy_to_json(strategy)) == strategy
+        assert "max-repeated-cause" not in restart_strategy(name).describe()
+    with pytest.raises(ConfigError, match="has no option 'max-repeated-cause'"):
+        restart_strategy("none", {"max-repeated-cause": 3})
+
+
+def test_max_repeated_cause_gives_up_from_its_count_on_and_unset_never():
+    strategy = ExponentialDelay(max_repeated_cause=3)
+    assert [gives_up_on_repeats(strategy, n) for n in (1, 2, 3, 4)] == [False, False, True,
+                                                                         True]
+    assert not gives_up_on_repeats(ExponentialDelay(), 1000)
+    assert not gives_up_on_repeats(NoRestart(), 1000)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0", "at least 1"), ("-2", "at least 1"), ("three", "whole number"),
+    ("2.5", "whole number")])
+def test_bad_max_repeated_cause_values_name_the_option(value, message):
+    with pytest.raises(ConfigError, match=f"max-repeated-cause.*{message}"):
+        restart_strategy("exponential-delay", {"max-repeated-cause": value})
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match=r"fixed-delay\.max-repeated-cause must be a whole"):
+            FixedDelay(max_repeated_cause=bad)  # type: ignore[arg-type]

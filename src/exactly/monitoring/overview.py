@@ -197,8 +197,7 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
         checkpoint=str(directory),
         name=runs[-1].get("name") if runs else None,
         status=status,
-        status_detail=job.detail if job is not None and status in ("failed", "restarting")
-        else "",
+        status_detail=_status_detail(job, status),
         counts={"triggered": len(rows) + len(failed_rows) + (in_progress is not None),
                 "in_progress": int(in_progress is not None), "completed": len(rows),
                 "failed": len(failed_rows), "restored": len(restore_events),
@@ -224,15 +223,27 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
     return Loaded(overview, records)
 
 
+def _status_detail(job: Any, status: str) -> str:
+    if job is None:
+        return ""
+    if status == "lost":
+        seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.heartbeat))
+        return (f"run {job.run_id} ended without a word while {job.state}, after {seen}: "
+                f"its launcher (pid {job.supervisor.pid}) and driver are gone; the next "
+                "`exactly run` records it and resumes from the last completed epoch")
+    return job.detail if status in ("failed", "restarting", "stopping", "stopped") else ""
+
+
 def _status(directory: Path, records: list[dict[str, Any]], job: Any) -> str:
     """``running`` / ``restarting`` / ``stopping`` / ``stopped`` / ``failed`` /
-    ``cancelled`` from ``exactly run``'s status file when one exists, else from the
+    ``cancelled`` from ``exactly run``'s status file when one exists (``lost`` when it says
+    the job runs but neither its launcher nor its driver is alive), else from the
     history's last run (``unknown`` for a run with no end and no recent record: a driver
     that was killed)."""
     if job is not None:
         if job.state in ("stopped", "failed", "cancelled"):
             return str(job.state)
-        return str(job.state) if job.alive() else "stopped"
+        return str(job.state) if job.alive() else "lost"
     ends = [r for r in records if r["kind"] in ("run", "run_end")]
     if not ends:
         return "stopped" if (directory / "commits").is_dir() else "unknown"

@@ -47,6 +47,13 @@ def number(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _repeated(entry: dict[str, Any]) -> str:
+    """`` (same cause 4 times in a row)`` for a failure whose cause repeated, else nothing."""
+    repeats = entry.get("repeats")
+    return f" (same cause {repeats} times in a row)" if isinstance(repeats, int) and repeats > 1 \
+        else ""
+
+
 def render(view: Overview, *, rows: int = 10) -> Group:
     """The overview card, the latest checkpoints, the history (newest ``rows``), the summary,
     the restarts, the configuration and any warning, as one printable group."""
@@ -58,7 +65,7 @@ def render(view: Overview, *, rows: int = 10) -> Group:
     parts.append(head)
     if view.status_detail:
         parts.append(Text(f"{view.status}: {view.status_detail}",
-                          style="red" if view.status == "failed" else "yellow"))
+                          style="red" if view.status in ("failed", "lost") else "yellow"))
     tally = Table(title="checkpoint counts", title_justify="left")
     for column in ("triggered", "in progress", "completed", "failed", "restored",
                    "restarts", "savepoints"):
@@ -131,7 +138,8 @@ def render(view: Overview, *, rows: int = 10) -> Group:
         for entry in view.restarts[-rows:]:
             restarts.add_row(when(entry.get("at")), str(entry.get("event")),
                              str(entry.get("kind") or ""), str(entry.get("action") or ""),
-                             str(entry.get("cause") or entry.get("recovery_s") or ""))
+                             str(entry.get("cause") or entry.get("recovery_s") or "")
+                             + _repeated(entry))
         parts.append(restarts)
 
     config = Table(title="configuration", title_justify="left")

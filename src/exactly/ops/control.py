@@ -19,6 +19,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ JOB_DIR_NAME = "exactly-job"
 ACTIONS = ("stop", "cancel", "savepoint")
 #: a job whose heartbeat is older than this (and whose driver is on another host) is dead
 HEARTBEAT_STALE_S = 60.0
+#: the states of a job that has ended (job.json)
+ENDED = ("stopped", "failed", "cancelled")
 
 
 def job_dir(checkpoint: str | os.PathLike[str]) -> Path:
@@ -81,6 +84,10 @@ class ControlChannel:
             raise NoRunningJob(f"no running job on checkpoint {where} (no live `exactly run` "
                                "has it); start it with `exactly run JOB --checkpoint "
                                f"{where}`, nothing was sent")
+        return self.post(action, **params)
+
+    def post(self, action: str, **params: Any) -> Request:
+        """Queue a request without looking for a live job (the driver's own requests)."""
         request = Request(f"{time.time_ns()}-{uuid.uuid4().hex[:8]}", action, params,
                           time.time())
         self.requests.mkdir(parents=True, exist_ok=True)
@@ -183,27 +190,68 @@ class JobStatus:
         atomic_write_json(directory / "job.json", self.to_json())
 
     def alive(self) -> bool:
-        """Whether the ``exactly run`` that wrote this is still running."""
-        if self.state in ("stopped", "failed", "cancelled"):
+        """Whether the ``exactly run`` that wrote this is still running: its launcher, or
+        its driver when the launcher died (an orphaned driver stops by itself; until it
+        has, the control commands reach it and no other run may start)."""
+        if self.state in ENDED:
             return False
         alive = self.supervisor.is_alive()
-        if alive is None:  # another host: trust a fresh heartbeat
+        if alive is None:  # another host or PID namespace: trust a fresh heartbeat
             return time.time() - self.heartbeat < HEARTBEAT_STALE_S
-        return alive
+        return alive or self.orphaned()
+
+    def orphaned(self) -> bool:
+        """True while the driver runs on after its launcher died (on this host)."""
+        if self.state in ENDED or self.driver is None or self.driver == self.supervisor:
+            return False
+        return self.supervisor.is_alive() is False and self.driver.is_alive() is True
+
+    def lost(self) -> bool:
+        """True when this says the job runs but nothing of it does: the launcher and the
+        driver ended without a word (SIGKILL of the whole job, its container or machine)."""
+        return self.state not in ENDED and not self.alive()
 
 
-def claim_job(directory: Path, status: JobStatus) -> None:
+def claim_job(directory: Path, status: JobStatus, *, wait_for_orphan_s: float = 0.0,
+              say: Callable[[str], None] | None = None) -> JobStatus | None:
     """Record ``status`` as the checkpoint's running job, or raise FencedError when another
-    live ``exactly run`` already has it (checked and written under a file lock)."""
+    live ``exactly run`` already has it (checked and written under a file lock).
+
+    A driver whose launcher died stops by itself (its epoch in flight commits first): the
+    claim waits up to ``wait_for_orphan_s`` seconds for it (``say`` is told once), then
+    raises FencedError naming it. Returns the previous status when it was a run that ended
+    without a word (:meth:`JobStatus.lost`), for the caller to record; else None.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    with file_lock(directory / "job.lock"):
-        current = JobStatus.read(directory)
-        if current is not None and current.alive() and current.supervisor != status.supervisor:
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.heartbeat))
-            raise FencedError(
-                f"checkpoint {directory.parent} is already run by `exactly run` pid "
-                f"{current.supervisor.pid} on {current.supervisor.host} (run {current.run_id}, "
-                f"{current.state}, heartbeat {since}); stop it first with `exactly stop "
-                f"{directory.parent}`, or give this job its own checkpoint. Nothing was started."
-            )
-        status.write(directory)
+    deadline = time.monotonic() + wait_for_orphan_s
+    told = False
+    while True:
+        with file_lock(directory / "job.lock"):
+            current = JobStatus.read(directory)
+            mine = current is not None and current.supervisor == status.supervisor
+            if current is None or mine or not current.alive():
+                status.write(directory)
+                return current if current is not None and not mine and current.lost() \
+                    else None
+            orphan = current.orphaned()
+            if not orphan or time.monotonic() >= deadline:
+                raise FencedError(_claimed(directory, current, orphan))
+        if not told and say is not None and current.driver is not None:
+            say(f"the driver pid {current.driver.pid} of run {current.run_id} outlived its "
+                f"launcher (pid {current.supervisor.pid}) and is stopping; waiting for it")
+            told = True
+        time.sleep(0.5)
+
+
+def _claimed(directory: Path, current: JobStatus, orphan: bool) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.heartbeat))
+    if orphan and current.driver is not None:
+        return (f"checkpoint {directory.parent} is still run by the driver pid "
+                f"{current.driver.pid} of run {current.run_id}, whose launcher (`exactly run` "
+                f"pid {current.supervisor.pid}) died: it stops by itself once its epoch in "
+                f"flight commits ({current.state}, heartbeat {since}); wait for it, or end it "
+                f"now with `exactly cancel {directory.parent}`. Nothing was started.")
+    return (f"checkpoint {directory.parent} is already run by `exactly run` pid "
+            f"{current.supervisor.pid} on {current.supervisor.host} (run {current.run_id}, "
+            f"{current.state}, heartbeat {since}); stop it first with `exactly stop "
+            f"{directory.parent}`, or give this job its own checkpoint. Nothing was started.")

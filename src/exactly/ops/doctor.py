@@ -20,6 +20,7 @@ from typing import Any
 
 from exactly.errors import CorruptCheckpointFileError, CorruptFileError, ExactlyError
 from exactly.fsutil import read_json, require_fields
+from exactly.ops.control import JOB_DIR_NAME
 from exactly.protocol.lease import Lease, LeaseState
 from exactly.protocol.repairs import (
     completion_repair,
@@ -41,6 +42,9 @@ from exactly.spark.checkpoint import (
 
 #: where ``exactly.spark.runner.start_query`` puts the log of sinks without a directory of their own
 DEFAULT_SINK_LOG = "exactly-sink"
+#: what only Spark (or exactly's sink log) writes into a checkpoint: one of them makes it one
+SPARK_CHECKPOINT_ENTRIES = ("metadata", "offsets", "commits", "sources", "state",
+                            DEFAULT_SINK_LOG)
 _LOG_FILE = re.compile(r"^(\d+)\.json$")
 
 
@@ -83,7 +87,12 @@ class Report:
 
 def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
              sink_path: str | Path | None = None) -> Report:
-    """Check ``checkpoint`` and the sink's commit log; changes nothing."""
+    """Check ``checkpoint`` and the sink's commit log; changes nothing.
+
+    A directory without any of :data:`SPARK_CHECKPOINT_ENTRIES` is an error (not a
+    checkpoint: empty, or e.g. an input directory), unless it holds ``exactly-job/`` only:
+    ``exactly run`` started on it and its query has not run yet (reported as info).
+    """
     location = str(checkpoint)
     log = sink_log_for(location, sink_log, sink_path)
     report = Report(location, str(log) if log else None)
@@ -96,6 +105,16 @@ def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
         report.add("error", local, "does not exist (no checkpoint here)",
                    "name the directory given as checkpointLocation")
         return report
+    if not _holds_any(local, SPARK_CHECKPOINT_ENTRIES):
+        if not (local / JOB_DIR_NAME).is_dir():  # `exactly run` writes it first
+            report.add("error", local, _not_a_checkpoint(local),
+                       "give the directory a query was started with as its checkpoint "
+                       "(checkpointLocation, CheckpointConfig(storage=DIR) or `exactly run "
+                       "--checkpoint DIR`); a file sink's output goes to --sink-path")
+            return report
+        report.add("info", local, f"no query has run on it yet: `exactly run` started on it "
+                   f"({JOB_DIR_NAME}/) but Spark has written no metadata, offsets/ or commits/",
+                   "none needed: the query's first start writes them")
     if log is not None:
         report.sink_query_id = _sink_query_id(report, log)
     report.findings.extend(check_files(location, report.sink_query_id))
@@ -114,6 +133,19 @@ def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
         if sink_path:
             _check_staging(report, Path(sink_path) / "_staging")
     return report
+
+
+def _holds_any(directory: Path, names: tuple[str, ...]) -> bool:
+    return any((directory / name).exists() for name in names)
+
+
+def _not_a_checkpoint(directory: Path) -> str:
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return "is empty: not a checkpoint (no metadata, offsets/ or commits/ in it)"
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    return (f"is not a checkpoint: it holds {shown} but no metadata, offsets/ or commits/ "
+            "(an input or output directory?)")
 
 
 def _sink_query_id(report: Report, log: Path) -> str | None:

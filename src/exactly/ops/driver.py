@@ -16,13 +16,14 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.connectors.admission import ADMISSION_FILE_ENV
-from exactly.errors import ConfigError, ExactlyError
+from exactly.errors import ConfigError, ExactlyError, JobBuildError, TransientError
 from exactly.logs import log_event
 from exactly.ops.control import JobStatus, claim_job, job_dir
 from exactly.ops.history import new_run_id
@@ -34,8 +35,9 @@ from exactly.ops.supervisor import (
     Outcome,
     Supervisor,
     default_strategy,
+    driver_lost,
 )
-from exactly.procs import current_process
+from exactly.procs import ProcessId, current_process
 from exactly.protocol.faults import FaultSpec
 from exactly.savepoints.job import RestoreRequest
 
@@ -68,6 +70,9 @@ class DriverSpec:
     #: ``exactly run --fault``: a crash point armed in the job's exactly sink and at the
     #: savepoint and restore points (fault injection for tests and drills)
     fault: FaultSpec | None = None
+    #: the launcher's process (:class:`exactly.procs.ProcessId` as JSON): a driver whose
+    #: launcher is gone stops (:func:`watch_launcher`)
+    launcher: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -121,7 +126,13 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     from exactly.savepoints.job import restore_job
     from exactly.savepoints.operators import job_operators, record_operators
 
-    job: Job = check_job(build(spark), where).with_checkpoint_dir(checkpoint).with_fault(fault)
+    try:
+        job: Job = check_job(_built(build, spark, where), where)
+    except (JobBuildError, ConfigError) as exc:
+        if checkpoint:
+            _record_start_failure(job_dir(checkpoint), run_id, "build", exc)
+        raise
+    job = job.with_checkpoint_dir(checkpoint).with_fault(fault)
     if job.checkpoint.is_memory_storage:
         raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
@@ -168,6 +179,34 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         pacer.remove()
+
+
+def _built(build: Callable[[SparkSession], Any], spark: SparkSession, where: str) -> Any:
+    """``build(spark)``; an exception from it becomes a JobBuildError naming its root cause
+    and where in the job file it was raised (a restart does not fix the job file), except a
+    TransientError (the job's own word that a restart may help) and a lost Spark driver."""
+    try:
+        return build(spark)
+    except (TransientError, JobBuildError):
+        raise
+    except Exception as exc:
+        if driver_lost(exc):
+            raise DriverLostError(f"the Spark driver is gone: {exc}") from exc
+        from exactly.causes import root_cause_of
+
+        raise JobBuildError(
+            f"build(spark) of {where} raised {root_cause_of(exc)}{_raised_at(exc, where)}; "
+            "not restarted: a restart does not fix an error in the job (raise "
+            "exactly.TransientError from it for one that a restart can fix)") from exc
+
+
+def _raised_at(exc: BaseException, where: str) -> str:
+    """`` (at job.py:12)``: the last frame of the traceback in the job file, if any."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).name == Path(where).name]
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
 
 
 def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: str | None = None,
@@ -244,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = DriverSpec.from_json(args[0])
     run_id = spec.run_id or new_run_id()
     spark = None
+    if spec.launcher is not None and spec.checkpoint:
+        watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id)
     try:
         job_file = load_job_file(spec.job_file)
         strategy = spec.restart_strategy()
@@ -258,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     except DriverLostError as exc:
         print(f"exactly run: driver lost: {exc}", file=sys.stderr, flush=True)
         return DRIVER_LOST
+    except TransientError as exc:
+        return _crashed(spec, run_id, exc, "a transient error (restarted)")
     except (JobFailedError, ExactlyError) as exc:
         from exactly.causes import root_cause_of
 
@@ -265,9 +308,88 @@ def main(argv: list[str] | None = None) -> int:
         _mark_failed(spec, text)
         print(f"exactly run: job failed: {text}", file=sys.stderr, flush=True)
         return JOB_FAILED
+    except Exception as exc:  # unforeseen: the launcher restarts the process, with the cause
+        return _crashed(spec, run_id, exc, "an unexpected error")
     finally:
         if spark is not None:
             _stop_quietly(spark)
+        if spec.launcher is not None:
+            _end_orphaned(ProcessId.from_json(spec.launcher))
+
+
+#: exit code of a driver that ended on an error a restart may fix (its cause is in
+#: :func:`driver_exit_file`)
+DRIVER_CRASHED = 1
+
+
+def driver_exit_file(directory: Path) -> Path:
+    """Where a driver that ends on an error a restart may fix leaves its cause for the
+    launcher (which reads it into the restart history and deletes it)."""
+    return directory / "driver-exit.json"
+
+
+def _crashed(spec: DriverSpec, run_id: str, exc: BaseException, what: str) -> int:
+    import traceback
+
+    from exactly.causes import root_cause_of
+    from exactly.fsutil import atomic_write_json
+
+    traceback.print_exception(exc, file=sys.stderr)
+    cause = root_cause_of(exc)
+    if spec.checkpoint:
+        atomic_write_json(driver_exit_file(job_dir(spec.checkpoint)),
+                          {"pid": os.getpid(), "run": run_id, "cause": cause})
+    print(f"exactly run: driver ended on {what}: {cause}", file=sys.stderr, flush=True)
+    return DRIVER_CRASHED
+
+
+#: seconds between two looks of a driver at its launcher
+LAUNCHER_POLL_S = 0.5
+
+
+def watch_launcher(launcher: ProcessId, checkpoint: str, run_id: str) -> threading.Thread:
+    """Watch the launcher from a daemon thread of the driver: once it is gone (killed alone,
+    its terminal closed), the driver records it in the restart history and in ``job.json``
+    and sends itself a stop (the epoch in flight commits, then the driver exits and takes
+    its Spark processes with it). A driver never outlives its launcher by more than
+    :data:`LAUNCHER_POLL_S` plus its graceful stop; meanwhile ``exactly stop`` and
+    ``cancel`` reach it and a new ``exactly run`` waits for it."""
+    thread = threading.Thread(target=_watch, args=(launcher, checkpoint, run_id),
+                              name="exactly-launcher-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
+    import time
+
+    from exactly.ops.control import ControlChannel
+    from exactly.ops.history import RestartHistory
+
+    while launcher.is_alive() is not False:
+        time.sleep(LAUNCHER_POLL_S)
+    directory = job_dir(checkpoint)
+    cause = (f"LauncherLost: the launcher of this driver (`exactly run` pid {launcher.pid}) "
+             "ended without stopping it; the driver stops (its epoch in flight commits) and "
+             "exits: a driver never outlives its launcher")
+    log_event(logger, "launcher_lost", logging.WARNING, launcher_pid=launcher.pid)
+    RestartHistory(directory, run_id).append("failure", kind="launcher", cause=cause,
+                                             action="stop")
+    _merge(directory, {"state": "stopping", "detail": cause})
+    ControlChannel(checkpoint).post("stop", drain=False,
+                                    reason=f"its launcher (pid {launcher.pid}) ended")
+
+
+def _end_orphaned(launcher: ProcessId) -> None:
+    """A driver whose launcher is gone kills what is left of its own job's processes (its
+    launcher would have); nothing to do while the launcher lives."""
+    from exactly.procs import JOB_TOKEN_ENV, kill_job, token_maker
+
+    if launcher.is_alive() is not False:
+        return
+    token = os.environ.get(JOB_TOKEN_ENV)
+    if token_maker(token) == (launcher.pid, launcher.start_ticks):
+        kill_job(token, what="the processes of a driver whose launcher ended")
 
 
 def _resolve_main(spec: DriverSpec) -> int:

@@ -7,14 +7,17 @@ a strategy's limits hold across process restarts. Lines of earlier runs stay (hi
 strategies see only their own run's (``run`` field).
 
 Events: ``failure`` (``kind``: query | checkpoint-timeout | start | process; ``action``:
-restart | tolerated | give-up; ``delay``; ``cause``) and ``recovered`` (the first epoch
-completed after a failure; ``recovery_s`` from the failure).
+restart | tolerated | give-up; ``delay``; ``cause``; ``repeats``: how many failures in a row
+had this cause, see :meth:`RestartHistory.repeats`; ``reason`` of a give-up on a repeated
+cause) and ``recovered`` (the first epoch completed after a failure; ``recovery_s`` from the
+failure).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,15 @@ from exactly.fsutil import file_lock, fsync_file
 
 #: failure kinds that count against the restart strategy (tolerated ones do not)
 COUNTED = "restart"
+#: what varies between occurrences of one failure: UUIDs (Spark's run ids), hex addresses
+#: and digit runs (epoch, task, stage, attempt numbers, pids, ports)
+_VARYING = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|0x[0-9a-fA-F]+|\d+")
+
+
+def cause_key(cause: str) -> str:
+    """``cause`` with what varies between occurrences of one failure masked (digit runs,
+    hex addresses, UUIDs), so ``... epoch 5`` and ``... epoch 6`` are the same cause."""
+    return _VARYING.sub("#", cause.strip())
 
 
 @dataclass
@@ -65,6 +77,26 @@ class RestartHistory:
         """Times of this run's failures that count against the restart strategy."""
         return [float(e["at"]) for e in self.entries()
                 if e.get("event") == "failure" and e.get("action") != "tolerated"]
+
+    def repeats(self, cause: str) -> int:
+        """How many failures in a row of this run have the root cause ``cause``, counting
+        the failure about to be appended (call it before :meth:`append`): 1 for a new cause.
+
+        Causes are compared by :func:`cause_key` (numbers masked). A failure of another cause
+        or a recovery (an epoch completed since) ends the row; other events do not. Reads the
+        file, so the driver and the launcher count the same rows.
+        """
+        key = cause_key(cause)
+        count = 1
+        for entry in reversed(self.entries()):
+            if entry.get("event") == "recovered":
+                break
+            if entry.get("event") != "failure":
+                continue
+            if cause_key(str(entry.get("cause") or "")) != key:
+                break
+            count += 1
+        return count
 
     def restarts(self) -> int:
         return sum(1 for e in self.entries()

@@ -40,11 +40,24 @@ from exactly.logs import log_event
 from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
 from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
 from exactly.ops.history import RestartHistory, new_run_id
-from exactly.ops.restart import RestartStrategy, strategy_from_json
+from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
+from exactly.ops.restart import RestartStrategy, gives_up_on_repeats, strategy_from_json
 from exactly.ops.supervisor import default_strategy
-from exactly.procs import JOB_TOKEN_ENV, current_process, kill_job, new_job_token
+from exactly.procs import (
+    JOB_TOKEN_ENV,
+    become_subreaper,
+    current_process,
+    kill_job,
+    new_job_token,
+    reap_children,
+)
 
 logger = logging.getLogger("exactly.ops.launcher")
+
+#: seconds between two reaps of ended children while the launcher waits
+REAP_INTERVAL_S = 0.2
+#: how much longer than ``--stop-timeout`` a new run waits for an orphaned driver to stop
+ORPHAN_GRACE_S = 60.0
 
 
 def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
@@ -56,8 +69,17 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     fault = spec.fault
     if fault is not None and not fault.marker:  # fires once in this run, not in every driver
         fault = fault.with_marker(directory / f"fault-{run_id}.json")
-    spec = replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault)
-    claim_job(directory, JobStatus(run_id, current_process(), "starting"))
+    me = current_process()
+    spec = replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault,
+                   launcher=me.to_json())
+    become_subreaper()  # orphans of the driver's tree are re-parented here, and reaped
+    lost = claim_job(directory, JobStatus(run_id, me, "starting"),
+                     wait_for_orphan_s=spec.stop_timeout_s + ORPHAN_GRACE_S,
+                     say=lambda text: print(f"exactly run: {text}", file=out, flush=True))
+    if lost is not None:
+        entry = record_lost_run(checkpoint, lost, noticed_by=run_id)
+        print(f"exactly run: {entry['cause']}; recorded in the restart history",
+              file=out, flush=True)
     history = RestartHistory(directory, run_id)
     control = ControlChannel(checkpoint)
     stopping: list[int] = []
@@ -81,6 +103,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             _set_driver(directory, child.pid)
             code = _wait(child)
             kill_job(token, what="the driver's leftover processes")
+            reap_children()
             if code == 0:
                 return 0
             if code == JOB_FAILED:
@@ -90,20 +113,32 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
                       file=out, flush=True)
                 return 0 if code in (-signal.SIGTERM, -signal.SIGINT) else JOB_FAILED
             cause = f"ProcessFailure: the driver process {_describe(code)}"
+            said = _driver_exit_cause(directory, child.pid)
+            if said:
+                cause = f"{cause}: {said}"
             strategy = _strategy(directory)
             now = time.time()
+            repeats = history.repeats(cause)  # before this failure is appended
             delay = strategy.next_delay([*history.counted_failure_times(), now],
                                         random.Random())
+            repeated = delay is not None and gives_up_on_repeats(strategy, repeats)
+            if repeated:
+                delay = None
+            reason = {"reason": f"the same cause repeated {repeats} times in a row"} \
+                if repeated else {}
             action = "restart" if delay is not None else "give-up"
             history.append("failure", kind="process", cause=cause, action=action, delay=delay,
-                           strategy=strategy.describe(), ran_s=round(now - started, 3))
-            _record_epoch_lost(checkpoint, cause)
+                           strategy=strategy.describe(), ran_s=round(now - started, 3),
+                           repeats=repeats, **reason)
+            record_epoch_lost(checkpoint, cause)
             log_event(logger, "process_restart" if delay is not None else "gave_up",
                       logging.WARNING, cause=cause, delay_s=delay,
-                      restarts=history.restarts())
+                      restarts=history.restarts(), repeats=repeats)
             if delay is None:
                 _set_state(directory, "failed", cause)
-                print(f"exactly run: job failed: {cause} (restart strategy "
+                said = f"the same cause repeated {repeats} times in a row: " if repeated \
+                    else ""
+                print(f"exactly run: job failed: {said}{cause} (restart strategy "
                       f"{strategy.describe()} gave up)", file=out, flush=True)
                 return JOB_FAILED
             print(f"exactly run: {cause}; restarting in {delay:.1f}s "
@@ -154,11 +189,31 @@ def _resolved_checkpoint(spec: DriverSpec) -> str:
 
 
 def _wait(child: subprocess.Popen) -> int:
+    """The driver's exit code; meanwhile every other child that ends is reaped (the
+    launcher is a child subreaper, or a container's PID 1: the driver's orphaned
+    processes end up as its children, and unreaped they stay zombies)."""
     while True:
-        try:
-            return child.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-            continue
+        reap_children(child)
+        code = child.poll()
+        if code is not None:
+            return code
+        time.sleep(REAP_INTERVAL_S)
+
+
+def _driver_exit_cause(directory: Path, pid: int) -> str | None:
+    """The cause a driver left when it ended on an error a restart may fix (the file is
+    removed); None when it left none (killed, or another driver's file)."""
+    from exactly.fsutil import read_json
+    from exactly.ops.driver import driver_exit_file
+
+    path = driver_exit_file(directory)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    path.unlink(missing_ok=True)
+    if data.get("pid") != pid:
+        return None  # an earlier driver's
+    return str(data.get("cause") or "") or None
 
 
 def _describe(code: int) -> str:
@@ -182,6 +237,7 @@ def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int
     stay pending for the next driver: only a driver can take a savepoint."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
+        reap_children()
         if stopping:
             _set_state(control.directory, "stopped", "stopped between restarts")
             return True
@@ -214,16 +270,3 @@ def _set_state(directory: Path, state: str, detail: str) -> None:
         status.state = state
         status.detail = detail
         status.write(directory)
-
-
-def _record_epoch_lost(checkpoint: str, cause: str) -> None:
-    """A driver that died with an epoch in flight (offsets logged, no commit) failed that
-    epoch: record it in the checkpoint's history."""
-    from exactly.monitoring.records import failed_epoch
-    from exactly.monitoring.store import append_now
-    from exactly.spark.checkpoint import uncommitted_epoch
-
-    epoch = uncommitted_epoch(checkpoint)
-    if epoch is not None:
-        append_now(checkpoint, failed_epoch(checkpoint, epoch, failure="process",
-                                            cause=cause, at=time.time()))

@@ -14,9 +14,16 @@ source for jitter), so the driver process (query restarts) and the ``exactly run
                        starts at ``initial-backoff`` (1s), grows by ``backoff-multiplier``
                        (1.5) up to ``max-backoff`` (1min), varies by ``jitter-factor`` (0.1)
                        and starts over after ``reset-backoff-threshold`` (1h) without failure
+all but ``none``       ``max-repeated-cause`` (unset): give up when that many failures in a row
+                       have the same root cause (numbers masked), however the strategy counts
 =====================  ======================================================================
 
-``exponential-delay`` is the default, as in Flink when checkpointing is on.
+``exponential-delay`` is the default, as in Flink when checkpointing is on. Flink never gives
+up on a failure that repeats identically (a read-only output, a bug in a UDF): by default
+neither does exactly, but the restart history counts the repeats of each failure's cause
+(:meth:`exactly.ops.history.RestartHistory.repeats`) and ``max-repeated-cause`` (exactly's
+own option, not Flink's) fails the job at the Nth failure in a row of one cause
+(:func:`gives_up_on_repeats`).
 """
 
 from __future__ import annotations
@@ -71,18 +78,21 @@ class FixedDelay:
 
     attempts: int = 1
     delay: float = 1.0
+    max_repeated_cause: int | None = None
     name: str = field(default="fixed-delay", init=False)
 
     def __post_init__(self) -> None:
         _at_least("fixed-delay.attempts", self.attempts, 0)
         _at_least("fixed-delay.delay", self.delay, 0)
+        _check_max_repeated_cause(self.name, self.max_repeated_cause)
 
     def next_delay(self, failures: Sequence[float], rng: random.Random | None = None,
                    ) -> float | None:
         return self.delay if len(failures) <= self.attempts else None
 
     def describe(self) -> str:
-        return f"fixed-delay (attempts={self.attempts}, delay={self.delay:g}s)"
+        return (f"fixed-delay (attempts={self.attempts}, delay={self.delay:g}s"
+                f"{_repeats_text(self.max_repeated_cause)})")
 
 
 @dataclass(frozen=True)
@@ -93,12 +103,14 @@ class FailureRate:
     max_failures_per_interval: int = 1
     failure_rate_interval: float = 60.0
     delay: float = 1.0
+    max_repeated_cause: int | None = None
     name: str = field(default="failure-rate", init=False)
 
     def __post_init__(self) -> None:
         _at_least("failure-rate.max-failures-per-interval", self.max_failures_per_interval, 1)
         _at_least("failure-rate.failure-rate-interval", self.failure_rate_interval, 0.001)
         _at_least("failure-rate.delay", self.delay, 0)
+        _check_max_repeated_cause(self.name, self.max_repeated_cause)
 
     def next_delay(self, failures: Sequence[float], rng: random.Random | None = None,
                    ) -> float | None:
@@ -111,7 +123,7 @@ class FailureRate:
     def describe(self) -> str:
         return (f"failure-rate (max-failures-per-interval={self.max_failures_per_interval}, "
                 f"failure-rate-interval={self.failure_rate_interval:g}s, "
-                f"delay={self.delay:g}s)")
+                f"delay={self.delay:g}s{_repeats_text(self.max_repeated_cause)})")
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,7 @@ class ExponentialDelay:
     reset_backoff_threshold: float = 3600.0
     jitter_factor: float = 0.1
     attempts_before_reset_backoff: int | None = None
+    max_repeated_cause: int | None = None
     name: str = field(default="exponential-delay", init=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +156,7 @@ class ExponentialDelay:
         if self.attempts_before_reset_backoff is not None:
             _at_least("exponential-delay.attempts-before-reset-backoff",
                       self.attempts_before_reset_backoff, 1)
+        _check_max_repeated_cause(self.name, self.max_repeated_cause)
 
     def backoff(self, failures: Sequence[float]) -> float | None:
         """The wait without jitter after the last failure; None once attempts run out."""
@@ -172,7 +186,29 @@ class ExponentialDelay:
                 f"max-backoff={self.max_backoff:g}s, "
                 f"backoff-multiplier={self.backoff_multiplier:g}, "
                 f"reset-backoff-threshold={self.reset_backoff_threshold:g}s, "
-                f"jitter-factor={self.jitter_factor:g}{attempts})")
+                f"jitter-factor={self.jitter_factor:g}{attempts}"
+                f"{_repeats_text(self.max_repeated_cause)})")
+
+
+def gives_up_on_repeats(strategy: RestartStrategy, repeats: int) -> bool:
+    """Whether ``strategy`` gives up on a failure whose cause is the ``repeats``-th in a row
+    (:meth:`exactly.ops.history.RestartHistory.repeats`): true from ``max-repeated-cause``
+    repeats on; never for a strategy without that option set."""
+    limit = getattr(strategy, "max_repeated_cause", None)
+    return limit is not None and repeats >= limit
+
+
+def _check_max_repeated_cause(strategy: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ConfigError(f"restart strategy {strategy}.max-repeated-cause must be a whole "
+                          f"number of at least 1 (the failures in a row of one cause that "
+                          f"fail the job), got {value!r}; leave it unset to restart whatever "
+                          "the cause")
+
+
+def _repeats_text(limit: int | None) -> str:
+    return f", max-repeated-cause={limit}" if limit is not None else ""
 
 
 def _at_least(option: str, value: float, minimum: float, what: str | None = None) -> None:
@@ -188,21 +224,26 @@ STRATEGY_NAMES = {"none": "none", "off": "none", "disable": "none",
                   "exponential-delay": "exponential-delay",
                   "exponentialdelay": "exponential-delay"}
 
+#: exactly's own option of every strategy that restarts (see :func:`gives_up_on_repeats`)
+MAX_REPEATED_CAUSE = {"max-repeated-cause": ("max_repeated_cause", "int")}
+
 #: per strategy: option name (Flink's key after ``restart-strategy.<name>.``) -> (field, kind)
 STRATEGY_OPTIONS: dict[str, dict[str, tuple[str, str]]] = {
     "none": {},
-    "fixed-delay": {"attempts": ("attempts", "int"), "delay": ("delay", "duration")},
+    "fixed-delay": {"attempts": ("attempts", "int"), "delay": ("delay", "duration"),
+                    **MAX_REPEATED_CAUSE},
     "failure-rate": {
         "max-failures-per-interval": ("max_failures_per_interval", "int"),
         "failure-rate-interval": ("failure_rate_interval", "duration"),
-        "delay": ("delay", "duration")},
+        "delay": ("delay", "duration"), **MAX_REPEATED_CAUSE},
     "exponential-delay": {
         "initial-backoff": ("initial_backoff", "duration"),
         "max-backoff": ("max_backoff", "duration"),
         "backoff-multiplier": ("backoff_multiplier", "float"),
         "reset-backoff-threshold": ("reset_backoff_threshold", "duration"),
         "jitter-factor": ("jitter_factor", "float"),
-        "attempts-before-reset-backoff": ("attempts_before_reset_backoff", "int")},
+        "attempts-before-reset-backoff": ("attempts_before_reset_backoff", "int"),
+        **MAX_REPEATED_CAUSE},
 }
 
 _CLASSES: dict[str, type] = {"none": NoRestart, "fixed-delay": FixedDelay,

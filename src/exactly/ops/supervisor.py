@@ -49,7 +49,7 @@ from exactly.monitoring.store import append_now
 from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
 from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
-from exactly.ops.restart import ExponentialDelay, RestartStrategy
+from exactly.ops.restart import ExponentialDelay, RestartStrategy, gives_up_on_repeats
 from exactly.protocol.faults import FaultSpec
 
 logger = logging.getLogger("exactly.ops.supervisor")
@@ -105,7 +105,8 @@ def is_fatal(cause_text: str) -> bool:
         condition in cause_text for condition in FATAL_SPARK_CONDITIONS)
 
 
-def _driver_lost(exc: BaseException) -> bool:
+def driver_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Spark driver (JVM) is gone."""
     name = type(exc).__name__
     return name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
         name == "Py4JError" and "Java side" in str(exc))
@@ -138,7 +139,7 @@ class Supervisor:
         self.rng = rng or random.Random()
         self._sleep = sleep
         self.consecutive_failed = 0
-        self.last_epoch: int | None = None
+        self.last_epoch: int | None = _last_committed(self.config.storage)
         self._seen_batch = -1
         self._pending_failure_at: float | None = self._unrecovered_failure()
         self._local: Request | None = None  # a stop/cancel from a signal
@@ -171,13 +172,14 @@ class Supervisor:
                 request = None
             if request is not None:  # a stop before the query runs: nothing in flight
                 if not request.params.get("drain"):
-                    self._stopped(request, "stopped before the query started")
+                    self._stopped(request, "stopped before the query started, after epoch "
+                                           f"{self.last_epoch}")
                     return self._ended(Outcome.STOPPED)
                 drain, self._handled = True, request
             try:
                 query = self._start(available_now=drain)
             except Exception as exc:
-                if _driver_lost(exc):
+                if driver_lost(exc):
                     raise DriverLostError(f"the Spark driver is gone: {exc}") from exc
                 self._failure("start", "".join(_format(exc)), epoch_in_flight=False)
                 continue
@@ -231,10 +233,14 @@ class Supervisor:
                     if request.action == "cancel":
                         query.stop()
                         return _Watch("cancelled")
+                    cancel = self._graceful_stop(query)
+                    if cancel is not None:  # a cancel cut the graceful stop short
+                        self._answer(request, "done", "cancelled before it completed",
+                                     last_epoch=self.last_epoch)
+                        self._handled = cancel
+                        return _Watch("cancelled")
                     if draining:  # already draining: a stop just stops
-                        self._graceful_stop(query)
                         return _Watch("stopped")
-                    self._graceful_stop(query)
                     return _Watch("drain" if request.params.get("drain") else "stopped")
                 if not query.isActive:
                     self._collect_progress(query)
@@ -268,7 +274,7 @@ class Supervisor:
                 self._beat()
                 self._sleep(self.poll_s)
         except Exception as exc:
-            if _driver_lost(exc):
+            if driver_lost(exc):
                 raise DriverLostError(f"the Spark driver is gone: {exc}") from exc
             raise
 
@@ -303,8 +309,9 @@ class Supervisor:
             return True
         return False
 
-    def _graceful_stop(self, query) -> None:
-        """Let the epoch in flight commit, admit no new one, then stop the query."""
+    def _graceful_stop(self, query) -> Request | None:
+        """Let the epoch in flight commit, admit no new one, then stop the query. A cancel
+        arriving meanwhile stops the query at once: returns that request (else None)."""
         from exactly.spark.checkpoint import batch_numbers
 
         self._status("stopping")
@@ -314,7 +321,14 @@ class Supervisor:
         grace_until = time.monotonic() + self.config.interval_seconds + 0.5
         deadline = time.monotonic() + self.stop_timeout_s
         quiet = 0
+        cancel = None
         while query.isActive:
+            cancel = self._take_cancel()
+            if cancel is not None:
+                log_event(logger, "stop_cancelled", logging.WARNING,
+                          detail="a cancel arrived during the graceful stop: the epoch in "
+                                 "flight is aborted")
+                break
             self._collect_progress(query)
             offsets = batch_numbers(location, "offsets")
             commits = batch_numbers(location, "commits")
@@ -333,10 +347,26 @@ class Supervisor:
         self._collect_progress(query)
         if self.pacer is not None:
             self.pacer.reopen()
+        return cancel
+
+    def _take_cancel(self) -> Request | None:
+        """A cancel waiting to be handled (a second signal, or ``exactly cancel``)."""
+        if self._local is not None and self._local.action == "cancel":
+            request, self._local = self._local, None
+            return request
+        for request in self.control.pending():
+            if request.action == "cancel" and request.id not in self._taken:
+                self._taken.add(request.id)
+                return request
+        return None
 
     # -- savepoints -----------------------------------------------------------------------
     def _stopped(self, request: Request | None, detail: str) -> None:
         """Answer a stop (and take its savepoint when it asked for one)."""
+        reason = request.params.get("reason") if request is not None else None
+        if reason:  # a stop the driver sent itself: say why in job.json too
+            detail = f"{reason}; {detail}"
+            self._end_detail = detail
         if request is not None and request.params.get("savepoint") is not None:
             self._savepoint(request, stopping=True, detail=detail)
             return
@@ -373,36 +403,50 @@ class Supervisor:
     # -- failures -------------------------------------------------------------------------
     def _failure(self, kind: str, text: str, *, epoch_in_flight: bool) -> None:
         """Record a failure and wait as the strategy says; raises JobFailedError when the
-        strategy gives up or the failure is fatal."""
+        strategy gives up (on its own terms, or on a cause repeated ``max-repeated-cause``
+        times in a row) or the failure is fatal. Every entry records ``repeats``."""
         cause = root_cause(text)
         now = time.time()
+        repeats = self.history.repeats(cause)  # before this failure is appended
         if self._pending_failure_at is None:
             self._pending_failure_at = now
         tolerable = self.config.tolerable_failed_checkpoints
         if is_fatal(text):
             self.history.append("failure", kind=kind, cause=cause, action="give-up",
-                                fatal=True)
+                                fatal=True, repeats=repeats)
             self._status("failed", cause)
             raise JobFailedError(f"{cause} (not restarted: a restart cannot fix this)")
         if epoch_in_flight:
             self.consecutive_failed += 1
             if self.consecutive_failed <= tolerable:
                 self.history.append("failure", kind=kind, cause=cause, action="tolerated",
-                                    consecutive=self.consecutive_failed, tolerable=tolerable)
+                                    consecutive=self.consecutive_failed, tolerable=tolerable,
+                                    repeats=repeats)
                 log_event(logger, "failed_checkpoint_tolerated", logging.WARNING, kind=kind,
                           cause=cause, consecutive=self.consecutive_failed,
-                          tolerable=tolerable)
+                          tolerable=tolerable, repeats=repeats)
                 return
         delay = self.strategy.next_delay([*self.history.counted_failure_times(), now],
                                          self.rng)
         self.consecutive_failed = 0
+        repeated = delay is not None and gives_up_on_repeats(self.strategy, repeats)
+        if repeated:
+            delay = None
         action = "restart" if delay is not None else "give-up"
+        reason = {"reason": f"the same cause repeated {repeats} times in a row"} if repeated \
+            else {}
         entry = self.history.append("failure", kind=kind, cause=cause, action=action,
-                                    delay=delay, strategy=self.strategy.describe())
+                                    delay=delay, strategy=self.strategy.describe(),
+                                    repeats=repeats, **reason)
         restarts = self.history.restarts()
         log_event(logger, "restart" if delay is not None else "gave_up",
                   logging.WARNING if delay is not None else logging.ERROR, kind=kind,
-                  cause=cause, delay_s=delay, restarts=restarts, at=entry["at"])
+                  cause=cause, delay_s=delay, restarts=restarts, repeats=repeats,
+                  at=entry["at"], **reason)
+        if repeated:
+            self._status("failed", cause)
+            raise JobFailedError(f"the same cause repeated {repeats} times in a row: {cause} "
+                                 f"(restart strategy {self.strategy.describe()} gave up)")
         if delay is None:
             self._status("failed", cause)
             raise JobFailedError(f"{cause} (restart strategy {self.strategy.describe()} "
@@ -456,6 +500,8 @@ class Supervisor:
         if exq is not None:
             exq.query.stop()
         self._abort_in_flight()
+        if not delete:
+            self._answer_late_requests("cancelled")
         if delete:
             from exactly.spark.checkpoint import local_checkpoint
 
@@ -494,11 +540,29 @@ class Supervisor:
             log_event(logger, "cancel_cleanup_failed", logging.WARNING, error=repr(exc),
                       detail="the next start of this query aborts the leftovers")
 
+    _end_detail = ""
+
     def _ended(self, outcome: Outcome) -> Outcome:
-        self._status(outcome.value if outcome is not Outcome.DRAINED else "stopped")
+        self._status(outcome.value if outcome is not Outcome.DRAINED else "stopped",
+                     self._end_detail)
+        self._answer_late_requests(outcome.value)
         log_event(logger, "job_ended", outcome=outcome.value, last_epoch=self.last_epoch,
                   restarts=self.history.restarts())
         return outcome
+
+    def _answer_late_requests(self, outcome: str) -> None:
+        """Answer what arrived after the job began to end, so no command waits in vain."""
+        for request in self.control.pending():
+            if request.id in self._taken:
+                continue
+            if request.action == "savepoint" or request.params.get("savepoint") is not None:
+                self.control.answer(request, "refused", f"the job {outcome} (after epoch "
+                                    f"{self.last_epoch}) before it could take the savepoint; "
+                                    "nothing was written")
+            else:
+                self.control.answer(request, "done", f"the job had already {outcome} (after "
+                                    f"epoch {self.last_epoch}); nothing was in flight",
+                                    last_epoch=self.last_epoch)
 
     def _beat(self) -> None:
         if time.monotonic() - self._heartbeat_at >= 2.0:
@@ -514,6 +578,17 @@ class Supervisor:
         status.last_epoch = self.last_epoch
         status.restarts = self.history.restarts()
         status.write(self.directory)
+
+
+def _last_committed(location: str) -> int | None:
+    """The newest epoch of the checkpoint's commit log (None before the first)."""
+    from exactly.spark.checkpoint import batch_numbers
+
+    try:
+        commits = batch_numbers(location, "commits")
+    except (OSError, ValueError):
+        return None
+    return commits[-1] if commits else None
 
 
 def _ran(progress: dict[str, Any]) -> bool:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,11 @@ EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
 class SupervisedRun:
     """One ``exactly run JOB --checkpoint CK`` in the background (``job``: a job file);
-    ``name_checkpoint=False`` leaves ``--checkpoint`` out (the job names ``checkpoint``)."""
+    ``name_checkpoint=False`` leaves ``--checkpoint`` out (the job names ``checkpoint``);
+    ``wrap`` goes before the command (``unshare --pid --fork ...``: a container's PID 1)."""
 
     def __init__(self, job: str | Path, checkpoint: Path, env: dict[str, str], *args: str,
-                 log: Path, name_checkpoint: bool = True) -> None:
+                 log: Path, name_checkpoint: bool = True, wrap: Sequence[str] = ()) -> None:
         self.checkpoint = checkpoint
         self.token = new_job_token()
         self.log = log
@@ -34,7 +35,7 @@ class SupervisedRun:
                     "EXACTLY_LOG_LEVEL": "INFO", **env}
         self._log_file = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [*EXACTLY, "run", str(job),
+            [*wrap, *EXACTLY, "run", str(job),
              *(["--checkpoint", str(checkpoint)] if name_checkpoint else []), *args],
             env=full_env, stdout=self._log_file, stderr=subprocess.STDOUT,
             start_new_session=True)

@@ -136,7 +136,8 @@ function renderRestarts(restarts) {
   $("restarts").tBodies[0].replaceChildren(...(rows.length ? rows.map((e) =>
     el("tr", { class: e.event === "failure" ? "failed" : "" }, el("td", {}, when(e.at)),
       el("td", {}, e.event), el("td", {}, e.kind || ""), el("td", {}, e.action || ""),
-      el("td", {}, e.cause || (e.recovery_s !== undefined ? `recovered in ${e.recovery_s} s` : ""))))
+      el("td", {}, (e.cause || (e.recovery_s !== undefined ? `recovered in ${e.recovery_s} s` : ""))
+        + (e.repeats > 1 ? ` (same cause ${e.repeats} times in a row)` : ""))))
     : [el("tr", {}, el("td", { colSpan: 5, class: "muted" }, "none"))]));
 }
 
