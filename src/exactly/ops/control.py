@@ -196,15 +196,19 @@ class JobStatus:
         if self.state in ENDED:
             return False
         alive = self.supervisor.is_alive()
-        if alive is None:  # another host or PID namespace: trust a fresh heartbeat
+        if alive is None:  # another host: trust a fresh heartbeat
             return time.time() - self.heartbeat < HEARTBEAT_STALE_S
-        return alive or self.orphaned()
+        return alive or self._driver_runs()
 
     def orphaned(self) -> bool:
         """True while the driver runs on after its launcher died (on this host)."""
-        if self.state in ENDED or self.driver is None or self.driver == self.supervisor:
-            return False
-        return self.supervisor.is_alive() is False and self.driver.is_alive() is True
+        return (self.state not in ENDED and self.supervisor.is_alive() is False
+                and self._driver_runs())
+
+    def _driver_runs(self) -> bool:
+        """The driver, when it is a process of its own (``exactly run``), is alive."""
+        return (self.driver is not None and self.driver != self.supervisor
+                and self.driver.is_alive() is True)
 
     def lost(self) -> bool:
         """True when this says the job runs but nothing of it does: the launcher and the
@@ -231,8 +235,9 @@ def claim_job(directory: Path, status: JobStatus, *, wait_for_orphan_s: float = 
             mine = current is not None and current.supervisor == status.supervisor
             if current is None or mine or not current.alive():
                 status.write(directory)
-                return current if current is not None and not mine and current.lost() \
-                    else None
+                # not alive, yet not ended: a run that ended without a word
+                lost = current is not None and not mine and current.state not in ENDED
+                return current if lost else None
             orphan = current.orphaned()
             if not orphan or time.monotonic() >= deadline:
                 raise FencedError(_claimed(directory, current, orphan))

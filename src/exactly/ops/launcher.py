@@ -41,7 +41,7 @@ from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
 from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
 from exactly.ops.history import RestartHistory, new_run_id
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
-from exactly.ops.restart import RestartStrategy, gives_up_on_repeats, strategy_from_json
+from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
 from exactly.ops.supervisor import default_strategy
 from exactly.procs import (
     JOB_TOKEN_ENV,
@@ -119,13 +119,9 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             strategy = _strategy(directory)
             now = time.time()
             repeats = history.repeats(cause)  # before this failure is appended
-            delay = strategy.next_delay([*history.counted_failure_times(), now],
-                                        random.Random())
-            repeated = delay is not None and gives_up_on_repeats(strategy, repeats)
-            if repeated:
-                delay = None
-            reason = {"reason": f"the same cause repeated {repeats} times in a row"} \
-                if repeated else {}
+            delay, repeated = restart_delay(strategy, [*history.counted_failure_times(), now],
+                                            repeats, random.Random())
+            reason = {"reason": repeated} if repeated else {}
             action = "restart" if delay is not None else "give-up"
             history.append("failure", kind="process", cause=cause, action=action, delay=delay,
                            strategy=strategy.describe(), ran_s=round(now - started, 3),
@@ -136,8 +132,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
                       restarts=history.restarts(), repeats=repeats)
             if delay is None:
                 _set_state(directory, "failed", cause)
-                said = f"the same cause repeated {repeats} times in a row: " if repeated \
-                    else ""
+                said = f"{repeated}: " if repeated else ""
                 print(f"exactly run: job failed: {said}{cause} (restart strategy "
                       f"{strategy.describe()} gave up)", file=out, flush=True)
                 return JOB_FAILED

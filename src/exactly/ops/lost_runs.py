@@ -42,7 +42,7 @@ def record_lost_run(checkpoint: str, lost: JobStatus, *, noticed_by: str) -> dic
     """Record that the run ``lost`` (the checkpoint's previous ``job.json``) ended without a
     word: when it was last seen, the epoch it had in flight, the last epoch it completed.
     ``noticed_by`` is the run id of the start that found it. Returns the history entry."""
-    from exactly.spark.checkpoint import batch_numbers
+    from exactly.spark.checkpoint import last_committed_epoch
 
     directory = job_dir(checkpoint)
     last_seen = lost.heartbeat  # written with every status change and every 2 s while running
@@ -54,8 +54,7 @@ def record_lost_run(checkpoint: str, lost: JobStatus, *, noticed_by: str) -> dic
     epoch = record_epoch_lost(checkpoint, cause, failure="lost-run")
     if epoch is not None:
         cause += f"; epoch {epoch} was in flight"
-    commits = batch_numbers(checkpoint, "commits")
-    last_epoch = commits[-1] if commits else None
+    last_epoch = last_committed_epoch(checkpoint)
     entry = RestartHistory(directory, lost.run_id).append(
         "failure", kind="lost-run", cause=cause, action="restart", last_seen_at=last_seen,
         epoch_in_flight=epoch, last_epoch=last_epoch, state=lost.state,

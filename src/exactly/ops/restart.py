@@ -198,6 +198,17 @@ def gives_up_on_repeats(strategy: RestartStrategy, repeats: int) -> bool:
     return limit is not None and repeats >= limit
 
 
+def restart_delay(strategy: RestartStrategy, failures: Sequence[float], repeats: int,
+                  rng: random.Random | None = None) -> tuple[float | None, str | None]:
+    """The wait before restarting after the last of ``failures`` (:meth:`next_delay`), or
+    None when the strategy gives up, with the reason when it gives up because the cause is
+    the ``repeats``-th in a row (:func:`gives_up_on_repeats`): ``(delay, reason)``."""
+    delay = strategy.next_delay(failures, rng)
+    if delay is not None and gives_up_on_repeats(strategy, repeats):
+        return None, f"the same cause repeated {repeats} times in a row"
+    return delay, None
+
+
 def _check_max_repeated_cause(strategy: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):

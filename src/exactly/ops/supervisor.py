@@ -49,8 +49,9 @@ from exactly.monitoring.store import append_now
 from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
 from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
-from exactly.ops.restart import ExponentialDelay, RestartStrategy, gives_up_on_repeats
+from exactly.ops.restart import ExponentialDelay, RestartStrategy, restart_delay
 from exactly.protocol.faults import FaultSpec
+from exactly.spark.checkpoint import last_committed_epoch
 
 logger = logging.getLogger("exactly.ops.supervisor")
 
@@ -139,7 +140,7 @@ class Supervisor:
         self.rng = rng or random.Random()
         self._sleep = sleep
         self.consecutive_failed = 0
-        self.last_epoch: int | None = _last_committed(self.config.storage)
+        self.last_epoch: int | None = last_committed_epoch(self.config.storage)
         self._seen_batch = -1
         self._pending_failure_at: float | None = self._unrecovered_failure()
         self._local: Request | None = None  # a stop/cancel from a signal
@@ -426,15 +427,11 @@ class Supervisor:
                           cause=cause, consecutive=self.consecutive_failed,
                           tolerable=tolerable, repeats=repeats)
                 return
-        delay = self.strategy.next_delay([*self.history.counted_failure_times(), now],
-                                         self.rng)
+        delay, repeated = restart_delay(
+            self.strategy, [*self.history.counted_failure_times(), now], repeats, self.rng)
         self.consecutive_failed = 0
-        repeated = delay is not None and gives_up_on_repeats(self.strategy, repeats)
-        if repeated:
-            delay = None
         action = "restart" if delay is not None else "give-up"
-        reason = {"reason": f"the same cause repeated {repeats} times in a row"} if repeated \
-            else {}
+        reason = {"reason": repeated} if repeated else {}
         entry = self.history.append("failure", kind=kind, cause=cause, action=action,
                                     delay=delay, strategy=self.strategy.describe(),
                                     repeats=repeats, **reason)
@@ -445,8 +442,8 @@ class Supervisor:
                   at=entry["at"], **reason)
         if repeated:
             self._status("failed", cause)
-            raise JobFailedError(f"the same cause repeated {repeats} times in a row: {cause} "
-                                 f"(restart strategy {self.strategy.describe()} gave up)")
+            raise JobFailedError(f"{repeated}: {cause} (restart strategy "
+                                 f"{self.strategy.describe()} gave up)")
         if delay is None:
             self._status("failed", cause)
             raise JobFailedError(f"{cause} (restart strategy {self.strategy.describe()} "
@@ -578,17 +575,6 @@ class Supervisor:
         status.last_epoch = self.last_epoch
         status.restarts = self.history.restarts()
         status.write(self.directory)
-
-
-def _last_committed(location: str) -> int | None:
-    """The newest epoch of the checkpoint's commit log (None before the first)."""
-    from exactly.spark.checkpoint import batch_numbers
-
-    try:
-        commits = batch_numbers(location, "commits")
-    except (OSError, ValueError):
-        return None
-    return commits[-1] if commits else None
 
 
 def _ran(progress: dict[str, Any]) -> bool:

@@ -212,6 +212,12 @@ def batch_numbers(location: str, log: str) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_file())
 
 
+def last_committed_epoch(location: str) -> int | None:
+    """The newest epoch of the ``commits/`` log (None before the first commit)."""
+    commits = batch_numbers(location, "commits")
+    return commits[-1] if commits else None
+
+
 def uncommitted_epoch(location: str) -> int | None:
     """The newest epoch with an ``offsets/`` entry and no ``commits/`` entry (one in flight,
     or one a failure interrupted), or None when every logged epoch is committed."""
