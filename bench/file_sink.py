@@ -70,7 +70,7 @@ import harness as h
 
 from exactly.config import CheckpointConfig
 from exactly.connectors.datagen import SCHEMA, generate
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 from exactly.spark.session import spark_session
 
 SINKS = ("exactly_once", "at_least_once", "spark_parquet", "noop")

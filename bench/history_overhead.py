@@ -46,11 +46,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness as h
 from file_sink import read_stream, write_input
 
+from exactly.checkpoint.history import HistoryStore, history_dir
 from exactly.config import CheckpointConfig
 from exactly.monitoring import recorder
-from exactly.monitoring.store import HistoryStore, history_dir
+from exactly.ops.query import start_query
 from exactly.protocol.commitlog import CommitLog
-from exactly.spark.runner import start_query
 from exactly.spark.session import spark_session
 
 VARIANTS = ("history", "no_history")

@@ -121,7 +121,7 @@ def run_sink(spark: Any, kind: str, bootstrap: str, source_topic: str, records: 
              received: list[tuple[int, int]] | None = None) -> float:
     from exactly.config import CheckpointConfig
     from exactly.connectors.kafka.source import read_kafka
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
 
     checkpoint = workdir / f"ck-{out}"
     df = read_kafka(spark, bootstrap, topics=source_topic,
@@ -164,7 +164,7 @@ def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: i
 
     from exactly.config import CheckpointConfig
     from exactly.connectors.kafka.source import read_kafka
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
 
     name = uuid.uuid4().hex[:6]
     source, out = f"lat-in-{name}", f"lat-out-{name}"

@@ -54,7 +54,7 @@ import harness as h
 from exactly.config import CheckpointConfig
 from exactly.connectors.datagen import generate
 from exactly.connectors.sql import CopyStream, TableName
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 from exactly.spark.session import spark_session
 from exactly.testing.pgcluster import TempPostgres
 

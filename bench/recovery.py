@@ -43,7 +43,8 @@ import numpy as np
 import psutil
 
 from exactly.audit import audit_ids, file_ids
-from exactly.ops.control import JobStatus, job_dir
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.status import JobStatus
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
 JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"

@@ -104,7 +104,7 @@ def spark_job(variant: str, input_dir: str, out: str, ck: str, result: str,
     from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
     from exactly.config import CheckpointConfig
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
     from exactly.spark.session import spark_session
 
     schema = StructType([StructField("id", LongType()), StructField("key", StringType()),

@@ -56,7 +56,7 @@ BACKENDS = ("hashmap", "rocksdb", "rocksdb_changelog")
 
 def job(backend: str, keys: int, updates: int, epochs: int, work: str, result: str) -> None:
     from exactly.config import CheckpointConfig
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
     from exactly.spark.session import spark_session
 
     ck = Path(work) / "ck"

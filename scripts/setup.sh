@@ -77,7 +77,7 @@ done
 # compiled against the installed PySpark once, cached in ~/.cache/exactly/jvm. The driver's
 # class archive (JDK class-data sharing): every driver start, restart and test loads Spark's
 # classes from it (about half a driver's start-up CPU); built once per PySpark and Java runtime
-jvm_files='.venv/bin/python -c "from exactly.savepoints.state_writer import ensure_jar; ensure_jar()" && .venv/bin/python -c "
+jvm_files='.venv/bin/python -c "from exactly.spark.state_writer_jar import ensure_jar; ensure_jar()" && .venv/bin/python -c "
 from exactly.spark.class_archive import archive_path, build
 path = archive_path()
 if path is not None and not path.is_file():

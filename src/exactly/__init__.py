@@ -9,14 +9,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from exactly.version import __version__  # noqa: F401  (re-exported)
 
 _EXPORTS = {
     "CheckpointConfig": "exactly.config",
     "Mode": "exactly.config",
     "StateBackend": "exactly.config",
-    "start_query": "exactly.spark.runner",
-    "ExactlyQuery": "exactly.spark.runner",
+    "start_query": "exactly.ops.query",
+    "ExactlyQuery": "exactly.ops.query",
     "spark_session": "exactly.spark.session",
     "register": "exactly.spark.formats",
     "verify": "exactly.auditor",
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from exactly.errors import TransientError
     from exactly.ops.driver import run_job
     from exactly.ops.job import Job
+    from exactly.ops.query import ExactlyQuery, start_query
     from exactly.ops.restart import (
         ExponentialDelay,
         FailureRate,
@@ -71,7 +72,6 @@ if TYPE_CHECKING:
     from exactly.protocol.contract import Handle, TwoPhaseCommitSink
     from exactly.savepoints.operators import uid
     from exactly.spark.formats import register
-    from exactly.spark.runner import ExactlyQuery, start_query
     from exactly.spark.session import spark_session
 
 

@@ -46,6 +46,46 @@ def main(ctx: click.Context, verbose: bool) -> None:
     configure()
 
 
+class _CheckpointType(click.ParamType):
+    """A checkpoint argument: a local directory or ``s3a://bucket/prefix``, never a URI
+    turned into a local path (``s3a://`` as a local directory ``s3a:``)."""
+
+    name = "CHECKPOINT"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from exactly.checkpoint.location import checkpoint_uri
+        from exactly.checkpoint.reach import check_reachable
+        from exactly.errors import ConfigError
+
+        try:
+            uri = checkpoint_uri(value)
+            check_reachable(uri)  # S3: credentials, endpoint, bucket; one line if not
+            return uri
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class _PlaceType(click.ParamType):
+    """A savepoint or its directory: a local path or ``s3://bucket/prefix``."""
+
+    name = "PATH"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        from exactly.checkpoint.location import location_uri
+        from exactly.errors import ConfigError
+
+        try:
+            return location_uri(value, "savepoint")
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+CHECKPOINT = _CheckpointType()
+PLACE = _PlaceType()
+
+
 def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run a command; on an exception end stderr with ``<command> failed: <root cause>``
@@ -316,7 +356,7 @@ def faults() -> None:
 
 
 @main.command()
-@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--sink-log", default=None, type=click.Path(file_okay=False),
               help="The exactly sink's commit-log directory (default: CHECKPOINT/exactly-sink "
                    "when it exists).")
@@ -355,7 +395,7 @@ def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
 
 
 @main.command("restore-offsets")
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--sink-log", default=None, type=click.Path(file_okay=False),
               help="The exactly sink's commit-log directory.")
 @click.option("--sink-path", default=None, type=click.Path(file_okay=False),
@@ -385,7 +425,7 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
 @main.command(context_settings={"show_default": True})
 @click.argument("job_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--checkpoint", "checkpoint_dir", default=None,
-              type=click.Path(file_okay=False),
+              type=CHECKPOINT,
               help="Checkpoint directory: the job's address for stop, cancel and restarts "
                    "[default: the job's CheckpointConfig(storage=...), learnt by building the "
                    "job once before it starts].")
@@ -405,8 +445,7 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="A Spark setting (repeatable).")
 @click.option("--stop-timeout", default="10min",
               help="How long a stop waits for the epoch in flight before cancelling it.")
-@click.option("-s", "--from-savepoint", "savepoint", default=None,
-              type=click.Path(exists=True, file_okay=False),
+@click.option("-s", "--from-savepoint", "savepoint", default=None, type=PLACE,
               help="Restore this savepoint, or the last completed epoch of this retained "
                    "checkpoint, into the new checkpoint first.")
 @click.option("--allow-non-restored-state", is_flag=True,
@@ -443,9 +482,9 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     """
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec
-    from exactly.ops.launcher import checkpoint_location, launch
+    from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint
+    from exactly.ops.launcher import launch
     from exactly.ops.restart import parse_option_pairs
-    from exactly.savepoints.job import RestoreRequest, is_checkpoint
     from exactly.savepoints.manifest import read_manifest
     from exactly.savepoints.restore import RestoreMode
     from exactly.savepoints.sinks import SinkRollback
@@ -454,20 +493,19 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
     restore = None
     if savepoint is not None:
-        if not is_checkpoint(Path(savepoint)):
+        if not is_checkpoint(savepoint):
             read_manifest(savepoint)  # a damaged or incomplete one fails before Spark starts
         elif restore_mode == "claim":
             raise click.UsageError(f"{savepoint} is a checkpoint, which a restore only reads: "
                                    "--restore-mode claim applies to savepoints")
-        restore = RestoreRequest(str(Path(savepoint).absolute()), allow_non_restored_state,
+        restore = RestoreRequest(savepoint, allow_non_restored_state,
                                  RestoreMode(restore_mode), parallelism,
                                  SinkRollback(sink_rollback)).to_json()
     elif allow_non_restored_state or parallelism or restore_mode != "no_claim" or (
             sink_rollback != "refuse"):
         raise click.UsageError("--allow-non-restored-state, --restore-mode, --parallelism "
                                "and --sink-rollback belong to a restore: add -s SAVEPOINT")
-    checkpoint = checkpoint_location(checkpoint_dir) if checkpoint_dir else None
-    spec = DriverSpec(job_file=str(Path(job_file).absolute()), checkpoint=checkpoint,
+    spec = DriverSpec(job_file=str(Path(job_file).absolute()), checkpoint=checkpoint_dir,
                       strategy=strategy,
                       strategy_options=parse_option_pairs(strategy_options), master=master,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
@@ -498,7 +536,7 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 
 
 @main.command(context_settings={"show_default": True})
-@click.argument("checkpoint", required=False, type=click.Path(file_okay=False))
+@click.argument("checkpoint", required=False, type=CHECKPOINT)
 @click.option("--drain", is_flag=True,
               help="First process all input available now (a bounded end), then stop.")
 @click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
@@ -515,7 +553,7 @@ def stop(checkpoint: str | None, drain: bool, wait: str, savepoint_target: str |
     """Stop the job running on CHECKPOINT: the epoch in flight commits, then it stops."""
     if checkpoint is None and savepoint_target:
         # `stop --savepoint CK`: the option's optional value was the checkpoint itself
-        checkpoint, savepoint_target = savepoint_target, ""
+        checkpoint, savepoint_target = CHECKPOINT.convert(savepoint_target, None, None), ""
     if checkpoint is None:
         raise click.UsageError("give the CHECKPOINT of the job to stop")
     if savepoint_path is not None:
@@ -525,13 +563,13 @@ def stop(checkpoint: str | None, drain: bool, wait: str, savepoint_target: str |
         savepoint_target = savepoint_path
     params: dict[str, Any] = {"drain": drain}
     if savepoint_target is not None:
-        params["savepoint"] = str(Path(savepoint_target).absolute()) if savepoint_target \
-            else ""
+        params["savepoint"] = PLACE.convert(savepoint_target, None, None) \
+            if savepoint_target else ""
     _control(checkpoint, "stop", wait, **params)
 
 
 @main.command(context_settings={"show_default": True})
-@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--timeout", "wait", default="5min", help="How long to wait for the answer.")
 @reports_failure("cancel")
 def cancel(checkpoint: str, wait: str) -> None:
@@ -543,7 +581,7 @@ def cancel(checkpoint: str, wait: str) -> None:
 
 
 @main.command(context_settings={"show_default": True})
-@click.argument("checkpoint", type=click.Path(file_okay=False))
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--json", "as_json", is_flag=True,
               help="Print the overview as one JSON object (with --follow: every history "
                    "record as a JSON line, old ones first, then new ones as they come).")
@@ -581,7 +619,7 @@ def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None
 
 @main.command(context_settings={"show_default": True})
 @click.argument("checkpoints_", nargs=-1, required=True, metavar="CHECKPOINT...",
-                type=click.Path(file_okay=False))
+                type=CHECKPOINT)
 @click.option("--port", default=8081, type=click.IntRange(1, 65535),
               help="Port to listen on (Flink's web UI uses 8081 too).")
 @click.option("--host", default="127.0.0.1",
@@ -603,9 +641,9 @@ def ui(checkpoints_: tuple[str, ...], port: int, host: str) -> None:
 def _follow_records(checkpoint: str, interval: float) -> None:
     """Print every history record of ``checkpoint`` as a JSON line, then new ones as they are
     appended, until Ctrl-C."""
-    from exactly.monitoring.store import HistoryStore, history_dir
+    from exactly.checkpoint.history import open_history
 
-    store = HistoryStore(history_dir(checkpoint))
+    store = open_history(checkpoint)
     printed: list[str] = []
     while True:
         lines = [json.dumps(r, sort_keys=True) for r in store.read().records]
@@ -624,9 +662,9 @@ def _follow_records(checkpoint: str, interval: float) -> None:
 
 @main.command(context_settings={"show_default": True})
 @click.argument("paths", nargs=-1, metavar="CHECKPOINT [TARGET]")
-@click.option("--dispose", "dispose_path", default=None, type=click.Path(),
+@click.option("--dispose", "dispose_path", default=None, type=PLACE,
               help="Delete the savepoint at this path (complete or incomplete).")
-@click.option("--inspect", "inspect_path", default=None, type=click.Path(),
+@click.option("--inspect", "inspect_path", default=None, type=PLACE,
               help="Print the manifest of the savepoint at this path.")
 @click.option("--json", "as_json", is_flag=True, help="With --inspect: the manifest as JSON.")
 @click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
@@ -647,8 +685,8 @@ def savepoint(paths: tuple[str, ...], dispose_path: str | None, inspect_path: st
         return
     if len(paths) > 2:
         raise click.UsageError("give CHECKPOINT and at most one TARGET")
-    params = {"target": str(Path(paths[1]).absolute())} if len(paths) == 2 else {}
-    _control(paths[0], "savepoint", wait, **params)
+    params = {"target": PLACE.convert(paths[1], None, None)} if len(paths) == 2 else {}
+    _control(CHECKPOINT.convert(paths[0], None, None), "savepoint", wait, **params)
 
 
 def _inspect_savepoint(path: str, as_json: bool) -> None:
@@ -688,8 +726,8 @@ def _schema_text(schema_json: str) -> str:
 
 
 def _control(checkpoint: str, action: str, wait: str, **params) -> None:
+    from exactly.checkpoint.control import ControlChannel
     from exactly.config import parse_duration
-    from exactly.ops.control import ControlChannel
 
     channel = ControlChannel(checkpoint)
     request = channel.send(action, **params)

@@ -1,7 +1,7 @@
 """Checkpoint configuration in Flink's vocabulary, validated before anything runs.
 
 ``CheckpointConfig`` holds every option the seeds name. The query-level ones (interval,
-mode, storage, state backend) are applied by :mod:`exactly.spark.runner`; the policies that
+mode, storage, state backend) are applied by :mod:`exactly.ops.query`; the policies that
 act between and around epochs (timeout, min pause, tolerable failed checkpoints, epoch
 sizing) are enforced by the job supervisor (:mod:`exactly.ops.supervisor`, ``exactly run``);
 ``start_query`` refuses a config that sets them, so none is silently ignored. The one

@@ -95,7 +95,7 @@ def build(spark, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     from exactly.config import CheckpointConfig
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
     from exactly.spark.session import spark_session
     from exactly.testing.chaos import report_progress
 

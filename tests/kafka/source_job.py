@@ -51,7 +51,7 @@ def bad_timeout(spark, bootstrap: str, topic: str, workdir: Path) -> str:
     it must fail at start, with the seeds' advice, before any epoch commits."""
     from exactly.config import CheckpointConfig
     from exactly.connectors.kafka.source import read_kafka
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
 
     df = read_kafka(spark, bootstrap, topics=topic).select("key", "value")
     try:

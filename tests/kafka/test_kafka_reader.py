@@ -32,7 +32,7 @@ from exactly.connectors.kafka.reader import (
 )
 from exactly.connectors.kafka.source import read_exactly_kafka
 from exactly.errors import ConfigError
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 from exactly.testing.kafka_broker import consume_all
 
 WAIT_S = 120  # bound on waiting for a query (a hang fails the test instead of blocking it)

@@ -16,7 +16,7 @@ from exactly.connectors.kafka.broker import (
 )
 from exactly.connectors.kafka.options import KafkaSinkError
 from exactly.errors import ConfigError
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 
 
 def test_a_transaction_timeout_above_the_brokers_maximum_fails_start_query_before_start(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exactly.monitoring.store import HistoryStore, history_dir
+from exactly.checkpoint.history import HistoryStore, history_dir
 from exactly.testing.supervised import SupervisedRun
 from exactly.testing.ui import get_json, get_text, ui_server
 

@@ -1,4 +1,4 @@
-"""A sink's commit log and lease on S3 (exactly.protocol.logstore, S3Proxy): the same
+"""A sink's commit log and lease on S3 (exactly.checkpoint.store, S3Proxy): the same
 primitives as on a directory -- whole-file writes, create-if-absent, compare-and-swap --
 from conditional PUTs, and the protocol files built on them behave as on a local disk."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from exactly.checkpoint.store import LocalLogStore, S3LogStore, open_log_store
 from exactly.errors import FencedError, OwnershipError
 from exactly.procs import ProcessId
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.lease import Lease
-from exactly.protocol.logstore import LocalLogStore, S3LogStore, open_log_store
 
 pytestmark = pytest.mark.server
 

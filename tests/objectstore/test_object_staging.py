@@ -11,7 +11,7 @@ import pytest
 from exactly.errors import CorruptFileError
 from exactly.protocol.contract import TaskInfo
 from exactly.protocol.object_staging import ObjectStagingArea
-from exactly.protocol.staging import open_stage
+from exactly.protocol.stages import open_stage
 
 pytestmark = pytest.mark.server
 

@@ -18,8 +18,8 @@ import pytest
 from supervised import SupervisedRun
 
 from exactly.audit import audit_ids, file_ids
+from exactly.checkpoint.spark_files import batch_numbers
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
-from exactly.spark.checkpoint import batch_numbers
 
 PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
 

@@ -69,7 +69,7 @@ def test_a_fenced_2pc_instance_started_by_spark_fails_and_leaves_the_table_alone
     the first commit is the protocol-level tests' subject) and nothing becomes visible.
     After the holder exits, the same query starts and writes everything once."""
     from exactly.config import CheckpointConfig
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
 
     ck = tmp_path / "ck"
 

@@ -199,7 +199,7 @@ def test_a_reader_polling_the_view_never_sees_part_of_an_epoch_under_spark(spark
     one) while a thread polls the view as fast as it can: every state it sees is a union of
     whole epochs (a prefix of them), and at the end it shows every row exactly once."""
     from exactly.config import CheckpointConfig
-    from exactly.spark.runner import start_query
+    from exactly.ops.query import start_query
 
     rows, per_epoch, tasks = 1800, 300, 3
     df = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)

@@ -13,7 +13,7 @@ from psycopg import sql
 from exactly.auditor import AuditSpec, PostgresLocation, run_audit
 from exactly.config import CheckpointConfig
 from exactly.connectors.sql import TableName
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 
 KEYS, PER_EPOCH = 7, 500
 

@@ -56,7 +56,7 @@ class StatefulJob:
         return job_operators(self.job(rows).df)
 
     def restore(self, savepoint: Path, rows: int, **options):
-        from exactly.savepoints.job import RestoreRequest, restore_job
+        from exactly.ops.job_savepoints import RestoreRequest, restore_job
 
         job = self.job(rows)
         from exactly.savepoints.operators import job_operators
@@ -65,7 +65,7 @@ class StatefulJob:
 
     def run(self, rows: int) -> None:
         """Process the input up to ``rows`` (availableNow) and stop."""
-        from exactly.spark.runner import start_query
+        from exactly.ops.query import start_query
 
         job = self.job(rows)
         query = start_query(job.df, sink_format=job.sink_format, checkpoint=job.checkpoint,
@@ -77,7 +77,7 @@ class StatefulJob:
             raise AssertionError(f"the query failed: {error}")
 
     def savepoint(self, target: Path, rows: int = 1) -> Path:
-        from exactly.savepoints.job import take_job_savepoint
+        from exactly.ops.job_savepoints import take_job_savepoint
         from exactly.savepoints.operators import job_operators
 
         job = self.job(rows)

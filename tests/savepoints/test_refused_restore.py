@@ -14,7 +14,7 @@ from test_restore_transform_with_state import assert_exactly_once
 from exactly.cli import main
 from exactly.errors import SavepointError
 from exactly.ops.driver import run_job
-from exactly.savepoints.job import RestoreRequest
+from exactly.ops.job_savepoints import RestoreRequest
 from exactly.savepoints.sinks import SinkRollback
 from exactly.testing.ui import get_json, ui_server
 
@@ -82,10 +82,10 @@ def test_an_interrupted_restore_of_another_savepoint_refuses_a_second_savepoint(
     """A crash left ``restore.json`` in progress for savepoint 1 (its query may own the
     sink's target already): restoring savepoint 2 into that checkpoint is refused before
     anything is read or written, naming both ways out; the marker stays as it was."""
+    from exactly.checkpoint.location import job_dir
     from exactly.config import CheckpointConfig
-    from exactly.ops.control import job_dir
     from exactly.ops.job import Job
-    from exactly.savepoints.job import restore_job
+    from exactly.ops.job_savepoints import restore_job
 
     checkpoint = tmp_path / "ck"
     marker = job_dir(checkpoint) / "restore.json"

@@ -16,7 +16,7 @@ from savepoint_jobs import stage as run_stage
 import exactly
 from exactly.audit import audit_ids, data_files, file_ids
 from exactly.errors import SavepointError
-from exactly.savepoints.job import RestoreRequest, restore_job
+from exactly.ops.job_savepoints import RestoreRequest, restore_job
 from exactly.savepoints.manifest import list_files, read_manifest
 from exactly.savepoints.operators import job_operators
 from exactly.savepoints.restore import RestoreMode

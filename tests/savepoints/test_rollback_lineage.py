@@ -28,11 +28,11 @@ import pytest
 from exactly.config import CheckpointConfig
 from exactly.errors import SavepointError
 from exactly.ops.job import Job
+from exactly.ops.query import with_sink_log_dir
 from exactly.protocol.contract import TwoPhaseCommitSink
 from exactly.savepoints.manifest import Manifest
 from exactly.savepoints.sinks import SinkRollback, decide, hand_over
 from exactly.spark.formats import sink_for
-from exactly.spark.runner import with_sink_log_dir
 from exactly.testing.harness import ProtocolHarness
 
 ROWS = pa.schema([("id", pa.int64()), ("key", pa.string())])
@@ -424,7 +424,8 @@ def test_a_savepoint_of_a_branch_a_later_restore_replaced_is_refused(target):
 def test_a_restore_is_refused_before_writing_while_the_savepoints_job_still_runs(target):
     """The savepoint's own job is alive on its checkpoint (its status names a live
     process): the rule refuses before anything is written, naming `exactly stop`."""
-    from exactly.ops.control import JobStatus, claim_job, job_dir
+    from exactly.checkpoint.location import job_dir
+    from exactly.checkpoint.status import JobStatus, claim_job
     from exactly.procs import current_process
 
     line, _ = upgraded(target)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exactly.config import CheckpointConfig
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 
 ROWS, PER_EPOCH = 30, 10  # three epochs: 0, 1, 2
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow.dataset as ds
 
 from exactly.config import CheckpointConfig
-from exactly.spark.runner import start_query
+from exactly.ops.query import start_query
 
 ROWS = 300
 

@@ -17,7 +17,7 @@ from exactly.auditor import verify
 from exactly.config import CheckpointConfig, Mode, StateBackend
 from exactly.demos.files_job import PipelineSpec, run
 from exactly.errors import ConfigError, SourceNotReplayableError
-from exactly.spark.runner import check_replayable, start_query
+from exactly.ops.query import check_replayable, start_query
 
 EPOCH_ROWS = 1000
 

@@ -14,11 +14,11 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from exactly.auditor import verify
+from exactly.checkpoint.spark_files import restore_offsets
 from exactly.demos.files import write_events
 from exactly.demos.files_job import PipelineSpec, build, run
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
 from exactly.protocol.commitlog import CommitLog
-from exactly.spark.checkpoint import restore_offsets
 
 
 def add_files(source: Path, target: Path, names: list[str]) -> None:

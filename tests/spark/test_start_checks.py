@@ -17,7 +17,7 @@ import pytest
 from exactly.audit import data_files
 from exactly.config import CheckpointConfig
 from exactly.errors import ConfigError, OwnershipError
-from exactly.spark.runner import source_options, start_query
+from exactly.ops.query import source_options, start_query
 
 
 def datagen(spark, total: int = 100, **extra: str):
@@ -103,12 +103,12 @@ def test_update_mode_into_the_file_sink_is_refused_before_start(spark, tmp_path)
 def test_a_memory_checkpoint_warns_and_a_second_run_is_refused_naming_the_storage(
         spark, tmp_path, caplog):
     out = tmp_path / "out"
-    with caplog.at_level(logging.WARNING, logger="exactly.spark.runner"):
+    with caplog.at_level(logging.WARNING, logger="exactly.ops.query"):
         first = start_query(datagen(spark), sink_format="exactly.files", path=str(out),
                             checkpoint=CheckpointConfig(), available_now=True)
         first.await_termination()
     warnings = [json.loads(r.getMessage()) for r in caplog.records
-                if r.name == "exactly.spark.runner" and r.levelno == logging.WARNING]
+                if r.name == "exactly.ops.query" and r.levelno == logging.WARNING]
     assert any(w["event"] == "memory_checkpoint" and w["storage"] == "memory"
                and "storage=DIR" in w["fix"] for w in warnings), warnings
     committed = sorted(f.parent.name for f in data_files(out))
@@ -129,7 +129,7 @@ def test_a_memory_checkpoint_warns_and_a_second_run_is_refused_naming_the_storag
 def test_a_durable_checkpoint_resumes_the_same_sink_without_a_memory_warning(
         spark, tmp_path, caplog):
     config = CheckpointConfig(storage=str(tmp_path / "ck"))
-    with caplog.at_level(logging.WARNING, logger="exactly.spark.runner"):
+    with caplog.at_level(logging.WARNING, logger="exactly.ops.query"):
         for total in (100, 200):  # the second run resumes and adds rows 100..199
             start_query(datagen(spark, total), sink_format="exactly.files",
                         path=str(tmp_path / "out"), checkpoint=config,

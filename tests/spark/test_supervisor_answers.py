@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from datagen_query import datagen
 
+from exactly.checkpoint.control import ControlChannel
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.status import JobStatus, claim_job
 from exactly.config import CheckpointConfig
-from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
 from exactly.ops.job import Job
 from exactly.ops.supervisor import Outcome, Supervisor
 from exactly.procs import current_process

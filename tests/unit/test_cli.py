@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from exactly.cli import main
@@ -126,16 +127,47 @@ def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused
     assert other.exit_code == 3 and "not a savepoint" in other.output and tmp_path.exists()
 
 
-def test_run_refuses_a_checkpoint_that_is_not_a_local_directory_instead_of_making_one(
-        tmp_path, monkeypatch):
-    """`--checkpoint s3a://...` once became a local directory named `s3a:`; now it fails in
-    one line and nothing is created."""
+#: every command that takes a checkpoint, with what it needs besides
+CHECKPOINT_COMMANDS = {
+    "run": lambda ck, job: ["run", job, "--checkpoint", ck],
+    "stop": lambda ck, job: ["stop", ck],
+    "stop --savepoint": lambda ck, job: ["stop", "--savepoint", ck],
+    "cancel": lambda ck, job: ["cancel", ck],
+    "savepoint": lambda ck, job: ["savepoint", ck],
+    "checkpoints": lambda ck, job: ["checkpoints", ck],
+    "ui": lambda ck, job: ["ui", ck, "--port", "1"],
+    "doctor": lambda ck, job: ["doctor", ck],
+    "restore-offsets": lambda ck, job: ["restore-offsets", ck, "--epoch", "0"],
+}
+
+
+def _no_s3_settings(monkeypatch, tmp_path):
+    for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.parametrize("command", sorted(CHECKPOINT_COMMANDS))
+def test_a_checkpoint_uri_is_never_turned_into_a_local_directory(command, tmp_path,
+                                                                  monkeypatch):
+    """`--checkpoint s3a://...` once became a local directory named `s3a:`. Now every command
+    takes an s3a:// checkpoint as one (without S3 settings: one line naming them), refuses
+    another scheme in one line, and creates nothing in the working directory."""
     monkeypatch.chdir(tmp_path)
+    _no_s3_settings(monkeypatch, tmp_path)
     job = tmp_path / "job.py"
     job.write_text("def build(spark):\n    raise AssertionError('must not run')\n")
-    result = _run_cli("run", str(job), "--checkpoint", "s3a://lake/ck/orders")
-    assert result.exit_code == 3, result.output
-    assert "the checkpoint s3a://lake/ck/orders is not a local directory" in result.output
+    args = CHECKPOINT_COMMANDS[command]
+    on_s3 = _run_cli(*args("s3a://lake/ck/orders", str(job)))
+    assert on_s3.exit_code == 2, on_s3.output
+    assert "checkpoint s3a://lake/ck/orders: no S3 credentials; set AWS_ACCESS_KEY_ID" in \
+        on_s3.output
+    elsewhere = _run_cli(*args("hdfs://namenode/ck/orders", str(job)))
+    assert elsewhere.exit_code == 2, elsewhere.output
+    assert "not on hdfs://" in elsewhere.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.py"]
 
 

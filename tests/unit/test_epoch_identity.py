@@ -17,12 +17,12 @@ import pyarrow.dataset as ds
 import pytest
 
 from exactly.audit import data_files
+from exactly.checkpoint.spark_files import read_offsets, restore_offsets
 from exactly.connectors.files.sink import FileSink
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
 from exactly.protocol.contract import SinkSettings
 from exactly.protocol.epoch_identity import check_checkpoint_against_log
 from exactly.protocol.faults import FaultPoint
-from exactly.spark.checkpoint import read_offsets, restore_offsets
 from exactly.testing.harness import ProtocolHarness
 
 QUERY = str(uuid.uuid4())

@@ -1,4 +1,4 @@
-"""The history store (exactly.monitoring.store): appends are whole lines that survive a
+"""The history store (exactly.checkpoint.history): appends are whole lines that survive a
 SIGKILL of the writer, readers never see half a record, rotation keeps the bound, damaged
 lines are skipped and named."""
 
@@ -15,13 +15,13 @@ import time
 
 import pytest
 
+from exactly.checkpoint.history import HistoryStore
 from exactly.errors import ConfigError
-from exactly.monitoring.store import HistoryStore
 
 #: a writer process: appends records numbered from 0 until killed or ``count`` are written
 WRITER = """
 import sys, time
-from exactly.monitoring.store import HistoryStore
+from exactly.checkpoint.history import HistoryStore
 store = HistoryStore(sys.argv[1], max_segment_bytes=int(sys.argv[4]), max_segments=3)
 name, count, pad = sys.argv[2], int(sys.argv[3]), "x" * int(sys.argv[5])
 print("ready", flush=True)

@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
+from exactly.checkpoint.control import ControlChannel, NoRunningJob
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.checkpoint.status import JobStatus, claim_job
 from exactly.errors import ConfigError, FencedError
-from exactly.ops.control import ControlChannel, JobStatus, NoRunningJob, claim_job, job_dir
-from exactly.ops.history import RestartHistory
 from exactly.ops.job import load_job_file
 from exactly.ops.supervisor import is_fatal
 from exactly.procs import ProcessId, current_process
@@ -30,7 +32,7 @@ def test_a_command_to_a_checkpoint_without_a_live_job_is_refused_and_sends_nothi
     claim_job(job_dir(tmp_path / "ck"), JobStatus("r1", _dead_process(), "running"))
     with pytest.raises(NoRunningJob):
         channel.send("stop")
-    assert not channel.requests.exists() or not list(channel.requests.iterdir())
+    assert channel.store.list("control/requests") == []
 
 
 def test_requests_are_answered_once_oldest_first(tmp_path):

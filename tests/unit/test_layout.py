@@ -1,6 +1,10 @@
 """The package layout's rules (docs/design.md section 8), checked on the source's import statements.
 
-* the protocol knows no connector and no Spark adapter;
+* the packages stand on floors, and no import runs back up a floor (any import, also one
+  inside a function or under ``TYPE_CHECKING``): checkpoint -> protocol -> connectors ->
+  spark -> savepoints -> monitoring -> ops;
+* no two packages import each other;
+* the checkpoint package needs no Spark (``pyspark``);
 * a connector never imports another target's connector (shared SQL plumbing excepted);
 * library modules never import the test kit (``exactly.testing``) or the demos;
 * no import cycles among module-level imports.
@@ -52,19 +56,58 @@ def target_of(module: str) -> str | None:
     return None
 
 
-#: the reader of Spark's checkpoint files: plain file parsing, no pyspark. The protocol
-#: reads each epoch's input positions (offsets/N) through it (epoch identity).
-CHECKPOINT_FILES = "exactly.spark.checkpoint"
+#: the packages from the ground up: each may import those below it, never one above
+FLOORS = ("checkpoint", "protocol", "connectors", "spark", "savepoints", "monitoring", "ops")
+
+
+def package_of(module: str) -> str | None:
+    """``ops`` for exactly.ops.driver; None for the modules beside the packages."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and (SRC / parts[1]).is_dir() else None
+
+
+def package_imports() -> set[tuple[str, str, str]]:
+    """``(importing package, imported package, importing module)`` across packages."""
+    found = set()
+    for module, path in modules().items():
+        mine = package_of(module)
+        for imported in imports(path, top_level_only=False):
+            theirs = package_of(imported)
+            if mine and theirs and mine != theirs:
+                found.add((mine, theirs, module))
+    return found
+
+
+def test_no_import_runs_back_up_a_floor():
+    upward = {(module, theirs) for mine, theirs, module in package_imports()
+              if mine in FLOORS and theirs in FLOORS
+              and FLOORS.index(theirs) > FLOORS.index(mine)}
+    assert upward == set()
+
+
+def test_no_two_packages_import_each_other():
+    pairs = {(mine, theirs) for mine, theirs, _ in package_imports()}
+    both_ways = {tuple(sorted(pair)) for pair in pairs if pair[::-1] in pairs}
+    assert both_ways == set()
+
+
+def test_the_checkpoint_package_needs_no_spark():
+    spark = set()
+    for module, path in modules().items():
+        if module.startswith("exactly.checkpoint"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                spark.update((module, n) for n in names if n.split(".")[0] == "pyspark")
+    assert spark == set()
 
 
 def test_the_protocol_imports_no_connector_and_no_spark_adapter():
     bad = {(m, i) for m, p in modules().items() if m.startswith("exactly.protocol")
            for i in imports(p, top_level_only=False)
            if i.startswith(("exactly.connectors", "exactly.spark", "exactly.demos",
-                            "exactly.testing", "exactly.ops")) and i != CHECKPOINT_FILES}
+                            "exactly.testing", "exactly.ops"))}
     assert bad == set()
-    source = modules()[CHECKPOINT_FILES].read_text()
-    assert "pyspark" not in source, "the checkpoint file reader must not need Spark"
 
 
 def test_no_connector_imports_another_targets_connector():

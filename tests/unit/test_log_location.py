@@ -9,8 +9,8 @@ import pytest
 
 from exactly import options as opt
 from exactly.errors import ConfigError
+from exactly.ops.query import with_sink_log_dir
 from exactly.protocol.contract import SinkSettings
-from exactly.spark.runner import with_sink_log_dir
 
 
 def test_the_log_follows_the_checkpoint_locally_and_on_s3():
@@ -21,7 +21,8 @@ def test_the_log_follows_the_checkpoint_locally_and_on_s3():
 
 def test_the_log_location_is_a_path_or_an_s3_uri_and_the_stage_follows_it(tmp_path):
     from exactly.protocol.object_staging import ObjectStagingArea
-    from exactly.protocol.staging import StagingArea, open_stage
+    from exactly.protocol.stages import open_stage
+    from exactly.protocol.staging import StagingArea
 
     settings = SinkSettings(log_dir="s3://lake/log")
     assert settings.require_log_location("exactly.kafka") == "s3://lake/log"

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from exactly.checkpoint.history import HistoryStore, history_dir
 from exactly.errors import ConfigError
 from exactly.monitoring.overview import load
-from exactly.monitoring.store import HistoryStore, history_dir
 
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
 

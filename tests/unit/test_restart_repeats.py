@@ -1,6 +1,6 @@
 """``repeats`` in the restart history: how many failures in a row had the same root cause."""
 
-from exactly.ops.history import RestartHistory, cause_key
+from exactly.checkpoint.restarts import RestartHistory, cause_key
 
 UDF = "PythonException: ValueError: bad row 17 in epoch {}"
 

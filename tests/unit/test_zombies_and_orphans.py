@@ -13,10 +13,12 @@ import time
 import psutil
 import pytest
 
+from exactly.checkpoint.control import ControlChannel
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.checkpoint.status import JobStatus, claim_job
 from exactly.errors import FencedError
-from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
 from exactly.ops.doctor import lease_holder
-from exactly.ops.history import RestartHistory
 from exactly.ops.lost_runs import record_lost_run
 from exactly.procs import ProcessId, _stat, current_process, process_id
 from exactly.protocol.lease import Lease

@@ -67,7 +67,8 @@ from exactly.protocol.contract import (
     RollbackSupport,
     TargetState,
 )
-from exactly.protocol.staging import StagedTxn, StagingSink, open_stage
+from exactly.protocol.stages import open_stage
+from exactly.protocol.staging import StagedTxn, StagingSink
 from exactly.protocol.target_state import line_state
 
 DEFAULT_MARKER_TABLE = opt.DEFAULT_WAL_MARKER_TABLE

@@ -22,8 +22,8 @@ from pyspark.sql import functions as F
 
 from exactly import options as opt
 from exactly.config import CheckpointConfig
+from exactly.ops.query import start_query, with_sink_log_dir
 from exactly.protocol.faults import FaultSpec
-from exactly.spark.runner import start_query, with_sink_log_dir
 from exactly.testing.chaos import report_progress
 
 EVENT_SCHEMA = "id long not null, key string, amount double, event_time timestamp"

@@ -44,8 +44,8 @@ from exactly.config import CheckpointConfig
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
 from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
 from exactly.demos.fault_flags import add_fault_flags, fault_of
+from exactly.ops.query import start_query, with_sink_log_dir
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, maybe_crash
-from exactly.spark.runner import start_query, with_sink_log_dir
 from exactly.testing.chaos import report_progress
 
 EVENT_SCHEMA = "id long, key string, amount double"

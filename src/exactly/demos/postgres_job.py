@@ -134,9 +134,9 @@ def start(spark, args: argparse.Namespace):
     import os
 
     from exactly.config import CheckpointConfig, Mode
+    from exactly.ops.query import start_query, with_sink_log_dir
     from exactly.protocol.contract import SinkSettings
     from exactly.spark.foreach_batch import TwoPhaseForeachBatch
-    from exactly.spark.runner import start_query, with_sink_log_dir
 
     stateful = args.pipeline != "append"
     backend = "rocksdb" if args.pipeline == "keyed" else "hashmap"

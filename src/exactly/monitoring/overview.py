@@ -1,8 +1,8 @@
 """What a job's checkpoints look like now: Flink's checkpoint tab, computed from the history.
 
 :func:`load` reads a checkpoint directory -- the history
-(:mod:`exactly.monitoring.store`), the restart history of ``exactly run``
-(:mod:`exactly.ops.history`), Spark's offset and commit logs (an epoch in progress) and the
+(:mod:`exactly.checkpoint.history`), the restart history of ``exactly run``
+(:mod:`exactly.checkpoint.restarts`), Spark's offset and commit logs (an epoch in progress) and the
 job's control status (running or not) -- and returns an :class:`Overview`: counts
 (triggered, in progress, completed, failed, restored), the latest completed and failed
 checkpoint, savepoint and restore, the recent history, a min/avg/max summary, the
@@ -18,11 +18,18 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint import layout
+from exactly.checkpoint.history import open_history
+from exactly.checkpoint.location import (
+    checkpoint_exists,
+    checkpoint_uri,
+    job_store,
+    local_checkpoint,
+    open_store,
+)
 from exactly.errors import ConfigError
-from exactly.monitoring.store import HistoryStore, history_dir
 
 #: epochs the history table shows by default (Flink shows 10; the dashboard pages)
 HISTORY_ROWS = 1000
@@ -71,22 +78,23 @@ class Overview:
         return data
 
 
-def is_checkpoint(directory: Path) -> bool:
+def is_checkpoint(checkpoint: str) -> bool:
     """A Spark checkpoint has ``metadata`` or ``offsets/``; exactly's history counts too, and
     so does the status of an ``exactly run`` (a run that failed before its query started,
     e.g. a refused restore, leaves only that)."""
-    from exactly.ops.control import job_dir
+    store = open_store(checkpoint)
+    return (store.exists("metadata") or bool(store.list("offsets"))
+            or bool(store.list(f"{layout.JOB_DIR}/{layout.HISTORY_DIR}"))
+            or store.exists(f"{layout.JOB_DIR}/{layout.JOB_STATUS}"))
 
-    return ((directory / "metadata").is_file() or (directory / "offsets").is_dir()
-            or history_dir(directory).is_dir() or (job_dir(directory) / "job.json").is_file())
 
-
-def _require_checkpoint(directory: Path) -> None:
-    if not directory.exists():
-        raise ConfigError(f"{directory} does not exist; give the checkpoint directory of a "
-                          "job (CheckpointConfig(storage=...) or `exactly run --checkpoint`)")
-    if not directory.is_dir() or not is_checkpoint(directory):
-        raise ConfigError(f"{directory} is not a Spark checkpoint (no metadata, offsets/, "
+def _require_checkpoint(checkpoint: str) -> None:
+    if not checkpoint_exists(checkpoint):
+        raise ConfigError(f"{checkpoint} does not exist; give the checkpoint of a job "
+                          "(CheckpointConfig(storage=...) or `exactly run --checkpoint`)")
+    local = local_checkpoint(checkpoint)
+    if (local is not None and not local.is_dir()) or not is_checkpoint(checkpoint):
+        raise ConfigError(f"{checkpoint} is not a Spark checkpoint (no metadata, offsets/, "
                           "exactly-job/history or exactly-job/job.json in it); give the "
                           "directory a job was started with as its checkpoint")
 
@@ -120,13 +128,13 @@ class Loaded:
 
 def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS) -> Loaded:
     """Read ``checkpoint`` and compute its overview (see the module's docstring)."""
-    from exactly.ops.control import JobStatus, job_dir
-    from exactly.ops.history import RestartHistory
-    from exactly.spark.checkpoint import offsets_logged_at, uncommitted_epoch
+    from exactly.checkpoint.restarts import RestartHistory
+    from exactly.checkpoint.spark_files import offsets_logged_at, uncommitted_epoch
+    from exactly.checkpoint.status import JobStatus
 
-    directory = Path(str(checkpoint).removeprefix("file://")).absolute()
+    directory = checkpoint_uri(checkpoint)
     _require_checkpoint(directory)
-    read = HistoryStore(history_dir(directory)).read()
+    read = open_history(directory).read()
     records = read.records
     warnings = [f"skipped a damaged history line: {s.describe()}" for s in read.skipped]
 
@@ -171,7 +179,7 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                                    "after_failure": None})
 
     in_progress = None
-    job = JobStatus.read(job_dir(directory))
+    job = JobStatus.read(job_store(directory))
     status = _status(directory, records, job)
     uncommitted = uncommitted_epoch(str(directory))
     if status in ("running", "restarting", "stopping") and uncommitted is not None:
@@ -191,9 +199,9 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
     if runs:
         for key in ("sink", "shuffle_partitions", "versions"):
             config[key] = runs[-1].get(key)
-    restarts = RestartHistory(job_dir(directory), "").entries(this_run_only=False)
+    restarts = RestartHistory(job_store(directory), "").entries(this_run_only=False)
     overview = Overview(
-        job_id=str(runs[-1]["query_id"]) if runs else directory.name,
+        job_id=str(runs[-1]["query_id"]) if runs else directory.rstrip("/").rsplit("/", 1)[-1],
         checkpoint=str(directory),
         name=runs[-1].get("name") if runs else None,
         status=status,
@@ -234,7 +242,7 @@ def _status_detail(job: Any, status: str) -> str:
     return job.detail if status in ("failed", "restarting", "stopping", "stopped") else ""
 
 
-def _status(directory: Path, records: list[dict[str, Any]], job: Any) -> str:
+def _status(directory: str, records: list[dict[str, Any]], job: Any) -> str:
     """``running`` / ``restarting`` / ``stopping`` / ``stopped`` / ``failed`` /
     ``cancelled`` from ``exactly run``'s status file when one exists (``lost`` when it says
     the job runs but neither its launcher nor its driver is alive), else from the
@@ -246,7 +254,7 @@ def _status(directory: Path, records: list[dict[str, Any]], job: Any) -> str:
         return str(job.state) if job.alive() else "lost"
     ends = [r for r in records if r["kind"] in ("run", "run_end")]
     if not ends:
-        return "stopped" if (directory / "commits").is_dir() else "unknown"
+        return "stopped" if open_store(directory).list("commits") else "unknown"
     last = ends[-1]
     if last["kind"] == "run_end":
         return "failed" if last.get("outcome") == "failed" else "stopped"

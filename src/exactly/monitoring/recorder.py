@@ -1,12 +1,12 @@
 """Records every epoch of the queries exactly starts into their checkpoint's history.
 
-:func:`watch` is called by :func:`exactly.spark.runner.start_query` for every query with a
+:func:`watch` is called by :func:`exactly.ops.query.start_query` for every query with a
 local checkpoint. It registers one :class:`~pyspark.sql.streaming.StreamingQueryListener`
 per session. Spark calls the listener from its listener bus, after the epoch's commit log
 entry is written, never from the thread that runs the epoch; the listener only puts the
 event on a queue. One background thread per driver process turns events into records --
 joining Spark's progress with the sink's completion record and the checkpoint's size on
-disk -- and appends them to the history (:mod:`exactly.monitoring.store`). So recording
+disk -- and appends them to the history (:mod:`exactly.checkpoint.history`). So recording
 adds no step to an epoch's commit path, and a slow or failing history (a full disk) costs
 records, never epochs: errors are logged once per kind and the job goes on.
 
@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from exactly.causes import root_cause
+from exactly.checkpoint.history import HISTORY_DIR, HistoryStore, ObjectHistoryStore, open_history
+from exactly.checkpoint.layout import JOB_DIR
+from exactly.checkpoint.location import checkpoint_exists, local_checkpoint, open_store
 from exactly.logs import log_event
 from exactly.monitoring import records
 from exactly.monitoring.records import SINK_STATS
-from exactly.monitoring.sizes import CheckpointSizes
-from exactly.monitoring.store import HISTORY_DIR, HistoryStore, history_dir
+from exactly.monitoring.sizes import CheckpointSizes, ObjectSizes
 
 logger = logging.getLogger("exactly.monitoring")
 
@@ -45,11 +47,11 @@ class Watched:
 
     query_id: str
     run_id: str  # Spark's runId: new at every start of the same query
-    checkpoint: Path
-    store: HistoryStore
+    checkpoint: str
+    store: HistoryStore | ObjectHistoryStore
     sink_log: Path | str | None
     backend: str | None
-    sizes: CheckpointSizes
+    sizes: CheckpointSizes | ObjectSizes
     last_epoch: int = -1
 
 
@@ -120,7 +122,7 @@ class _Recorder:
             stash.append(event)
 
     def _progress(self, watched: Watched, progress_json: str, at: float) -> None:
-        if not watched.checkpoint.is_dir():
+        if not checkpoint_exists(watched.checkpoint):
             return  # deleted (a cancel with delete_on_cancellation): never recreate it
         progress = json.loads(progress_json)
         epoch = int(progress.get("batchId", -1))
@@ -142,7 +144,7 @@ class _Recorder:
         """Record the epochs Spark's commit log holds past the newest recorded one: those a
         driver completed but was killed before recording (``recovered_from``:
         ``commit-log``; times from the log files, rows from the sink's completion)."""
-        from exactly.spark.checkpoint import batch_numbers, offsets_logged_at
+        from exactly.checkpoint.spark_files import batch_numbers, offsets_logged_at
 
         records = watched.store.read().records
         recorded = [r["epoch"] for r in records
@@ -151,11 +153,11 @@ class _Recorder:
         # epochs a restore wrote (copied from a savepoint, or Spark's repartition) are not
         # this job's work: they are older than the restore's record
         restored_at = max((r["at"] for r in records if r["kind"] == "restore"), default=0.0)
-        for epoch in batch_numbers(str(watched.checkpoint), "commits"):
+        for epoch in batch_numbers(watched.checkpoint, "commits"):
             if epoch <= newest:
                 continue
-            trigger_at = offsets_logged_at(str(watched.checkpoint), epoch)
-            end_at = _mtime(watched.checkpoint / "commits" / str(epoch))
+            trigger_at = offsets_logged_at(watched.checkpoint, epoch)
+            end_at = open_store(watched.checkpoint).modified(f"commits/{epoch}")
             if end_at is None or end_at <= restored_at:
                 continue
             completion = self._completion(watched, epoch)
@@ -191,7 +193,7 @@ class _Recorder:
                 ended.set()
 
     def _record_end(self, watched: Watched, exception: str | None, at: float) -> None:
-        if not watched.checkpoint.is_dir():
+        if not checkpoint_exists(watched.checkpoint):
             return
         if exception:
             epoch = epoch_in_flight(watched.checkpoint)
@@ -268,34 +270,30 @@ def _add_listener(spark: Any, recorder: _Recorder) -> Any:
     return jlistener
 
 
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return None
-
-
-def epoch_in_flight(checkpoint: Path) -> int:
+def epoch_in_flight(checkpoint: str) -> int:
     """The epoch a failure interrupted: the newest in ``offsets/`` without a ``commits/``
     entry, else the one after the last committed epoch."""
-    from exactly.spark.checkpoint import batch_numbers, uncommitted_epoch
+    from exactly.checkpoint.spark_files import batch_numbers, uncommitted_epoch
 
-    uncommitted = uncommitted_epoch(str(checkpoint))
+    uncommitted = uncommitted_epoch(checkpoint)
     if uncommitted is not None:
         return uncommitted
-    commits = batch_numbers(str(checkpoint), "commits")
+    commits = batch_numbers(checkpoint, "commits")
     return commits[-1] + 1 if commits else 0
 
 
-def watch(spark: Any, query: Any, *, checkpoint: Path, run_record: dict[str, Any],
+def watch(spark: Any, query: Any, *, checkpoint: str, run_record: dict[str, Any],
           sink_log: Path | str | None, backend: str | None) -> None:
     """Record ``query``'s epochs into ``<checkpoint>/exactly-job/history``, starting with
     ``run_record``. Registers the listener on ``spark`` once."""
     recorder = _the_recorder()
     if getattr(spark, "_exactly_history_listener", None) is None:
         spark._exactly_history_listener = _add_listener(spark, recorder)
-    store = HistoryStore(history_dir(checkpoint))
-    sizes = CheckpointSizes(checkpoint, exclude=(f"exactly-job/{HISTORY_DIR}",))
+    store = open_history(checkpoint)
+    history = f"{JOB_DIR}/{HISTORY_DIR}"
+    local = local_checkpoint(checkpoint)
+    sizes = (CheckpointSizes(local, exclude=(history,)) if local is not None
+             else ObjectSizes(open_store(checkpoint), exclude=(history,)))
     watched = Watched(str(query.id), str(query.runId), checkpoint, store, sink_log, backend,
                       sizes)
     recorder.ended[watched.run_id] = threading.Event()

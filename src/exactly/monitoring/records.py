@@ -131,7 +131,7 @@ def failed_epoch(checkpoint: str | os.PathLike[str], epoch: int, *, failure: str
     (the query failed), ``checkpoint-timeout`` (the supervisor cancelled it) or ``process``
     (the driver died); ``cause`` is one line. ``trigger_at`` defaults to when Spark logged
     the epoch's offsets (None when it had not)."""
-    from exactly.spark.checkpoint import offsets_logged_at
+    from exactly.checkpoint.spark_files import offsets_logged_at
 
     if trigger_at is None:
         trigger_at = offsets_logged_at(os.fspath(checkpoint), epoch)

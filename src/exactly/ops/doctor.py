@@ -18,9 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint.layout import JOB_DIR as JOB_DIR_NAME
+from exactly.checkpoint.spark_files import (
+    Finding,
+    batch_numbers,
+    check_files,
+    describe_positions,
+    local_checkpoint,
+    read_metadata,
+    read_offsets,
+)
 from exactly.errors import CorruptCheckpointFileError, CorruptFileError, ExactlyError
 from exactly.fsutil import read_json, require_fields
-from exactly.ops.control import JOB_DIR_NAME
 from exactly.protocol.lease import Lease, LeaseState
 from exactly.protocol.repairs import (
     completion_repair,
@@ -30,17 +39,8 @@ from exactly.protocol.repairs import (
     query_repair,
     task_repair,
 )
-from exactly.spark.checkpoint import (
-    Finding,
-    batch_numbers,
-    check_files,
-    describe_positions,
-    local_checkpoint,
-    read_metadata,
-    read_offsets,
-)
 
-#: where ``exactly.spark.runner.start_query`` puts the log of sinks without a directory of their own
+#: where ``exactly.ops.query.start_query`` puts the log of sinks without a directory of their own
 DEFAULT_SINK_LOG = "exactly-sink"
 #: what only Spark (or exactly's sink log) writes into a checkpoint: one of them makes it one
 SPARK_CHECKPOINT_ENTRIES = ("metadata", "offsets", "commits", "sources", "state",
@@ -373,14 +373,14 @@ def recorded_offsets(log: Path, epoch: int) -> tuple[str, Path]:
         "recorded their input). Nothing was written.")
 
 
-def restore(checkpoint: str | Path, log: Path, epoch: int) -> Path:
+def restore(checkpoint: str | Path, log: Path, epoch: int) -> str:
     """Write the sink's record of ``epoch`` back as ``offsets/<epoch>``; returns the file.
 
     Refuses (:class:`RefusedError`) while a driver holding the sink's lease is alive, when
     the sink has no record of the epoch, when the sink and the checkpoint belong to different
     queries, and when ``offsets/<epoch>`` already holds the recorded input.
     """
-    from exactly.spark.checkpoint import restore_offsets
+    from exactly.checkpoint.spark_files import restore_offsets
 
     location = str(checkpoint)
     if not log.is_dir():
@@ -406,7 +406,7 @@ def restore(checkpoint: str | Path, log: Path, epoch: int) -> Path:
         current = read_offsets(location, epoch)
     except CorruptCheckpointFileError:
         current = None  # a torn entry is what the restore replaces
-    from exactly.spark.checkpoint import parse_offsets
+    from exactly.checkpoint.spark_files import parse_offsets
 
     wanted = parse_offsets(text, epoch, str(source))
     if current is not None and current.input.digest == wanted.input.digest:

@@ -22,12 +22,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.checkpoint.layout import DRIVER_EXIT, JOB_STATUS
+from exactly.checkpoint.location import host_dir, is_remote, job_store
+from exactly.checkpoint.restarts import new_run_id
+from exactly.checkpoint.status import JobStatus, claim_job
+from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.errors import ConfigError, ExactlyError, JobBuildError, TransientError
 from exactly.logs import log_event
-from exactly.ops.control import JobStatus, claim_job, job_dir
-from exactly.ops.history import new_run_id
 from exactly.ops.job import Job, check_job, load_job_file
+from exactly.ops.job_savepoints import RestoreRequest
 from exactly.ops.restart import RestartStrategy, restart_strategy, strategy_to_json
 from exactly.ops.supervisor import (
     DriverLostError,
@@ -39,7 +43,6 @@ from exactly.ops.supervisor import (
 )
 from exactly.procs import ProcessId, current_process
 from exactly.protocol.faults import FaultSpec
-from exactly.savepoints.job import RestoreRequest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,7 +66,7 @@ class DriverSpec:
     shuffle_partitions: int | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     stop_timeout_s: float = 600.0
-    #: ``exactly run -s``: :class:`exactly.savepoints.job.RestoreRequest` as JSON
+    #: ``exactly run -s``: :class:`exactly.ops.job_savepoints.RestoreRequest` as JSON
     restore: dict[str, Any] | None = None
     #: the launcher's run id, the same for every driver process it starts
     run_id: str | None = None
@@ -105,6 +108,9 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
                               "conf": conf}
     if spec.master:
         kwargs["master"] = spec.master
+    restored_from = str((spec.restore or {}).get("savepoint") or "")
+    if is_remote(spec.checkpoint or "") or is_remote(restored_from):
+        kwargs["s3a"] = True  # the S3A jars and fs.s3a.* from AWS_*, executors included
     if spec.spark_ui:
         kwargs["ui"] = True
     if spec.shuffle_partitions:
@@ -122,15 +128,15 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     exactly sink and at the savepoint and restore points. Raises JobFailedError /
     DriverLostError as the supervisor does, SavepointError when the savepoint cannot be
     restored."""
+    from exactly.ops.job_savepoints import restore_job
     from exactly.ops.pacing import Pacer
-    from exactly.savepoints.job import restore_job
     from exactly.savepoints.operators import job_operators, record_operators
 
     try:
         job: Job = check_job(_built(build, spark, where), where)
     except (JobBuildError, ConfigError) as exc:
         if checkpoint:
-            _record_start_failure(job_dir(checkpoint), run_id, "build", exc)
+            _record_start_failure(job_store(checkpoint), run_id, "build", exc)
         raise
     job = job.with_checkpoint_dir(checkpoint).with_fault(fault)
     if job.checkpoint.is_memory_storage:
@@ -141,20 +147,20 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
         try:
             done = restore_job(job, restore, operators, fault)
         except ExactlyError as exc:  # refused: nothing was restored, the run ends here
-            _record_start_failure(job_dir(job.checkpoint.storage), run_id, "restore", exc)
+            _record_start_failure(job_store(job.checkpoint.storage), run_id, "restore", exc)
             raise
         if done is not None:
             log_event(logger, "restored", savepoint=restore.savepoint,
                       epoch=done.get("epoch"), restored=done.get("restored"),
                       dropped=done.get("dropped"), new=done.get("new"))
-    directory = job_dir(job.checkpoint.storage)
+    directory = job_store(job.checkpoint.storage)
     record_operators(directory, operators)  # the uids a later `-s CHECKPOINT` maps state by
     chosen = strategy or job.restart_strategy or default_strategy()
     # tell the launcher which strategy counts process restarts, and who the driver is
     _merge(directory, {"strategy": strategy_to_json(chosen),
                        "driver": current_process().to_json()})
     config = job.checkpoint
-    admission = job_admission_file(directory)
+    admission = job_admission_file(host_dir(job.checkpoint.storage))
     if config.needs_admission and not admission_named(admission):
         raise ConfigError("min_pause_between_checkpoints and epoch sizing need exactly to "
                           "name the job's admission file before Spark's JVM starts (its "
@@ -232,10 +238,10 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
     own_session = spark is None
     if spark is None:
         if checkpoint and not _jvm_running():  # Spark's Python workers inherit it from the JVM
-            os.environ[ADMISSION_FILE_ENV] = str(job_admission_file(job_dir(checkpoint)))
+            os.environ[ADMISSION_FILE_ENV] = str(job_admission_file(host_dir(checkpoint)))
         spark = start_spark(DriverSpec(str(where)), conf)
     if checkpoint:
-        claim_job(job_dir(checkpoint), JobStatus(run_id, current_process(), "starting"))
+        claim_job(job_store(checkpoint), JobStatus(run_id, current_process(), "starting"))
     try:
         return supervise(spark, build_fn, checkpoint=checkpoint, strategy=restart_strategy,
                          run_id=run_id, stop_timeout_s=stop_timeout_s, where=str(where),
@@ -318,27 +324,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: exit code of a driver that ended on an error a restart may fix (its cause is in
-#: :func:`driver_exit_file`)
+#: ``exactly-job/driver-exit.json``)
 DRIVER_CRASHED = 1
-
-
-def driver_exit_file(directory: Path) -> Path:
-    """Where a driver that ends on an error a restart may fix leaves its cause for the
-    launcher (which reads it into the restart history and deletes it)."""
-    return directory / "driver-exit.json"
 
 
 def _crashed(spec: DriverSpec, run_id: str, exc: BaseException, what: str) -> int:
     import traceback
 
     from exactly.causes import root_cause_of
-    from exactly.fsutil import atomic_write_json
 
     traceback.print_exception(exc, file=sys.stderr)
     cause = root_cause_of(exc)
-    if spec.checkpoint:
-        atomic_write_json(driver_exit_file(job_dir(spec.checkpoint)),
-                          {"pid": os.getpid(), "run": run_id, "cause": cause})
+    if spec.checkpoint:  # for the launcher, which reads it into the restart history
+        job_store(spec.checkpoint).write(DRIVER_EXIT, json.dumps(
+            {"pid": os.getpid(), "run": run_id, "cause": cause}).encode())
     print(f"exactly run: driver ended on {what}: {cause}", file=sys.stderr, flush=True)
     return DRIVER_CRASHED
 
@@ -363,12 +362,12 @@ def watch_launcher(launcher: ProcessId, checkpoint: str, run_id: str) -> threadi
 def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
     import time
 
-    from exactly.ops.control import ControlChannel
-    from exactly.ops.history import RestartHistory
+    from exactly.checkpoint.control import ControlChannel
+    from exactly.checkpoint.restarts import RestartHistory
 
     while launcher.is_alive() is not False:
         time.sleep(LAUNCHER_POLL_S)
-    directory = job_dir(checkpoint)
+    directory = job_store(checkpoint)
     cause = (f"LauncherLost: the launcher of this driver (`exactly run` pid {launcher.pid}) "
              "ended without stopping it; the driver stops (its epoch in flight commits) and "
              "exits: a driver never outlives its launcher")
@@ -443,13 +442,13 @@ def _restore_request(spec: DriverSpec, spark_conf: Mapping[str, str]) -> Restore
     return request
 
 
-def _record_start_failure(directory: Path, run_id: str, kind: str,
+def _record_start_failure(directory: LogStore, run_id: str, kind: str,
                           exc: BaseException) -> None:
     """A run that failed before its query started (a refused restore) ends here: its cause
     goes to the restart history and ``job.json`` (state ``failed``), so ``exactly
     checkpoints`` and ``exactly ui`` show the run and why it ended."""
     from exactly.causes import root_cause_of
-    from exactly.ops.history import RestartHistory
+    from exactly.checkpoint.restarts import RestartHistory
 
     cause = root_cause_of(exc)
     RestartHistory(directory, run_id).append("failure", kind=kind, cause=cause,
@@ -459,16 +458,18 @@ def _record_start_failure(directory: Path, run_id: str, kind: str,
 
 def _mark_failed(spec: DriverSpec, detail: str) -> None:
     if spec.checkpoint:
-        _merge(job_dir(spec.checkpoint), {"state": "failed", "detail": detail})
+        _merge(job_store(spec.checkpoint), {"state": "failed", "detail": detail})
 
 
-def _merge(directory: Path, fields: Mapping[str, Any]) -> None:
-    from exactly.fsutil import atomic_write_json, read_json
+def _merge(directory: LogStore, fields: Mapping[str, Any]) -> None:
+    """Set ``fields`` of ``job.json`` (nothing when there is none)."""
+    from exactly.fsutil import parse_json
 
-    data = read_json(directory / "job.json")
+    raw = directory.read(JOB_STATUS)
+    data = parse_json(raw, directory.describe(JOB_STATUS)) if raw is not None else None
     if isinstance(data, dict):
         data.update(fields)
-        atomic_write_json(directory / "job.json", data)
+        directory.write(JOB_STATUS, json.dumps(data, indent=2, sort_keys=True).encode())
 
 
 def _stop_quietly(spark: SparkSession) -> None:

@@ -43,7 +43,7 @@ class Job:
     """A streaming DataFrame, the exactly sink it goes to, and how it checkpoints.
 
     ``sink_format``, ``path``, ``options``, ``output_mode``, ``query_name`` are those of
-    :func:`exactly.spark.runner.start_query`. ``restart_strategy`` is the job's own default
+    :func:`exactly.ops.query.start_query`. ``restart_strategy`` is the job's own default
     (``exactly run --restart-strategy`` overrides it; without either, exponential-delay).
     """
 

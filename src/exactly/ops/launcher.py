@@ -33,13 +33,16 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
+from exactly.checkpoint.control import ControlChannel
+from exactly.checkpoint.layout import DRIVER_EXIT
+from exactly.checkpoint.location import checkpoint_uri, host_dir, job_store
+from exactly.checkpoint.restarts import RestartHistory, new_run_id
+from exactly.checkpoint.status import JobStatus, claim_job
+from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
-from exactly.ops.control import ControlChannel, JobStatus, claim_job, job_dir
 from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
-from exactly.ops.history import RestartHistory, new_run_id
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
 from exactly.ops.supervisor import default_strategy
@@ -63,17 +66,18 @@ ORPHAN_GRACE_S = 60.0
 def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
-    checkpoint = checkpoint_location(spec.checkpoint or _resolved_checkpoint(spec))
-    directory = job_dir(checkpoint)
+    checkpoint = checkpoint_uri(spec.checkpoint or _resolved_checkpoint(spec))
+    directory = job_store(checkpoint)
     run_id = new_run_id()
     fault = spec.fault
     if fault is not None and not fault.marker:  # fires once in this run, not in every driver
-        fault = fault.with_marker(directory / f"fault-{run_id}.json")
+        fault = fault.with_marker(host_dir(checkpoint) / f"fault-{run_id}.json")
     me = current_process()
     spec = replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault,
                    launcher=me.to_json())
     become_subreaper()  # orphans of the driver's tree are re-parented here, and reaped
-    lost = claim_job(directory, JobStatus(run_id, me, "starting"),
+    lost = claim_job(directory, JobStatus(run_id, me, "starting",
+                                          job=os.path.basename(spec.job_file)),
                      wait_for_orphan_s=spec.stop_timeout_s + ORPHAN_GRACE_S,
                      say=lambda text: print(f"exactly run: {text}", file=out, flush=True))
     if lost is not None:
@@ -96,7 +100,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
         while True:
             token = new_job_token()  # marks this driver's processes, for the kill after it
             env = {**os.environ, JOB_TOKEN_ENV: token,
-                   ADMISSION_FILE_ENV: str(job_admission_file(directory))}
+                   ADMISSION_FILE_ENV: str(job_admission_file(host_dir(checkpoint)))}
             started = time.time()
             child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
                                       spec.to_json()], env=env, start_new_session=True)
@@ -146,22 +150,6 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             signal.signal(sig, handler)
 
 
-def checkpoint_location(checkpoint: str) -> str:
-    """The checkpoint as every process of the run names it: an absolute local path.
-    Raises ConfigError for a location on another file system (``s3a://``, ``hdfs://``):
-    ``exactly run`` keeps its control files beside a local checkpoint."""
-    from exactly.errors import ConfigError
-    from exactly.spark.checkpoint import local_checkpoint
-
-    local = local_checkpoint(checkpoint)
-    if local is None:
-        raise ConfigError(f"exactly run: the checkpoint {checkpoint} is not a local "
-                          "directory; exactly run keeps the job's control files, history "
-                          "and restart log beside the checkpoint and needs a local (or "
-                          "mounted) directory for it")
-    return str(local.absolute())
-
-
 def _resolved_checkpoint(spec: DriverSpec) -> str:
     """The checkpoint the job file names (``exactly run`` without ``--checkpoint``): its job
     is built once in a driver process of its own, which then ends. Raises ConfigError with
@@ -195,17 +183,17 @@ def _wait(child: subprocess.Popen) -> int:
         time.sleep(REAP_INTERVAL_S)
 
 
-def _driver_exit_cause(directory: Path, pid: int) -> str | None:
+def _driver_exit_cause(directory: LogStore, pid: int) -> str | None:
     """The cause a driver left when it ended on an error a restart may fix (the file is
     removed); None when it left none (killed, or another driver's file)."""
-    from exactly.fsutil import read_json
-    from exactly.ops.driver import driver_exit_file
-
-    path = driver_exit_file(directory)
-    data = read_json(path)
+    raw = directory.read(DRIVER_EXIT)
+    try:
+        data = json.loads(raw) if raw is not None else None
+    except ValueError:
+        data = None  # torn by a driver killed while it wrote
+    directory.delete(DRIVER_EXIT)
     if not isinstance(data, dict):
         return None
-    path.unlink(missing_ok=True)
     if data.get("pid") != pid:
         return None  # an earlier driver's
     return str(data.get("cause") or "") or None
@@ -219,7 +207,7 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _strategy(directory: Path) -> RestartStrategy:
+def _strategy(directory: LogStore) -> RestartStrategy:
     status = JobStatus.read(directory)
     if status is not None and status.strategy:
         return strategy_from_json(status.strategy)
@@ -234,21 +222,21 @@ def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int
     while time.monotonic() < until:
         reap_children()
         if stopping:
-            _set_state(control.directory, "stopped", "stopped between restarts")
+            _set_state(control.store, "stopped", "stopped between restarts")
             return True
         for request in control.pending():
             if request.action == "savepoint" or request.params.get("savepoint") is not None:
                 continue
             control.answer(request, "done", f"{request.action}: no driver was running "
                            "(between restarts); nothing was in flight")
-            _set_state(control.directory, "stopped" if request.action == "stop"
+            _set_state(control.store, "stopped" if request.action == "stop"
                        else "cancelled", "")
             return True
         time.sleep(min(0.2, max(0.0, until - time.monotonic())))
     return False
 
 
-def _set_driver(directory: Path, pid: int) -> None:
+def _set_driver(directory: LogStore, pid: int) -> None:
     from exactly.procs import process_id
 
     status = JobStatus.read(directory)
@@ -259,7 +247,7 @@ def _set_driver(directory: Path, pid: int) -> None:
     status.write(directory)
 
 
-def _set_state(directory: Path, state: str, detail: str) -> None:
+def _set_state(directory: LogStore, state: str, detail: str) -> None:
     status = JobStatus.read(directory)
     if status is not None:
         status.state = state

@@ -4,7 +4,7 @@ A driver process that dies leaves its epoch in flight (offsets logged, no commit
 ``exactly run`` launcher records that epoch as failed when it sees the death. When the whole
 job dies at once -- a SIGKILL of the launcher with its driver, of the container, the OOM
 killer, the machine -- nobody is left to say so: ``job.json`` still says ``running``. The next
-start on the checkpoint notices (:meth:`exactly.ops.control.JobStatus.lost`) and records the
+start on the checkpoint notices (:meth:`exactly.checkpoint.control.JobStatus.lost`) and records the
 lost run here, in the restart history (a ``failure`` of kind ``lost-run``, under the lost
 run's id) and as a failed epoch in the checkpoint's history when one was in flight, so
 ``exactly checkpoints`` and the dashboard show it.
@@ -16,9 +16,10 @@ import logging
 import time
 from typing import Any
 
+from exactly.checkpoint.location import job_store
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.checkpoint.status import JobStatus
 from exactly.logs import log_event
-from exactly.ops.control import JobStatus, job_dir
-from exactly.ops.history import RestartHistory
 
 logger = logging.getLogger("exactly.ops.lost_runs")
 
@@ -27,9 +28,9 @@ def record_epoch_lost(checkpoint: str, cause: str, *, failure: str = "process") 
     """A job that died with an epoch in flight (offsets logged, no commit) failed that
     epoch: record it in the checkpoint's history. Returns the epoch, None when none was in
     flight."""
+    from exactly.checkpoint.history import append_now
+    from exactly.checkpoint.spark_files import uncommitted_epoch
     from exactly.monitoring.records import failed_epoch
-    from exactly.monitoring.store import append_now
-    from exactly.spark.checkpoint import uncommitted_epoch
 
     epoch = uncommitted_epoch(checkpoint)
     if epoch is not None:
@@ -42,9 +43,9 @@ def record_lost_run(checkpoint: str, lost: JobStatus, *, noticed_by: str) -> dic
     """Record that the run ``lost`` (the checkpoint's previous ``job.json``) ended without a
     word: when it was last seen, the epoch it had in flight, the last epoch it completed.
     ``noticed_by`` is the run id of the start that found it. Returns the history entry."""
-    from exactly.spark.checkpoint import last_committed_epoch
+    from exactly.checkpoint.spark_files import last_committed_epoch
 
-    directory = job_dir(checkpoint)
+    directory = job_store(checkpoint)
     last_seen = lost.heartbeat  # written with every status change and every 2 s while running
     seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last_seen))
     cause = (f"LostRun: run {lost.run_id} (`exactly run` pid {lost.supervisor.pid} on "

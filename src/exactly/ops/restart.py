@@ -21,7 +21,7 @@ all but ``none``       ``max-repeated-cause`` (unset): give up when that many fa
 ``exponential-delay`` is the default, as in Flink when checkpointing is on. Flink never gives
 up on a failure that repeats identically (a read-only output, a bug in a UDF): by default
 neither does exactly, but the restart history counts the repeats of each failure's cause
-(:meth:`exactly.ops.history.RestartHistory.repeats`) and ``max-repeated-cause`` (exactly's
+(:meth:`exactly.checkpoint.restarts.RestartHistory.repeats`) and ``max-repeated-cause`` (exactly's
 own option, not Flink's) fails the job at the Nth failure in a row of one cause
 (:func:`gives_up_on_repeats`).
 """
@@ -192,7 +192,7 @@ class ExponentialDelay:
 
 def gives_up_on_repeats(strategy: RestartStrategy, repeats: int) -> bool:
     """Whether ``strategy`` gives up on a failure whose cause is the ``repeats``-th in a row
-    (:meth:`exactly.ops.history.RestartHistory.repeats`): true from ``max-repeated-cause``
+    (:meth:`exactly.checkpoint.restarts.RestartHistory.repeats`): true from ``max-repeated-cause``
     repeats on; never for a strategy without that option set."""
     limit = getattr(strategy, "max_repeated_cause", None)
     return limit is not None and repeats >= limit

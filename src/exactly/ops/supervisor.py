@@ -1,6 +1,6 @@
 """Run a job's query under Flink's operational policies, in the driver process.
 
-The supervisor starts the query (:func:`exactly.spark.runner.start_supervised_query`) and
+The supervisor starts the query (:func:`exactly.ops.query.start_supervised_query`) and
 watches it every ``poll_s``:
 
 * **restarts**: a failed query is started again from its latest complete epoch in the same
@@ -15,16 +15,16 @@ watches it every ``poll_s``:
   not counted by the strategy, while no more than ``tolerable_failed_checkpoints`` failed in
   a row; the next one fails over to the restart strategy.
 * **min pause / epoch sizing**: through the admission file (:mod:`exactly.ops.pacing`).
-* **stop / cancel**: requests of the control channel (:mod:`exactly.ops.control`), SIGTERM and
-  Ctrl-C. A stop closes admission, lets the epoch in flight commit, then stops the query;
-  ``drain`` then runs the job with ``availableNow`` until the input present now is done.
+* **stop / cancel**: requests of the control channel (:mod:`exactly.checkpoint.control`),
+  SIGTERM and Ctrl-C. A stop closes admission, lets the epoch in flight commit, then stops
+  the query; ``drain`` then runs the job with ``availableNow`` until the input present now is done.
   A cancel stops at once and applies ``externalized_cleanup``.
 * **savepoints**: a ``savepoint`` request copies the last completed epoch while the query
   keeps running; a stop with ``savepoint`` takes one after the query stopped (Flink's
   stop-with-savepoint). The answer names the savepoint's directory
   (:mod:`exactly.savepoints`).
 
-Every failure, restart and recovery goes to the restart history (:mod:`exactly.ops.history`)
+Every failure, restart and recovery goes to the restart history (:mod:`exactly.checkpoint.restarts`)
 and to the structured log.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,17 +40,19 @@ from enum import Enum
 from typing import Any
 
 from exactly.causes import root_cause, root_cause_of
+from exactly.checkpoint.control import ControlChannel, Request
+from exactly.checkpoint.history import append_now
+from exactly.checkpoint.location import job_store
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.checkpoint.spark_files import last_committed_epoch
+from exactly.checkpoint.status import JobStatus
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
 from exactly.monitoring.records import failed_epoch
-from exactly.monitoring.store import append_now
-from exactly.ops.control import ControlChannel, JobStatus, Request, job_dir
-from exactly.ops.history import RestartHistory
 from exactly.ops.job import Job
 from exactly.ops.restart import ExponentialDelay, RestartStrategy, restart_delay
 from exactly.protocol.faults import FaultSpec
-from exactly.spark.checkpoint import last_committed_epoch
 
 logger = logging.getLogger("exactly.ops.supervisor")
 
@@ -130,7 +131,7 @@ class Supervisor:
         self.job = job
         self.config: CheckpointConfig = job.checkpoint
         self.strategy = strategy or job.restart_strategy or default_strategy()
-        self.directory = job_dir(self.config.storage)
+        self.directory = job_store(self.config.storage)
         self.control = ControlChannel(self.config.storage)
         self.history = RestartHistory(self.directory, run_id)
         self.run_id = run_id
@@ -203,7 +204,7 @@ class Supervisor:
 
     # -- starting and watching ------------------------------------------------------------
     def _start(self, *, available_now: bool):
-        from exactly.spark.runner import start_supervised_query
+        from exactly.ops.query import start_supervised_query
 
         job = self.job
         if self.pacer is not None:
@@ -313,7 +314,7 @@ class Supervisor:
     def _graceful_stop(self, query) -> Request | None:
         """Let the epoch in flight commit, admit no new one, then stop the query. A cancel
         arriving meanwhile stops the query at once: returns that request (else None)."""
-        from exactly.spark.checkpoint import batch_numbers
+        from exactly.checkpoint.spark_files import batch_numbers
 
         self._status("stopping")
         if self.pacer is not None:
@@ -376,7 +377,7 @@ class Supervisor:
     def _savepoint(self, request: Request, *, stopping: bool, detail: str = "") -> None:
         """Take a savepoint of the last completed epoch and answer ``request`` with its
         path; a failure is answered (the job goes on, or stops as asked) and logged."""
-        from exactly.savepoints.job import default_target, take_job_savepoint
+        from exactly.ops.job_savepoints import default_target, take_job_savepoint
 
         target = request.params.get("savepoint") or request.params.get("target") or \
             str(default_target(self.config.storage))
@@ -500,11 +501,9 @@ class Supervisor:
         if not delete:
             self._answer_late_requests("cancelled")
         if delete:
-            from exactly.spark.checkpoint import local_checkpoint
+            from exactly.checkpoint.location import delete_checkpoint
 
-            local = local_checkpoint(self.config.storage)
-            if local is not None:
-                shutil.rmtree(local, ignore_errors=True)
+            delete_checkpoint(self.config.storage)
         log_event(logger, "cancelled", checkpoint_deleted=delete, last_epoch=self.last_epoch)
         return Outcome.CANCELLED
 
@@ -514,10 +513,10 @@ class Supervisor:
         transactions, open Kafka transactions) -- so nothing is left on the target, even when
         the checkpoint is deleted and the query never starts again."""
         from exactly import options as opt
+        from exactly.checkpoint.store import open_log_store
+        from exactly.ops.query import with_sink_log_dir
         from exactly.protocol.committer import Committer
-        from exactly.protocol.logstore import open_log_store
         from exactly.spark.formats import sink_for
-        from exactly.spark.runner import with_sink_log_dir
 
         job = self.job
         if not job.sink_format.lower().startswith("exactly."):

@@ -13,7 +13,7 @@ epoch is its number *and* its input: a later commit call for the same number is 
 only when its input is the same (docs/design.md section 3, "Epoch identity").
 
 The log lives in a local (or shared POSIX) directory or under an ``s3://`` prefix
-(:mod:`exactly.protocol.logstore`). Every file is written whole (a directory: temp file,
+(:mod:`exactly.checkpoint.store`). Every file is written whole (a directory: temp file,
 fsync, rename, fsync of the directory; S3: one PUT); ``query.json`` and each intent are
 created only if absent (a hard link of the temp file; ``If-None-Match: *``), so the first
 intent of an epoch decides it, even against a driver that resumes after a takeover.
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint.store import is_remote, open_log_store
 from exactly.errors import CorruptFileError, FencedError, OwnershipError
 from exactly.fsutil import parse_json, require_fields
 from exactly.protocol.contract import Handle, Payload
-from exactly.protocol.logstore import is_remote, open_log_store
 from exactly.protocol.repairs import completion_repair, intent_repair, query_repair
 
 
@@ -55,7 +55,7 @@ class CommitLog:
     """Durable record of commit intents and completed epochs of one query's sink.
 
     ``directory`` is a local (or shared POSIX) directory or an ``s3://`` prefix (see
-    :mod:`exactly.protocol.logstore` for what each offers)."""
+    :mod:`exactly.checkpoint.store` for what each offers)."""
 
     def __init__(self, directory: str | Path, payload_type: type[Payload] = Payload) -> None:
         self.store = open_log_store(directory)

@@ -163,7 +163,7 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
     @abstractmethod
     def log_directory(self) -> Path | str:
         """Where this sink's commit log and lease live: a directory, or an ``s3://`` prefix
-        (:mod:`exactly.protocol.logstore`)."""
+        (:mod:`exactly.checkpoint.store`)."""
 
     # -- set-up (driver, before the first epoch) ---------------------------------------
     def prepare_target(self, schema: pa.Schema, partitions: int | None = None) -> None:
@@ -299,11 +299,11 @@ class SinkSettings:
     def require_log_location(self, sink: str) -> Path | str:
         """The location of the sink's commit log (and of its staged pre-commits, for the
         staging sinks) beside the checkpoint: a Path, or an ``s3://`` URI
-        (:mod:`exactly.protocol.logstore`, :mod:`exactly.protocol.staging`)."""
+        (:mod:`exactly.checkpoint.store`, :mod:`exactly.protocol.staging`)."""
         if not self.log_dir:
             raise ConfigError(
                 f"{sink} sink: set option {opt.LOG_DIR} to a directory (or an s3:// prefix) "
-                "for the sink's commit log (exactly.spark.runner.start_query sets it under "
+                "for the sink's commit log (exactly.ops.query.start_query sets it under "
                 "the checkpoint)"
             )
         if self.log_dir.startswith(("s3://", "s3a://")):

@@ -24,16 +24,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
-from exactly.fsutil import read_json
-from exactly.protocol.commitlog import CommitLog
-from exactly.spark.checkpoint import (
+from exactly.checkpoint.spark_files import (
     batch_numbers,
     describe_positions,
     local_checkpoint,
     read_metadata,
     read_offsets,
 )
+from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
+from exactly.fsutil import read_json
+from exactly.protocol.commitlog import CommitLog
 
 
 def input_record(location: str | None, epoch: int) -> dict[str, Any] | None:

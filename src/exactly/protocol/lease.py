@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from exactly.checkpoint.store import is_remote, open_log_store
 from exactly.errors import CorruptFileError, ExactlyError, FencedError
 from exactly.fsutil import parse_json, require_fields
 from exactly.logs import log_event
 from exactly.procs import ProcessId
-from exactly.protocol.logstore import is_remote, open_log_store
 
 logger = logging.getLogger("exactly.lease")
 

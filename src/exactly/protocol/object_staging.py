@@ -25,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from exactly.checkpoint.store import S3LogStore
 from exactly.objectstore import Location
 from exactly.protocol.contract import Handle, TaskInfo
-from exactly.protocol.logstore import S3LogStore
 from exactly.protocol.staging import (
     TASK_FILE,
     Stage,
@@ -45,7 +45,7 @@ class ObjectStagingArea(Stage):
     relative to ``root`` (the sink's log location).
 
     Two clients, one per kind of object: the small ones (``task.json``, listings, deletes) go
-    through the commit log's store (:class:`~exactly.protocol.logstore.S3LogStore`, plain
+    through the commit log's store (:class:`~exactly.checkpoint.store.S3LogStore`, plain
     PUT/GET/LIST/DELETE); data files are streamed out and read back by PyArrow's S3 file
     system, which uploads a large file in parts. PyArrow's own deletes are not used: they
     leave directory-marker objects behind.

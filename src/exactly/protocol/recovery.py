@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from exactly.checkpoint.store import is_remote, open_log_store
 from exactly.errors import CorruptFileError
 from exactly.fsutil import file_lock, parse_json, require_fields
 from exactly.procs import ProcessId, driver_identity
@@ -31,7 +32,6 @@ from exactly.protocol.committer import Committer
 from exactly.protocol.contract import SinkSettings, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultSpec
 from exactly.protocol.lease import Lease
-from exactly.protocol.logstore import is_remote, open_log_store
 from exactly.protocol.repairs import marker_repair, query_repair
 
 MARKER_NAME = "recovered-by.json"

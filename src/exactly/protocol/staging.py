@@ -159,20 +159,6 @@ class Stage(ABC):
         """Every staged attempt of ``query_id``."""
 
 
-def open_stage(root: Path | str, folder: str, data_name: str) -> Stage:
-    """The staging area ``<root>/<folder>`` of a sink whose log is at ``root``: a POSIX
-    :class:`StagingArea` for a path (or ``file://`` URI), an object-store area for an
-    ``s3://`` (or ``s3a://``) URI: the stores the commit log has (:mod:`.logstore`)."""
-    from exactly.protocol.logstore import is_remote
-
-    if isinstance(root, str) and is_remote(root):
-        from exactly.protocol.object_staging import ObjectStagingArea
-
-        return ObjectStagingArea(root, folder, data_name)
-    local = Path(str(root).removeprefix("file://")).absolute()
-    return StagingArea(local / folder, local, data_name)
-
-
 def task_record(task: TaskInfo) -> dict[str, Any]:
     """What ``task.json`` holds."""
     return {"query_id": task.query_id, "run_id": task.run_id, "epoch": task.epoch,

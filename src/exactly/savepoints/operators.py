@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.checkpoint.location import as_store
+from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError
-from exactly.fsutil import atomic_write_json, read_json
+from exactly.fsutil import parse_json
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -197,19 +199,21 @@ def job_operators(df: DataFrame) -> list[JobOperator]:
 RECORD = "operators.json"
 
 
-def record_operators(directory: Path, operators: list[JobOperator]) -> None:
+def record_operators(directory: LogStore | Path, operators: list[JobOperator]) -> None:
     """Keep ``operators`` in the job directory of a checkpoint (written at every start)."""
-    atomic_write_json(directory / RECORD, {"operators": [asdict(op) for op in operators]})
+    as_store(directory).write(RECORD, json.dumps(
+        {"operators": [asdict(op) for op in operators]}, sort_keys=True, indent=1).encode())
 
 
-def recorded_operators(directory: Path) -> list[JobOperator] | None:
+def recorded_operators(directory: LogStore | Path) -> list[JobOperator] | None:
     """The operators :func:`record_operators` kept, or None when there is no readable record
     (a checkpoint not written by ``exactly run``: its operators have no uids)."""
-    path = directory / RECORD
-    if not path.is_file():
+    store = as_store(directory)
+    raw = store.read(RECORD)
+    if raw is None:
         return None
-    data = read_json(path, repair="delete it: the restore then maps state by Spark's operator "
-                     "numbers")
+    data = parse_json(raw, store.describe(RECORD), repair="delete it: the restore then maps "
+                      "state by Spark's operator numbers")
     if not isinstance(data, dict):
         return None
     try:

@@ -33,11 +33,11 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.checkpoint.history import append_now
+from exactly.checkpoint.location import job_dir
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_json, read_json
 from exactly.logs import log_event
-from exactly.monitoring.store import append_now
-from exactly.ops.control import job_dir
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.operators import JobOperator

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exactly import options as opt
 from exactly.errors import SavepointError
@@ -43,7 +43,16 @@ from exactly.protocol.target_state import SinkRollback, TargetState
 from exactly.savepoints.manifest import Manifest, SinkInfo
 
 if TYPE_CHECKING:
-    from exactly.ops.job import Job
+    from exactly.config import CheckpointConfig
+
+
+class Job(Protocol):
+    """What the hand-over needs of a job (:class:`exactly.ops.job.Job` has it)."""
+
+    sink_format: str
+    path: str | None
+    options: dict[str, str]
+    checkpoint: CheckpointConfig
 
 __all__ = [
     "SavepointRef",
@@ -74,7 +83,7 @@ class SavepointRef:
 
 
 def _options(job: Job, checkpoint: str | None) -> dict[str, str]:
-    from exactly.spark.runner import with_sink_log_dir
+    from exactly.checkpoint.layout import with_sink_log_dir
 
     options = dict(job.options)
     if job.path:
@@ -187,7 +196,7 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
 
 
 def _source_job_alive(savepoint: SavepointRef) -> bool:
-    from exactly.ops.control import running_job
+    from exactly.checkpoint.status import running_job
 
     return bool(savepoint.checkpoint) and running_job(str(savepoint.checkpoint)) is not None
 

@@ -3,7 +3,7 @@
 Spark can read any operator's state (``format("statestore")``) but writes it back only for
 RocksDB and only in place (its offline repartition). Restoring a savepoint into another
 number of partitions or another state backend needs a writer for both providers; it is the
-small Java class ``jvm/StateWriter.java`` (shipped with this package, compiled against the
+small Java class ``exactly/spark/jvm/StateWriter.java`` (compiled against the
 installed PySpark's jars on first use and cached), which hands every row to Spark's provider
 (``put`` and ``commit``), so the files are Spark's own format:
 
@@ -20,68 +20,13 @@ operator's keys (Murmur3, seed 42), so every key lands where the restarted query
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-import subprocess
-import tempfile
-import zipfile
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exactly.cache import user_cache
 from exactly.errors import ConfigError
+from exactly.spark.state_writer_jar import jar_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-SOURCE = Path(__file__).parent / "jvm" / "StateWriter.java"
-CLASS = "dev.exactly.state.StateWriter"
-
-
-def cache_dir() -> Path:
-    return user_cache("jvm")
-
-
-def _pyspark_jars() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
-
-
-def jar_path() -> Path:
-    """Where the compiled writer for this source and this PySpark lives."""
-    import pyspark
-
-    digest = hashlib.sha256(SOURCE.read_bytes() + pyspark.__version__.encode()).hexdigest()
-    return cache_dir() / f"exactly-state-{digest[:16]}.jar"
-
-
-def ensure_jar() -> Path | None:
-    """The writer's jar, compiled now if needed; None when no ``javac`` is installed (only
-    restores that rewrite state need it; they then fail naming the fix)."""
-    target = jar_path()
-    if target.is_file():
-        return target
-    javac = shutil.which("javac")
-    if javac is None:
-        return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="exactly-javac-") as tmp:
-        classes = Path(tmp) / "classes"
-        classes.mkdir()
-        result = subprocess.run(
-            [javac, "-nowarn", "-cp", str(_pyspark_jars() / "*"), "-d", str(classes),
-             str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise ConfigError(f"compiling {SOURCE.name} against PySpark's jars failed:\n"
-                              f"{result.stdout}{result.stderr}")
-        staged = Path(tmp) / target.name
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
-            for path in sorted(classes.rglob("*.class")):
-                jar.write(path, path.relative_to(classes).as_posix())
-        shutil.move(str(staged), target)
-    return target
-
 
 def _jvm(spark: SparkSession) -> Any:
     jvm = spark._jvm

@@ -30,10 +30,11 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.checkpoint.history import append_now
+from exactly.checkpoint.spark_files import batch_numbers, local_checkpoint, read_offsets
 from exactly.config import StateBackend
 from exactly.errors import SavepointError
 from exactly.logs import log_event
-from exactly.monitoring.store import append_now
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import (
     CHECKPOINT_DIR,
@@ -45,7 +46,6 @@ from exactly.savepoints.manifest import (
     publish,
     write_manifest,
 )
-from exactly.spark.checkpoint import batch_numbers, local_checkpoint, read_offsets
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: ``off`` (or ``0``, ``false``, ``no``) disables the archive
 ENV = "EXACTLY_CLASS_ARCHIVE"
 #: the JDK's messages about the archive stay out of the driver's stderr
-_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+QUIET_JVM_OPTIONS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def java_binary() -> Path | None:
@@ -99,7 +99,7 @@ def driver_options() -> str | None:
     path = archive_path()
     if path is None or not path.is_file():
         return None
-    return f"-XX:SharedArchiveFile={path} {_QUIET}"
+    return f"-XX:SharedArchiveFile={path} {QUIET_JVM_OPTIONS}"
 
 
 def with_driver_options(settings: dict[str, str]) -> dict[str, str]:
@@ -127,7 +127,7 @@ def build(*, force: bool = False, timeout: float = 600) -> Path | None:
         staged = Path(tmp) / target.name
         env = {**os.environ, ENV: "off", "PYSPARK_PYTHON": sys.executable}
         result = subprocess.run(
-            [sys.executable, "-m", "exactly.spark.class_archive", "--workload", str(staged)],
+            [sys.executable, "-m", "exactly.spark.class_archive_workload", str(staged)],
             capture_output=True, text=True, timeout=timeout, env=env)
         if result.returncode != 0 or not staged.is_file():
             raise ConfigError(f"building the driver's class archive failed (exit "
@@ -140,48 +140,11 @@ def build(*, force: bool = False, timeout: float = 600) -> Path | None:
     return target
 
 
-def _workload(archive: Path) -> None:
-    """Run what a driver of exactly runs (a batch job with Arrow, a streaming aggregation on
-    RocksDB state from exactly's source into exactly's file sink), then end the JVM so that
-    it writes the archive of every class it loaded."""
-    from pyspark.sql import functions as F
-
-    from exactly.spark.session import spark_session
-
-    with tempfile.TemporaryDirectory(prefix="exactly-cds-run-") as tmp:
-        spark = spark_session(conf={
-            "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={archive} {_QUIET}",
-            "spark.sql.streaming.stateStore.providerClass":
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"})
-        spark.range(1000).groupBy((F.col("id") % 7).alias("k")).count().toPandas()
-        events = (spark.readStream.format("exactly.datagen")
-                  .option("rowsPerSecond", "0").option("totalRows", "2000").load())
-        written = (events.dropDuplicates(["id"]).writeStream.format("exactly.files")
-                   .option("path", f"{tmp}/out").option("checkpointLocation", f"{tmp}/ck1")
-                   .trigger(availableNow=True).start())
-        counted = (events.groupBy("key").agg(F.count("*").alias("n")).writeStream
-                   .format("noop").outputMode("update")
-                   .option("checkpointLocation", f"{tmp}/ck2")
-                   .trigger(availableNow=True).start())
-        written.awaitTermination()
-        counted.awaitTermination()
-        spark.stop()
-        gateway = spark.sparkContext._gateway
-        proc = getattr(gateway, "proc", None)
-        if proc is not None and proc.stdin is not None:
-            proc.stdin.close()  # the gateway JVM exits when its stdin closes, writing the archive
-            proc.wait(timeout=300)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exactly.spark.class_archive",
                                      description="Build the Spark driver's class archive.")
     parser.add_argument("--force", action="store_true", help="rebuild it even if it exists")
-    parser.add_argument("--workload", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.workload is not None:
-        _workload(args.workload)
-        return 0
     path = build(force=args.force)
     print(path if path is not None else "no java: no class archive")
     return 0

@@ -34,7 +34,7 @@ reads ``epochColumn`` (default ``exactly_epoch``), ``epochsTable`` (default
 ``exactly_2pc_epochs``) and ``viewName`` (default ``<table>_committed``).
 ``exactly.wal`` sink: ``dsn`` for PostgreSQL, ``sqlite:PATH`` or ``path`` for SQLite;
 ``markerTable``. ``exactly.upsert`` sink: ``keyColumns`` (required), ``epochColumn``.
-Every sink: ``mode``, ``exactly.logDir`` (set by ``exactly.spark.runner.start_query``), the fault
+Every sink: ``mode``, ``exactly.logDir`` (set by ``exactly.ops.query.start_query``), the fault
 options of :mod:`exactly.protocol.faults`.
 """
 

@@ -167,7 +167,7 @@ def with_env_java_options(settings: dict[str, str]) -> dict[str, str]:
 def _with_state_writer(jars: str) -> str:
     """``spark.jars`` plus exactly's state writer (savepoint restores that rescale or switch
     the state backend use it; compiled once, cached; left out without a JDK)."""
-    from exactly.savepoints.state_writer import ensure_jar
+    from exactly.spark.state_writer_jar import ensure_jar
 
     jar = ensure_jar()
     listed = [j for j in jars.split(",") if j]

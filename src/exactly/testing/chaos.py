@@ -303,7 +303,7 @@ def continuous_files_job(out: str | Path, checkpoint: str | Path,
     code = (
         "from exactly.spark.session import spark_session\n"
         "from exactly.config import CheckpointConfig\n"
-        "from exactly.spark.runner import start_query\n"
+        "from exactly.ops.query import start_query\n"
         "spark = spark_session()\n"
         "df = (spark.readStream.format('exactly.datagen').option('rowsPerSecond', 200)\n"
         "      .option('numPartitions', 2).load())\n"

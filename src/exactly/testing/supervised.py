@@ -15,7 +15,8 @@ from typing import Any
 
 import psutil
 
-from exactly.ops.control import JobStatus, job_dir
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.status import JobStatus
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
 EXACTLY = [sys.executable, "-m", "exactly.cli"]

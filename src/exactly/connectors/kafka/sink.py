@@ -93,7 +93,8 @@ from exactly.protocol.contract import (
     TaskInfo,
     TwoPhaseCommitSink,
 )
-from exactly.protocol.staging import StagedPayload, StagedTxn, open_stage
+from exactly.protocol.stages import open_stage
+from exactly.protocol.staging import StagedPayload, StagedTxn
 from exactly.protocol.target_state import line_state
 
 logger = logging.getLogger("exactly.kafka")

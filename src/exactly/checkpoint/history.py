@@ -1,6 +1,8 @@
-"""The checkpoint history store: JSON lines in rotating segments under the checkpoint.
+"""The checkpoint history store: JSON lines in rotating segments under the checkpoint
+(:class:`HistoryStore`), or records and segments as immutable objects on S3
+(:class:`ObjectHistoryStore`; :func:`open_history` picks).
 
-Layout under ``<checkpoint>/exactly-job/history/``::
+Layout on a POSIX directory, under ``<checkpoint>/exactly-job/history/``::
 
     segment-000000000001.jsonl   oldest kept
     segment-000000000002.jsonl   ...
@@ -33,12 +35,16 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import is_remote, job_dir, job_store
+from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError
 from exactly.fsutil import file_lock, fsync_dir
 from exactly.logs import log_event
@@ -46,12 +52,19 @@ from exactly.logs import log_event
 logger = logging.getLogger("exactly.monitoring")
 
 #: ``<checkpoint>/exactly-job/history``
-HISTORY_DIR = "history"
+HISTORY_DIR = layout.HISTORY_DIR
 
 #: defaults: 8 segments of 1 MiB, ~10,000 epochs of a job with a few stateful operators
 MAX_SEGMENT_BYTES = 1 << 20
 MAX_SEGMENTS = 8
 _SEGMENT = re.compile(r"^segment-(\d{12})\.jsonl$")
+#: on an object store: pack every 64 records into a segment, keep 160 segments (~10,000)
+PACK_EVERY = 64
+MAX_OBJECT_SEGMENTS = 160
+_OBJECT_RECORD = re.compile(r"^r-\d{20}-[0-9a-f]{8}\.json$")
+_OBJECT_SEGMENT = re.compile(r"^s-\d{20}-[0-9a-f]{8}\.jsonl$")
+#: the field of a segment's line that names the record object it packs
+_OBJECT_KEY = "_object"
 
 
 @dataclass(frozen=True)
@@ -111,12 +124,7 @@ class HistoryStore:
         Raises ConfigError for a record that is not one, or not serializable as JSON; an
         OSError of the file system propagates (the caller decides whether history is worth
         failing for: exactly's listener logs it and goes on)."""
-        _check_record(record)
-        try:
-            line = (json.dumps(record, separators=(",", ":"), allow_nan=False,
-                               default=_plain) + "\n").encode()
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"history: record is not JSON-serializable: {exc}") from None
+        line = _encode(record)
         self.directory.mkdir(parents=True, exist_ok=True)
         with file_lock(self.directory / "append.lock"):
             segments = self.segments()
@@ -155,30 +163,157 @@ class HistoryStore:
 
 
 def history_dir(checkpoint: str | os.PathLike[str]) -> Path:
-    """``<checkpoint>/exactly-job/history``: where a job's history is kept."""
-    from exactly.ops.control import job_dir
-
+    """``<checkpoint>/exactly-job/history`` of a local checkpoint."""
     return job_dir(checkpoint) / HISTORY_DIR
+
+
+def open_history(checkpoint: str | os.PathLike[str]) -> HistoryStore | ObjectHistoryStore:
+    """The history of the checkpoint ``checkpoint``: segments appended in place on a POSIX
+    directory, immutable objects on S3."""
+    if is_remote(checkpoint):
+        return ObjectHistoryStore(job_store(checkpoint))
+    return HistoryStore(history_dir(checkpoint))
 
 
 def append_now(checkpoint: str | os.PathLike[str], entry: dict[str, Any]) -> bool:
     """Append ``entry`` (a record with ``kind``; ``at`` defaults to now) to a checkpoint's
     history at once, from the calling thread: for events off the epoch path (savepoints,
-    restores, failures seen by the supervisor or the launcher). Nothing is written for a
-    checkpoint that is not local, and a history that cannot be written is logged and skipped
-    (False either way); the caller's work goes on."""
-    from exactly.spark.checkpoint import local_checkpoint
-
-    local = local_checkpoint(os.fspath(checkpoint))
-    if local is None:
-        return False
+    restores, failures seen by the supervisor or the launcher). A history that cannot be
+    written is logged and skipped (False); the caller's work goes on."""
     try:
-        HistoryStore(history_dir(local)).append({"at": time.time(), **entry})
+        open_history(checkpoint).append({"at": time.time(), **entry})
         return True
     except Exception as exc:
         log_event(logger, "history_not_recorded", logging.WARNING, error=type(exc).__name__,
                   detail=str(exc)[:300], kind=entry.get("kind"))
         return False
+
+
+class ObjectHistoryStore:
+    """The history on an object store, where nothing is appended to: every record is an
+    object of its own, and records are packed into segment objects written whole.
+
+    Under ``<checkpoint>/exactly-job/history/``::
+
+        r-<time ns>-<random>.json      one record, written once by whoever appends it
+        s-<time ns>-<random>.jsonl     a segment: the records up to and including the record
+                                       object of the same name, one line each
+
+    Guarantees, as for :class:`HistoryStore`: a record is visible whole or not at all (a PUT
+    is atomic); a writer killed mid-append loses that record only; readers take no lock and
+    see the records in time order while the job runs. Every ``pack_every`` records the
+    appender that finds them packs them into a segment (each line carries its record's
+    object name, so two packers racing lose or duplicate nothing: readers keep one record
+    per name), then deletes the packed record objects; at most ``max_segments`` segments are
+    kept. Objects never change once written, so a reader caches them by name.
+    """
+
+    def __init__(self, store: LogStore, *, pack_every: int = PACK_EVERY,
+                 max_segments: int = MAX_OBJECT_SEGMENTS) -> None:
+        if pack_every < 1 or max_segments < 1:
+            raise ConfigError("history: pack_every and max_segments must be at least 1")
+        self.store = store
+        self.pack_every = pack_every
+        self.max_segments = max_segments
+        self._cache: dict[str, bytes] = {}
+
+    def describe(self) -> str:
+        return self.store.describe(HISTORY_DIR)
+
+    def _names(self) -> tuple[list[str], list[str]]:
+        """``(segments, records)``: object names, oldest first."""
+        names = self.store.list(HISTORY_DIR)
+        segments = sorted(n for n in names if _OBJECT_SEGMENT.match(n))
+        records = sorted(n for n in names if _OBJECT_RECORD.match(n))
+        return segments, records
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write ``record`` as an object of its own; pack the records when there are
+        ``pack_every`` of them. Raises ConfigError for a record that is not one; the store's
+        errors propagate."""
+        line = _encode(record)
+        name = f"r-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+        self.store.write(f"{HISTORY_DIR}/{name}", line)
+        segments, records = self._names()
+        covered = _key(segments[-1]) if segments else ""
+        loose = [n for n in records if _key(n) > covered]
+        if len(loose) >= self.pack_every:
+            self._pack(loose, segments)
+
+    def _pack(self, loose: list[str], segments: list[str]) -> None:
+        lines = []
+        for name in loose:
+            data = self._get(name)
+            if data is None:
+                continue
+            record, _ = _parse(data.rstrip(b"\n"))
+            if record is not None:
+                lines.append(_encode({**record, _OBJECT_KEY: name}))
+        segment = f"s-{_key(loose[-1])}.jsonl"
+        self.store.create(f"{HISTORY_DIR}/{segment}", b"".join(lines))
+        for name in loose:
+            self.store.delete(f"{HISTORY_DIR}/{name}")
+        for old in sorted({*segments, segment})[:-self.max_segments]:
+            self.store.delete(f"{HISTORY_DIR}/{old}")
+
+    def _get(self, name: str) -> bytes | None:
+        if name not in self._cache:
+            data = self.store.read(f"{HISTORY_DIR}/{name}")
+            if data is None:
+                return None  # packed and deleted since it was listed
+            self._cache[name] = data
+        return self._cache[name]
+
+    def read(self) -> HistoryRead:
+        """Every record still kept, oldest first, and the lines skipped as damaged."""
+        for _ in range(3):
+            segments, records = self._names()
+            result, seen, missing = HistoryRead(), set(), False
+            for segment in segments:
+                data = self._get(segment)
+                if data is None:
+                    missing = True
+                    break
+                for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+                    record, reason = _parse(line)
+                    if record is None:
+                        result.skipped.append(SkippedLine(segment, number, reason))
+                        continue
+                    name = record.pop(_OBJECT_KEY, None)
+                    if name not in seen:
+                        seen.add(name)
+                        result.records.append(record)
+            for name in records:
+                if name in seen:
+                    continue
+                data = self._get(name)
+                if data is None:
+                    continue  # packed meanwhile: the next read finds it in its segment
+                record, reason = _parse(data.rstrip(b"\n"))
+                if record is None:
+                    result.skipped.append(SkippedLine(name, 1, reason))
+                else:
+                    seen.add(name)
+                    result.records.append(record)
+            if not missing:
+                self._cache = {n: d for n, d in self._cache.items()
+                               if n in set(segments) | set(records)}
+                return result
+        return result
+
+
+def _key(name: str) -> str:
+    """The time-and-random part of a record or segment object's name."""
+    return name[2:].rsplit(".", 1)[0]
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    _check_record(record)
+    try:
+        return (json.dumps(record, separators=(",", ":"), allow_nan=False,
+                           default=_plain) + "\n").encode()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"history: record is not JSON-serializable: {exc}") from None
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,9 @@
 """The restart history of a job: every failure, what was done about it, and the recovery.
 
-One JSON object per line in ``<checkpoint>/exactly-job/restarts.jsonl``, appended by the
-driver (query failures, failed checkpoints) and by the ``exactly run`` launcher (driver
+One JSON object per line in ``<checkpoint>/exactly-job/restarts.jsonl`` on a POSIX
+directory; on S3, which has no append, one object per entry under
+``<checkpoint>/exactly-job/restarts/`` (named by time, never rewritten). Entries are appended
+by the driver (query failures, failed checkpoints) and by the ``exactly run`` launcher (driver
 process deaths). Both read it back to feed the restart strategy the same failure times, so
 a strategy's limits hold across process restarts. Lines of earlier runs stay (history);
 strategies see only their own run's (``run`` field).
@@ -19,10 +21,14 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import as_store
+from exactly.checkpoint.store import LocalLogStore, LogStore
 from exactly.fsutil import file_lock, fsync_file
 
 #: failure kinds that count against the restart strategy (tolerated ones do not)
@@ -40,31 +46,52 @@ def cause_key(cause: str) -> str:
 
 @dataclass
 class RestartHistory:
-    """Append-only failure log of the runs of one checkpoint."""
+    """Append-only failure log of the runs of one checkpoint, in its job store
+    (``exactly-job``: a store, or a local directory path)."""
 
-    directory: Path
+    where: LogStore | str | os.PathLike[str]
     run_id: str
+    store: LogStore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.store = as_store(self.where)
 
     @property
     def path(self) -> Path:
-        return self.directory / "restarts.jsonl"
+        """The log file of a local job directory."""
+        assert isinstance(self.store, LocalLogStore), "a local restart log"
+        return self.store.root / layout.RESTART_LOG
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         entry = {"event": event, "run": self.run_id, "at": time.time(), **fields}
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.directory / "restarts.lock"):
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(entry, default=str) + "\n")
-            fsync_file(self.path)
+        line = json.dumps(entry, default=str)
+        if isinstance(self.store, LocalLogStore):
+            self.store.root.mkdir(parents=True, exist_ok=True)
+            with file_lock(self.store.root / "restarts.lock"):
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(line + "\n")
+                fsync_file(self.path)
+        else:  # one object per entry: sortable by time, never rewritten
+            name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+            self.store.write(f"{layout.RESTART_OBJECTS}/{name}", line.encode())
         return entry
 
+    def _lines(self) -> list[str]:
+        if isinstance(self.store, LocalLogStore):
+            try:
+                return self.path.read_text(encoding="utf-8").splitlines()
+            except OSError:
+                return []
+        lines = []
+        for name in sorted(self.store.list(layout.RESTART_OBJECTS)):
+            data = self.store.read(f"{layout.RESTART_OBJECTS}/{name}")
+            if data is not None:
+                lines.append(data.decode("utf-8", errors="replace"))
+        return lines
+
     def entries(self, *, this_run_only: bool = True) -> list[dict[str, Any]]:
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return []
         found = []
-        for line in lines:
+        for line in self._lines():
             try:
                 entry = json.loads(line)
             except ValueError:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import struct
 import zlib
@@ -31,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exactly.errors import ConfigError, CorruptCheckpointFileError
-from exactly.fsutil import atomic_write_bytes
+from exactly.checkpoint.location import local_checkpoint, open_store
+from exactly.errors import CorruptCheckpointFileError
 
 VERSION_LINE = "v1"
 LOGS = ("offsets", "commits")
@@ -40,18 +39,6 @@ LOGS = ("offsets", "commits")
 _TEMP = re.compile(r"^\.+.*\.tmp(\.crc)?$")
 
 logger = logging.getLogger("exactly.checkpoint")
-
-
-def local_checkpoint(location: str) -> Path | None:
-    """The local directory of a checkpoint location (``/p``, ``file:/p``, ``file:///p``);
-    ``None`` for other file systems (hdfs://, s3a://, ...)."""
-    if location.startswith("file://"):
-        return Path(location[len("file://"):])
-    if location.startswith("file:"):
-        return Path(location[len("file:"):])
-    if "://" in location:
-        return None
-    return Path(location)
 
 
 def _read_text(location: str, relative: str, repair: str | None = None) -> str | None:
@@ -72,16 +59,14 @@ def _read_text(location: str, relative: str, repair: str | None = None) -> str |
         except UnicodeDecodeError:
             raise CorruptCheckpointFileError(
                 str(path), "is not UTF-8 text", repair or _repair_hint(relative)) from None
-    from pyarrow import fs as pafs
-
-    from exactly.objectstore import Location
-
-    filesystem, root = Location.parse(location).filesystem()  # s3a:// -> S3, AWS_* settings
-    remote = f"{root.rstrip('/')}/{relative}"
-    if filesystem.get_file_info(remote).type == pafs.FileType.NotFound:
+    stored = open_store(location).read(relative)  # S3A writes no checksum files
+    if stored is None:
         return None
-    with filesystem.open_input_stream(remote) as f:
-        return f.read().decode("utf-8", errors="replace")
+    try:
+        return stored.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptCheckpointFileError(_where(location, relative), "is not UTF-8 text",
+                                         repair or _repair_hint(relative)) from None
 
 
 def checksum_problem(path: Path, data: bytes | None = None) -> str | None:
@@ -204,12 +189,8 @@ class Finding:
 
 
 def batch_numbers(location: str, log: str) -> list[int]:
-    """The epochs that have a file in ``offsets/`` or ``commits/`` (local checkpoints)."""
-    local = local_checkpoint(location)
-    folder = local / log if local is not None else None
-    if folder is None or not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_file())
+    """The epochs that have a file in ``offsets/`` or ``commits/``."""
+    return sorted(int(name) for name in open_store(location).list(log) if name.isdigit())
 
 
 def last_committed_epoch(location: str) -> int | None:
@@ -230,12 +211,8 @@ def uncommitted_epoch(location: str) -> int | None:
 
 def offsets_logged_at(location: str, epoch: int) -> float | None:
     """When Spark wrote ``offsets/<epoch>`` (the epoch's trigger), as a Unix time; None when
-    the entry is not there (or the checkpoint is not local)."""
-    local = local_checkpoint(location)
-    try:
-        return (local / "offsets" / str(epoch)).stat().st_mtime if local is not None else None
-    except FileNotFoundError:
-        return None
+    the entry is not there."""
+    return open_store(location).modified(f"offsets/{epoch}")
 
 
 def check_files(location: str, sink_query_id: str | None = None) -> list[Finding]:
@@ -244,11 +221,13 @@ def check_files(location: str, sink_query_id: str | None = None) -> list[Finding
     Errors are files Spark would fail on (a torn ``metadata``, ``offsets/N``, ``commits/N``,
     a checksum mismatch, a stray ``.N.crc`` whose file was deleted -- Spark then fails with
     the misleading "Multiple streaming queries are concurrently using ..."); warnings are
-    files Spark ignores (temporary files, names that are not batch numbers). Only local
-    checkpoints are checked; reading changes nothing.
+    files Spark ignores (temporary files, names that are not batch numbers). Reading
+    changes nothing.
     """
     local = local_checkpoint(location)
-    if local is None or not local.is_dir():
+    if local is None:
+        return _check_remote_files(location, sink_query_id)
+    if not local.is_dir():
         return []
     found: list[Finding] = []
     has_batches = any(batch_numbers(location, log) for log in LOGS)
@@ -271,6 +250,36 @@ def check_files(location: str, sink_query_id: str | None = None) -> list[Finding
             continue
         for path in sorted(folder.iterdir(), key=lambda p: p.name):
             found.extend(_check_log_entry(location, log, path))
+    return found
+
+
+def _check_remote_files(location: str, sink_query_id: str | None) -> list[Finding]:
+    """:func:`check_files` on an object store (S3A writes no checksum files)."""
+    store = open_store(location)
+    found: list[Finding] = []
+    try:
+        query_id = read_metadata(location, sink_query_id)
+        if query_id is None and any(batch_numbers(location, log) for log in LOGS):
+            found.append(Finding(
+                "error", _where(location, "metadata"),
+                "is missing while the checkpoint holds offsets and commits: Spark would start "
+                "a new query with a new id over the old positions",
+                _metadata_repair(location, sink_query_id)))
+    except CorruptCheckpointFileError as exc:
+        found.append(Finding.of(exc))
+    for log in LOGS:
+        for name in sorted(store.list(log)):
+            where = _where(location, f"{log}/{name}")
+            if name.isdigit():
+                reader = read_offsets if log == "offsets" else read_commit
+                try:
+                    reader(location, int(name))
+                except CorruptCheckpointFileError as exc:
+                    found.append(Finding.of(exc))
+            elif _TEMP.match(name):
+                found.append(Finding("warning", where, "is a temporary file left by an "
+                                     "interrupted write (Spark ignores it)",
+                                     "delete it once no query runs on this checkpoint"))
     return found
 
 
@@ -401,21 +410,15 @@ def read_offsets(location: str, epoch: int) -> OffsetsEntry | None:
     return parse_offsets(text, epoch, _where(location, relative))
 
 
-def restore_offsets(location: str, epoch: int, text: str) -> Path:
-    """Write ``text`` (an offsets entry recorded by the sink) back as ``offsets/<epoch>``.
+def restore_offsets(location: str, epoch: int, text: str) -> str:
+    """Write ``text`` (an offsets entry recorded by the sink) back as ``offsets/<epoch>``
+    (whole: a rename on a POSIX directory, one PUT on S3); returns where.
 
     Removes the stale ``.<epoch>.crc`` beside it (Hadoop would reject the new content).
-    Local checkpoints only; run it while the query is stopped.
+    Run it while the query is stopped.
     """
-    local = local_checkpoint(location)
-    if local is None:
-        raise ConfigError(f"restore-offsets works on local checkpoints; copy the entry to "
-                          f"{location}/offsets/{epoch} with the storage's own tools")
     parse_offsets(text, epoch, f"the recorded offsets of epoch {epoch}")  # never write junk
-    target = local / "offsets" / str(epoch)
-    crc = local / "offsets" / f".{epoch}.crc"
-    with_crc = crc.exists()
-    atomic_write_bytes(target, text.encode("utf-8"))
-    if with_crc:
-        os.unlink(crc)
-    return target
+    store = open_store(location)
+    store.write(f"offsets/{epoch}", text.encode("utf-8"))
+    store.delete(f"offsets/.{epoch}.crc")
+    return store.describe(f"offsets/{epoch}")

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exactly.checkpoint.location import job_dir, open_store
+from exactly.checkpoint.store import LocalLogStore
+from exactly.checkpoint.status import running_job
 from exactly.errors import SavepointError
 from exactly.fsutil import read_json
-from exactly.ops.control import job_dir, running_job
 from exactly.savepoints.manifest import MANIFEST, Manifest, read_manifest
 from exactly.savepoints.operators import recorded_operators
 from exactly.savepoints.restore import (
@@ -48,7 +50,7 @@ def default_target(checkpoint: str) -> Path:
 
 def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
     """What a manifest records of the job a savepoint is taken from."""
-    from exactly.spark.runner import source_names
+    from exactly.ops.query import source_names
 
     return {"checkpoint": str(Path(checkpoint.removeprefix("file:")).absolute()),
             "query_name": job.query_name, "sink_format": job.sink_format,
@@ -66,11 +68,13 @@ def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
                           job=_job_info(job, checkpoint), fault=fault)
 
 
-def is_checkpoint(path: Path) -> bool:
-    """True for a Spark checkpoint directory (``metadata`` and ``offsets/``, no manifest):
-    ``-s`` restores a retained checkpoint as well as a savepoint."""
-    return (not (path / MANIFEST).exists() and (path / "metadata").is_file()
-            and (path / "offsets").is_dir())
+def is_checkpoint(path: str | Path) -> bool:
+    """True for a Spark checkpoint (``metadata`` and ``offsets/``, no manifest), local or on
+    S3: ``-s`` restores a retained checkpoint as well as a savepoint."""
+    store = open_store(str(path))
+    offsets = ((store.root / "offsets").is_dir() if isinstance(store, LocalLogStore)
+               else bool(store.list("offsets")))
+    return not store.exists(MANIFEST) and store.exists("metadata") and offsets
 
 
 def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
@@ -132,7 +136,7 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
     SavepointError before writing anything when the savepoint cannot be restored.
     ``fault`` arms the crash points of the restore (and of the savepoint a retained
     checkpoint is staged as), ``exactly run --fault``."""
-    from exactly.spark.checkpoint import local_checkpoint
+    from exactly.checkpoint.location import local_checkpoint
 
     checkpoint = local_checkpoint(job.checkpoint.storage)
     if checkpoint is None:
@@ -186,7 +190,7 @@ def restore_backend(config: CheckpointConfig, manifest: Manifest) -> str:
 
 def _check_sources(manifest: Manifest, job: Job) -> None:
     """A savepoint of another job has other sources: its offsets cannot resume this one."""
-    from exactly.spark.runner import source_names
+    from exactly.ops.query import source_names
 
     names = source_names(job.df)
     if len(names) != len(manifest.sources):

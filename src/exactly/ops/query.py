@@ -38,18 +38,25 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from exactly import options as opt
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import (
+    checkpoint_exists,
+    checkpoint_uri,
+    delete_checkpoint,
+    is_remote,
+    local_checkpoint,
+)
+from exactly.checkpoint.store import open_log_store
 from exactly.config import CheckpointConfig, ExternalizedCleanup, Mode, StateBackend
 from exactly.errors import ConfigError, OwnershipError, SourceNotReplayableError
 from exactly.logs import log_event
 from exactly.procs import driver_identity
 from exactly.protocol.epoch_identity import check_checkpoint_against_log
 from exactly.protocol.lease import Lease
-from exactly.protocol.logstore import is_remote, open_log_store
-from exactly.spark.checkpoint import local_checkpoint
 from exactly.spark.formats import check_output_mode, check_sink
 from exactly.spark.s3a import require_s3a
 
-logger = logging.getLogger("exactly.spark.runner")
+logger = logging.getLogger("exactly.ops.query")
 
 #: sources whose input cannot be read again from positions in the offset log
 NON_REPLAYABLE_SOURCES = ("socket",)
@@ -84,11 +91,7 @@ class ExactlyQuery:
         self.query.stop()
         self._history_ended()
         if self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION:
-            local = local_checkpoint(self.checkpoint_location)
-            if local is None:
-                raise ConfigError(f"cannot delete non-local checkpoint {self.checkpoint_location}"
-                                  "; remove it with the storage's own tools")
-            shutil.rmtree(local, ignore_errors=True)
+            delete_checkpoint(self.checkpoint_location)
 
     def _history_ended(self) -> None:
         """Once the query is no longer active, wait (briefly) until the recorder wrote its
@@ -154,13 +157,15 @@ def checkpoint_location(config: CheckpointConfig) -> str:
         directory = tempfile.mkdtemp(prefix="exactly-checkpoint-")
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
         return directory
+    if is_remote(config.storage):
+        return checkpoint_uri(config.storage)  # s3:// is s3a:// to Spark
     return config.storage
 
 
 def pinned_state_backend(location: str) -> StateBackend | None:
     """The state backend the checkpoint at ``location`` was started with (Spark pins it in
     its offsets log); None for a new checkpoint or one not on a local file system."""
-    from exactly.spark.checkpoint import batch_numbers, read_offsets
+    from exactly.checkpoint.spark_files import batch_numbers, read_offsets
 
     epochs = batch_numbers(location, "offsets")
     entry = read_offsets(location, epochs[-1]) if epochs else None
@@ -279,8 +284,8 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     query = writer.start(path) if path and built is None else writer.start()
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
               checkpoint=location, mode=checkpoint.mode.value, output_mode=mode_name)
-    if checkpoint.history and local is not None:
-        record_history(spark, query, local, checkpoint, sink_format, path, options)
+    if checkpoint.history:
+        record_history(spark, query, location, checkpoint, sink_format, path, options)
     return ExactlyQuery(query, location, checkpoint)
 
 
@@ -303,18 +308,18 @@ def set_checkpoint_interval(options: dict[str, str], checkpoint: CheckpointConfi
     options[opt.CHECKPOINT_INTERVAL_MS] = interval_ms
 
 
-def record_history(spark: Any, query: StreamingQuery, local: Path,
+def record_history(spark: Any, query: StreamingQuery, location: str,
                    checkpoint: CheckpointConfig,
                    sink_format: str, path: str | None, options: dict[str, str]) -> None:
     """Start recording ``query``'s epochs in its checkpoint's history
     (:mod:`exactly.monitoring.recorder`), with a ``run`` record of this start."""
-    import exactly
+    from exactly.checkpoint.spark_files import batch_numbers
     from exactly.monitoring import recorder
     from exactly.monitoring.records import config_summary
-    from exactly.spark.checkpoint import batch_numbers
+    from exactly.version import __version__
 
     log_dir = sink_log_directory(sink_format, path, options)
-    committed = batch_numbers(str(local), "commits")
+    committed = batch_numbers(location, "commits")
     run = {"kind": "run", "at": time.time(), "query_id": str(query.id),
            "spark_run_id": str(query.runId), "name": query.name,
            "resumed_after_epoch": committed[-1] if committed else None,
@@ -322,8 +327,8 @@ def record_history(spark: Any, query: StreamingQuery, local: Path,
            "sink": {"format": sink_format, "path": path,
                     "log_dir": str(log_dir) if log_dir else None},
            "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
-           "versions": {"spark": spark.version, "exactly": exactly.__version__}}
-    recorder.watch(spark, query, checkpoint=local, run_record=run,
+           "versions": {"spark": spark.version, "exactly": __version__}}
+    recorder.watch(spark, query, checkpoint=location, run_record=run,
                    sink_log=log_dir,
                    backend=checkpoint.backend.value)
 
@@ -356,13 +361,8 @@ def with_sink_log_dir(location: str, options: Mapping[str, str] | None) -> dict[
     """``options`` plus the default commit-log directory of sinks without one of their own
     (``exactly.logDir`` = ``<checkpoint>/exactly-sink`` for a local or ``s3a://``
     checkpoint), unless the options name one."""
-    merged = dict(options or {})
     local = local_checkpoint(location)
-    if local is not None:
-        merged.setdefault(opt.LOG_DIR, str(local / opt.LOG_DIR_NAME))
-    elif is_remote(location):  # a checkpoint on S3: the log beside it, on S3 too
-        merged.setdefault(opt.LOG_DIR, f"{location.rstrip('/')}/{opt.LOG_DIR_NAME}")
-    return merged
+    return layout.with_sink_log_dir(str(local) if local is not None else location, options)
 
 
 def sink_log_directory(sink_format: str, path: str | None,
@@ -372,7 +372,8 @@ def sink_log_directory(sink_format: str, path: str | None,
     sinks that are not exactly's."""
     if sink_format == "exactly.files":
         output = path or options.get(opt.PATH)
-        return Path(output.removeprefix("file://")).absolute() / "_exactly" if output else None
+        return (Path(output.removeprefix("file://")).absolute() / layout.OUTPUT_LOG_DIR
+                if output else None)
     if sink_format.startswith("exactly.") and options.get(opt.LOG_DIR):
         if is_remote(options[opt.LOG_DIR]):
             return options[opt.LOG_DIR]
@@ -387,12 +388,11 @@ def preflight_checkpoint(location: str, sink_format: str, path: str | None,
     ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
     and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
     of the sink's commit log fails here too, with its repair."""
+    from exactly.checkpoint.spark_files import preflight
     from exactly.fsutil import parse_json
     from exactly.protocol.repairs import query_repair
-    from exactly.spark.checkpoint import preflight
 
-    local = local_checkpoint(location)
-    if local is None or not local.is_dir():
+    if not checkpoint_exists(location):
         return
     log_dir = sink_log_directory(sink_format, path, with_sink_log_dir(location, options))
     owner = None

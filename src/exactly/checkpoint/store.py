@@ -1,5 +1,6 @@
-"""Where a sink's commit log and lease live: a local (or shared POSIX) directory, or an S3
-prefix. Both offer the four primitives the protocol needs, and nothing else is used:
+"""The store under a checkpoint, a sink's commit log and its lease: a local (or shared POSIX)
+directory, or an S3 prefix. Both offer the four primitives exactly needs, and nothing else
+is used:
 
 =====================  =====================================  ================================
 primitive              POSIX directory                        S3 (and S3-compatible stores)
@@ -67,6 +68,22 @@ class LogStore(ABC):
     def delete(self, name: str) -> None:
         """Remove the file; a missing file is not an error."""
 
+    @abstractmethod
+    def modified(self, name: str) -> float | None:
+        """When the file was last written (Unix time), or None when it does not exist."""
+
+    @abstractmethod
+    def list_tree(self, folder: str) -> builtins.list[str]:
+        """Names (relative to ``folder``) of every file below ``folder``, at any depth."""
+
+    @abstractmethod
+    def stat_tree(self, folder: str) -> builtins.list[tuple[str, int, float]]:
+        """``(name relative to folder, size, modified)`` of every file below ``folder``."""
+
+    @abstractmethod
+    def any(self) -> bool:
+        """Whether anything is stored under the root."""
+
     def exists(self, name: str) -> bool:
         return self.read(name) is not None
 
@@ -86,7 +103,8 @@ def open_log_store(location: str | Path) -> LogStore:
     return LocalLogStore(Path(text))
 
 
-def is_remote(location: str | Path) -> bool:
+def is_remote(location: str | os.PathLike[str]) -> bool:
+    """True for an ``s3://`` or ``s3a://`` location."""
     return str(location).startswith(("s3://", "s3a://"))
 
 
@@ -134,6 +152,31 @@ class LocalLogStore(LogStore):
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
+
+    def modified(self, name: str) -> float | None:
+        try:
+            return (self.root / name).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def list_tree(self, folder: str) -> builtins.list[str]:
+        directory = self.root / folder
+        if not directory.is_dir():
+            return []
+        return [str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file()]
+
+    def stat_tree(self, folder: str) -> builtins.list[tuple[str, int, float]]:
+        found = []
+        for name in self.list_tree(folder):
+            try:
+                stat = (self.root / folder / name).stat()
+            except FileNotFoundError:
+                continue
+            found.append((name, stat.st_size, stat.st_mtime))
+        return found
+
+    def any(self) -> bool:
+        return self.root.exists()
 
 
 class S3LogStore(LogStore):
@@ -224,8 +267,32 @@ class S3LogStore(LogStore):
         return self._list(folder, Delimiter="/")
 
     def list_tree(self, folder: str) -> builtins.list[str]:
-        """Names (relative to ``folder``) of every object below ``folder``, at any depth."""
         return self._list(folder)
+
+    def stat_tree(self, folder: str) -> builtins.list[tuple[str, int, float]]:
+        prefix = self._key(folder).rstrip("/") + "/" if folder or self.prefix else ""
+        found = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                if not obj["Key"].endswith("/"):
+                    found.append((obj["Key"][len(prefix):], int(obj["Size"]),
+                                  float(obj["LastModified"].timestamp())))
+        return found
+
+    def modified(self, name: str) -> float | None:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+        except self.client.exceptions.ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                return None
+            raise
+        return float(head["LastModified"].timestamp())
+
+    def any(self) -> bool:
+        prefix = self.prefix.rstrip("/") + "/" if self.prefix else ""
+        found = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+        return bool(found.get("KeyCount"))
 
     def _list(self, folder: str, **delimiter: str) -> builtins.list[str]:
         prefix = self._key(folder).rstrip("/") + "/"

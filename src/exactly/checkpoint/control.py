@@ -1,0 +1,139 @@
+"""The control channel of a running job: requests and answers as files in its checkpoint.
+
+Every file lives under ``<checkpoint>/exactly-job/`` (a POSIX directory or an S3 prefix),
+so a command works from any host that reaches the checkpoint's storage (no socket, no
+port)::
+
+    control/requests/<id>.json   written by ``exactly stop|cancel|savepoint`` (whole)
+    control/answers/<id>.json    written by the driver when the request is done or refused
+
+A request names an ``action`` (``stop``, ``cancel``, ``savepoint``) and its parameters
+(``drain``, ``target``). The driver polls for requests between and during epochs, handles the
+oldest first, and answers each exactly once. The job's status is
+:mod:`exactly.checkpoint.status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import checkpoint_exists, checkpoint_uri, job_store
+from exactly.checkpoint.status import JobStatus, running_job
+from exactly.errors import ConfigError, ExactlyError
+
+ACTIONS = ("stop", "cancel", "savepoint")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One command sent to a running job."""
+
+    id: str
+    action: str
+    params: dict[str, Any] = field(default_factory=dict)
+    requested_at: float = 0.0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Request:
+        return cls(str(data["id"]), str(data["action"]), dict(data.get("params") or {}),
+                   float(data.get("requested_at") or 0.0))
+
+
+class NoRunningJob(ExactlyError):
+    """A command names a checkpoint no live ``exactly run`` serves."""
+
+
+class ControlChannel:
+    """Both ends of one job's control channel."""
+
+    def __init__(self, checkpoint: str | os.PathLike[str]) -> None:
+        self.checkpoint = checkpoint_uri(checkpoint)
+        self.store = job_store(self.checkpoint)
+
+    # -- the command's end ---------------------------------------------------------------
+    def send(self, action: str, **params: Any) -> Request:
+        """Write a request for the job's driver; raises NoRunningJob when none is alive."""
+        if action not in ACTIONS:
+            raise ConfigError(f"unknown control action {action!r}; one of {', '.join(ACTIONS)}")
+        if running_job(self.checkpoint) is None:
+            where = self.checkpoint
+            raise NoRunningJob(f"no running job on checkpoint {where} (no live `exactly run` "
+                               "has it); start it with `exactly run JOB --checkpoint "
+                               f"{where}`, nothing was sent")
+        return self.post(action, **params)
+
+    def post(self, action: str, **params: Any) -> Request:
+        """Queue a request without looking for a live job (the driver's own requests)."""
+        request = Request(f"{time.time_ns()}-{uuid.uuid4().hex[:8]}", action, params,
+                          time.time())
+        self.store.write(f"{layout.REQUESTS}/{request.id}.json",
+                         json.dumps(asdict(request), sort_keys=True).encode())
+        return request
+
+    def wait_answer(self, request: Request, timeout: float,
+                    poll: float = 0.2) -> dict[str, Any] | None:
+        """The driver's answer, or ``None`` when ``timeout`` passes or the checkpoint is
+        deleted (a cancel with ``delete_on_cancellation``: check with :meth:`exists`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            answer = self._answer(request)
+            if answer is not None:
+                return answer
+            if not self.exists():
+                return None
+            status = JobStatus.read(self.store)
+            if status is not None and not status.alive():
+                return self._answer(request)  # it may have answered just before it ended
+            time.sleep(poll)
+        return None
+
+    def _answer(self, request: Request) -> dict[str, Any] | None:
+        data = self.store.read(f"{layout.ANSWERS}/{request.id}.json")
+        try:
+            answer = json.loads(data) if data is not None else None
+        except ValueError:
+            return None  # a torn answer of a crashed driver: read as none
+        return answer if isinstance(answer, dict) else None
+
+    def exists(self) -> bool:
+        return checkpoint_exists(self.checkpoint)
+
+    # -- the driver's end ----------------------------------------------------------------
+    def pending(self) -> list[Request]:
+        """Unanswered requests, oldest first (unreadable ones are answered as refused)."""
+        try:
+            names = sorted(n for n in self.store.list(layout.REQUESTS) if n.endswith(".json"))
+        except OSError:
+            return []
+        if not names:
+            return []
+        answered = set(self.store.list(layout.ANSWERS))
+        found = []
+        for name in names:
+            rid = name.removesuffix(".json")
+            if name in answered:
+                continue
+            try:
+                data = self.store.read(f"{layout.REQUESTS}/{name}")
+                if data is None:
+                    continue
+                found.append(Request.from_json(json.loads(data)))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                self.answer(Request(rid, "?"), "refused", f"unreadable request: {exc}")
+        return found
+
+    def answer(self, request: Request, status: str, detail: str = "", **extra: Any) -> None:
+        """Record the outcome of ``request`` (``done``, ``refused`` or ``failed``)."""
+        self.store.write(f"{layout.ANSWERS}/{request.id}.json", json.dumps(
+            {"id": request.id, "action": request.action, "status": status,
+             "detail": detail, "answered_at": time.time(), **extra},
+            sort_keys=True, default=str).encode())
+        with contextlib.suppress(OSError):
+            self.store.delete(f"{layout.REQUESTS}/{request.id}.json")

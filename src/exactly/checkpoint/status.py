@@ -1,0 +1,184 @@
+"""``exactly-job/job.json``: the live ``exactly run`` of a checkpoint, its state and heartbeat.
+
+One ``exactly run`` at a time runs a checkpoint: :func:`claim_job` records the run's status
+with a compare-and-swap of ``job.json`` (a file lock and a rename on a POSIX directory, a
+conditional PUT ``If-Match``/``If-None-Match`` on S3), so two launchers racing for one
+checkpoint cannot both win, on one host or on two. A run on another host is alive while its
+heartbeat is fresh (:data:`HEARTBEAT_STALE_S`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import as_store, job_store
+from exactly.checkpoint.store import LogStore
+from exactly.errors import ConfigError, FencedError
+from exactly.fsutil import parse_json
+from exactly.procs import ProcessId
+
+#: a job whose heartbeat is older than this (and whose driver is on another host) is dead
+HEARTBEAT_STALE_S = 60.0
+#: the states of a job that has ended (job.json)
+ENDED = ("stopped", "failed", "cancelled")
+
+Where = LogStore | str | os.PathLike[str]
+
+
+def running_job(checkpoint: str | os.PathLike[str]) -> JobStatus | None:
+    """The status of the live ``exactly run`` on ``checkpoint``, or None when none is alive."""
+    status = JobStatus.read(job_store(checkpoint))
+    return status if status is not None and status.alive() else None
+
+
+@dataclass
+class JobStatus:
+    """``job.json``: the live ``exactly run`` of a checkpoint and what it is doing."""
+
+    run_id: str
+    supervisor: ProcessId
+    state: str  # starting | running | restarting | stopping | stopped | failed | cancelled
+    driver: ProcessId | None = None
+    heartbeat: float = 0.0
+    restarts: int = 0
+    last_epoch: int | None = None
+    detail: str = ""
+    strategy: dict[str, Any] | None = None  #: the restart strategy the driver uses
+    job: str = ""  #: the job file's name (``exactly run``): a checkpoint is one job's address
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["supervisor"] = self.supervisor.to_json()
+        data["driver"] = self.driver.to_json() if self.driver else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobStatus:
+        driver = data.get("driver")
+        return cls(str(data["run_id"]), ProcessId.from_json(data["supervisor"]),
+                   str(data["state"]), ProcessId.from_json(driver) if driver else None,
+                   float(data.get("heartbeat") or 0.0), int(data.get("restarts") or 0),
+                   data.get("last_epoch"), str(data.get("detail") or ""),
+                   data.get("strategy"), str(data.get("job") or ""))
+
+    @classmethod
+    def read(cls, where: Where) -> JobStatus | None:
+        """The status in ``where`` (a job store, or a local ``exactly-job`` directory)."""
+        found = _read_versioned(as_store(where))
+        return found[0] if found else None
+
+    def write(self, where: Where) -> None:
+        """Write this status (with a fresh heartbeat) whole."""
+        self.heartbeat = time.time()
+        as_store(where).write(layout.JOB_STATUS, _encode(self))
+
+    def alive(self) -> bool:
+        """Whether the ``exactly run`` that wrote this is still running: its launcher, or
+        its driver when the launcher died (an orphaned driver stops by itself; until it
+        has, the control commands reach it and no other run may start)."""
+        if self.state in ENDED:
+            return False
+        alive = self.supervisor.is_alive()
+        if alive is None:  # another host: trust a fresh heartbeat
+            return time.time() - self.heartbeat < HEARTBEAT_STALE_S
+        return alive or self._driver_runs()
+
+    def orphaned(self) -> bool:
+        """True while the driver runs on after its launcher died (on this host)."""
+        return (self.state not in ENDED and self.supervisor.is_alive() is False
+                and self._driver_runs())
+
+    def _driver_runs(self) -> bool:
+        """The driver, when it is a process of its own (``exactly run``), is alive."""
+        return (self.driver is not None and self.driver != self.supervisor
+                and self.driver.is_alive() is True)
+
+    def lost(self) -> bool:
+        """True when this says the job runs but nothing of it does: the launcher and the
+        driver ended without a word (SIGKILL of the whole job, its container or machine)."""
+        return self.state not in ENDED and not self.alive()
+
+
+def _encode(status: JobStatus) -> bytes:
+    return json.dumps(status.to_json(), indent=2, sort_keys=True).encode()
+
+
+def _read_versioned(store: LogStore) -> tuple[JobStatus | None, str] | None:
+    """``(status, version token)``; ``(None, token)`` for a file that is not a status;
+    None when there is no ``job.json``."""
+    found = store.read_versioned(layout.JOB_STATUS)
+    if found is None:
+        return None
+    data, token = found
+    parsed = parse_json(data, store.describe(layout.JOB_STATUS),
+                        "delete it when no `exactly run` of this checkpoint is alive")
+    try:
+        return JobStatus.from_json(parsed), token
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, token
+
+
+def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0,
+              say: Callable[[str], None] | None = None) -> JobStatus | None:
+    """Record ``status`` as the checkpoint's running job, or raise FencedError when another
+    live ``exactly run`` already has it (read, checked and written as one compare-and-swap).
+
+    A driver whose launcher died stops by itself (its epoch in flight commits first): the
+    claim waits up to ``wait_for_orphan_s`` seconds for it (``say`` is told once), then
+    raises FencedError naming it. Returns the previous status when it was a run that ended
+    without a word (:meth:`JobStatus.lost`), for the caller to record; else None.
+
+    Raises ConfigError when the checkpoint was last run by another job file (both
+    ``JobStatus.job`` known and different): a checkpoint is one job's address.
+    """
+    store = as_store(where)
+    deadline = time.monotonic() + wait_for_orphan_s
+    told = False
+    while True:
+        found = _read_versioned(store)
+        current, token = found if found else (None, None)
+        if current is not None and current.job and status.job and current.job != status.job:
+            checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
+            raise ConfigError(
+                f"checkpoint {checkpoint} holds the job {current.job} (run {current.run_id}, "
+                f"{current.state}), not {status.job}: give {status.job} a checkpoint of its "
+                f"own (if it is the same job renamed, delete "
+                f"{store.describe(layout.JOB_STATUS)} once no run of it is alive). Nothing "
+                "was started.")
+        mine = current is not None and current.supervisor == status.supervisor
+        if current is None or mine or not current.alive():
+            status.heartbeat = time.time()
+            if not store.swap(layout.JOB_STATUS, _encode(status), token):
+                continue  # another claim (or a heartbeat) came between: look again
+            # not alive, yet not ended: a run that ended without a word
+            lost = current is not None and not mine and current.state not in ENDED
+            return current if lost else None
+        orphan = current.orphaned()
+        if not orphan or time.monotonic() >= deadline:
+            raise FencedError(_claimed(store, current, orphan))
+        if not told and say is not None and current.driver is not None:
+            say(f"the driver pid {current.driver.pid} of run {current.run_id} outlived its "
+                f"launcher (pid {current.supervisor.pid}) and is stopping; waiting for it")
+            told = True
+        time.sleep(0.5)
+
+
+def _claimed(store: LogStore, current: JobStatus, orphan: bool) -> str:
+    checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(current.heartbeat))
+    if orphan and current.driver is not None:
+        return (f"checkpoint {checkpoint} is still run by the driver pid "
+                f"{current.driver.pid} of run {current.run_id}, whose launcher (`exactly run` "
+                f"pid {current.supervisor.pid}) died: it stops by itself once its epoch in "
+                f"flight commits ({current.state}, heartbeat {since}); wait for it, or end it "
+                f"now with `exactly cancel {checkpoint}`. Nothing was started.")
+    return (f"checkpoint {checkpoint} is already run by `exactly run` pid "
+            f"{current.supervisor.pid} on {current.supervisor.host} (run {current.run_id}, "
+            f"{current.state}, heartbeat {since}); stop it first with `exactly stop "
+            f"{checkpoint}`, or give this job its own checkpoint. Nothing was started.")
