@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.location import job_dir, open_store
-from exactly.checkpoint.store import LocalLogStore
 from exactly.checkpoint.status import running_job
+from exactly.checkpoint.store import LocalLogStore
 from exactly.errors import SavepointError
 from exactly.fsutil import read_json
 from exactly.savepoints.manifest import MANIFEST, Manifest, read_manifest
