@@ -16,7 +16,7 @@ __all__ = ["EXACTLY", "JOBS", "SupervisedRun"]
 class SupervisedRun(_SupervisedRun):
     """:class:`exactly.testing.supervised.SupervisedRun` of ``tests/ops/jobs/<job>``."""
 
-    def __init__(self, job: str, checkpoint: Path, env: dict[str, str], *args: str,
+    def __init__(self, job: str, checkpoint: Path | str, env: dict[str, str], *args: str,
                  log: Path, name_checkpoint: bool = True, wrap: Sequence[str] = ()) -> None:
         super().__init__(JOBS / job, checkpoint, env, *args, log=log,
                          name_checkpoint=name_checkpoint, wrap=wrap)

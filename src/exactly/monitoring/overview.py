@@ -2,8 +2,8 @@
 
 :func:`load` reads a checkpoint directory -- the history
 (:mod:`exactly.checkpoint.history`), the restart history of ``exactly run``
-(:mod:`exactly.checkpoint.restarts`), Spark's offset and commit logs (an epoch in progress) and the
-job's control status (running or not) -- and returns an :class:`Overview`: counts
+(:mod:`exactly.checkpoint.restarts`), Spark's offset and commit logs (an epoch in progress)
+and the job's control status (running or not) -- and returns an :class:`Overview`: counts
 (triggered, in progress, completed, failed, restored), the latest completed and failed
 checkpoint, savepoint and restore, the recent history, a min/avg/max summary, the
 configuration, restarts with their causes, and the damaged history lines it skipped. The CLI

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,9 @@ from typing import Any
 
 import psutil
 
-from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.location import job_store
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.checkpoint.spark_files import batch_numbers
 from exactly.checkpoint.status import JobStatus
 from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
@@ -27,7 +28,7 @@ class SupervisedRun:
     ``name_checkpoint=False`` leaves ``--checkpoint`` out (the job names ``checkpoint``);
     ``wrap`` goes before the command (``unshare --pid --fork ...``: a container's PID 1)."""
 
-    def __init__(self, job: str | Path, checkpoint: Path, env: dict[str, str], *args: str,
+    def __init__(self, job: str | Path, checkpoint: Path | str, env: dict[str, str], *args: str,
                  log: Path, name_checkpoint: bool = True, wrap: Sequence[str] = ()) -> None:
         self.checkpoint = checkpoint
         self.token = new_job_token()
@@ -43,23 +44,19 @@ class SupervisedRun:
 
     # -- looking ------------------------------------------------------------------------
     def status(self) -> JobStatus | None:
-        return JobStatus.read(job_dir(self.checkpoint))
+        return JobStatus.read(job_store(self.checkpoint))
 
     def history(self) -> list[dict[str, Any]]:
-        path = job_dir(self.checkpoint) / "restarts.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The restart log, every run's entries (a local checkpoint or one on S3)."""
+        return RestartHistory(job_store(self.checkpoint), "").entries(this_run_only=False)
 
     def committed_epochs(self) -> list[int]:
-        commits = self.checkpoint / "commits"
-        if not commits.is_dir():
-            return []
-        return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+        return batch_numbers(str(self.checkpoint), "commits")
 
     def pause_gaps(self) -> list[float]:
         """Per pair of consecutive committed epochs: seconds from ``commits/N`` (epoch N
         complete) to ``offsets/N+1`` (epoch N+1's input fixed, when it started)."""
+        assert isinstance(self.checkpoint, Path), "a local checkpoint"
         epochs = self.committed_epochs()
         return [(self.checkpoint / "offsets" / str(n + 1)).stat().st_mtime
                 - (self.checkpoint / "commits" / str(n)).stat().st_mtime

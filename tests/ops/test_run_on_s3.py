@@ -1,0 +1,74 @@
+"""``exactly run`` with its checkpoint on S3 (S3Proxy): the launcher, the driver, the control
+channel, the restart log and the history all live under ``s3a://``; a SIGKILL of the driver's
+whole tree (the fault ``after_intent``) is restarted by the launcher; ``exactly checkpoints``
+reads the job from S3 while it runs; ``exactly stop`` reaches it; every id once."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from supervised import SupervisedRun
+
+from exactly.audit import audit_ids, file_ids
+from exactly.checkpoint.location import open_store
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.fixture
+def s3_checkpoint(s3_server, monkeypatch) -> str:
+    """A fresh bucket, with the server in the ``AWS_*`` environment of the test and of every
+    command it starts."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    bucket = f"ck-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(bucket)
+    return f"s3a://{bucket}/jobs/orders"
+
+
+def test_a_job_on_an_s3_checkpoint_survives_a_driver_kill_and_stops_on_command(
+        tmp_path, s3_checkpoint, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = 3000
+    env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": str(rows), "JOB_RATE": "0",
+           "JOB_MAX_ROWS": "300", "JOB_INTERVAL": "500ms"}
+    fired = tmp_path / "fault-fired.json"
+    run = SupervisedRun("datagen_job.py", s3_checkpoint, env, "--fault", "after_intent@3",
+                        "--fault-marker", str(fired), log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: any(e["event"] == "failure" and e["kind"] == "process"
+                                 for e in run.history()), "the killed driver's failure")
+        run.wait_for(lambda: any(e["event"] == "recovered" for e in run.history()),
+                     "a new driver process that completes an epoch", timeout=180)
+        run.wait_for(lambda: len(run.committed_epochs()) >= rows // 300,
+                     "every epoch committed", timeout=180)
+        shown = run.command("checkpoints", s3_checkpoint, "--json")
+        assert shown.returncode == 0, shown.stderr
+        overview = json.loads(shown.stdout)
+        assert overview["status"] == "running"
+        stopped = run.command("stop", s3_checkpoint)
+        assert stopped.returncode == 0, stopped.stderr
+        assert run.wait() == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    assert json.loads(fired.read_text())["epoch"] == 3
+    ids, _ = file_ids(tmp_path / "out")
+    report = audit_ids(ids, np.arange(rows, dtype=np.int64))
+    assert report.ok, report.rows()
+    assert run.status().state == "stopped"
+    [failure] = [e for e in run.history() if e["event"] == "failure"]
+    assert failure["kind"] == "process" and failure["action"] == "restart"
+    # the history on S3 holds every committed epoch once, and the restart
+    final = json.loads(run.command("checkpoints", s3_checkpoint, "--json").stdout)
+    assert final["status"] == "stopped"
+    assert final["counts"]["completed"] == len(run.committed_epochs())
+    assert final["counts"]["restarts"] == 1
+    assert [r.get("kind") for r in final["restarts"] if r["event"] == "failure"] == ["process"]
+    # nothing of the job is kept locally: no directory named after the URI
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fault-fired.json", "out",
+                                                          "run.log"]
+    assert open_store(s3_checkpoint).exists("exactly-job/job.json")
