@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
