@@ -7,7 +7,6 @@ logs no error. The REST API and ``exactly checkpoints --json`` give the same cou
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -15,32 +14,15 @@ import pytest
 
 from exactly.checkpoint.history import HistoryStore, history_dir
 from exactly.testing.supervised import SupervisedRun
-from exactly.testing.ui import get_json, get_text, ui_server
+from exactly.testing.ui import get_json, get_text, headless_chromium, ui_server
 
 JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 @pytest.fixture
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        if shutil.which(binary) is None:
-            pytest.fail(f"{binary} is missing: run scripts/setup.sh --browser (Debian "
-                        "chromium and chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1400,2000", "--disable-gpu"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(predicate, what: str, timeout: float = 90):

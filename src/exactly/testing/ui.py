@@ -1,8 +1,10 @@
-"""``exactly ui`` as a subprocess for tests: started on a free port, stopped afterwards."""
+"""``exactly ui`` as a subprocess for tests: started on a free port, stopped afterwards; and
+the headless Chromium (Debian's chromium and chromedriver, driven by Selenium) that loads it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from exactly.testing.ports import free_port
 
@@ -61,3 +65,30 @@ def ui_server(*checkpoints: str | Path, timeout: float = 60) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@contextmanager
+def headless_chromium() -> Iterator[Any]:
+    """A Selenium driver of headless Chromium (1400x2000, the browser's console log kept);
+    fails the test naming the installer when chromium or chromedriver is missing."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(binary) is None:
+            pytest.fail(f"{binary} is missing: run scripts/setup.sh --browser (Debian "
+                        "chromium and chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1400,2000", "--disable-gpu"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
