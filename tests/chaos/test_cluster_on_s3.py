@@ -122,6 +122,11 @@ def overview(run: SupervisedRun, checkpoint: str) -> dict:
     return json.loads(shown.stdout)
 
 
+def completed(view: dict) -> list[int]:
+    """The completed epochs of ``exactly checkpoints --json``'s history, in order."""
+    return sorted(row["epoch"] for row in view["history"] if row["status"] == "completed")
+
+
 def wait_until(condition, what: str, timeout: float = 90):
     deadline = time.monotonic() + timeout
     while True:
@@ -220,6 +225,9 @@ def test_a_stateful_job_on_a_cluster_with_its_checkpoints_on_s3_savepoints_resca
     sp2 = savepoint_of(stopped.stdout)
     assert sp1.startswith(f"s3://{bucket.name}/sp1/") and sp2.startswith(
         f"s3://{bucket.name}/sp2/")
+    for savepoint in (sp1, sp2):
+        inspected = first.command("savepoint", "--inspect", savepoint)
+        assert inspected.returncode == 0 and "complete" in inspected.stdout, inspected
     first_epochs = first.committed_epochs()
     stopped_at = max(first_epochs)
 
@@ -229,19 +237,26 @@ def test_a_stateful_job_on_a_cluster_with_its_checkpoints_on_s3_savepoints_resca
         cluster, ck2, {**env, "JOB_BACKEND": "rocksdb"}, "-s", sp2, "--parallelism", "4",
         log=tmp_path / "run2.log", beyond=stopped_at + 1, screenshot=tmp_path / "ui.png")
 
+    # three drivers, each an application of the cluster: --master honoured like the variable
+    assert len(set(cluster.applications()) - apps_before) == 3, cluster.applications()
     assert_applications_ended(cluster)
     assert_totals(conn, table_name, bucket.input_position(ck2, max(second.committed_epochs())))
 
     # the histories on S3: every committed epoch, the savepoints, the restore, the restart
     one, two = overview(second, ck), overview(second, ck2)
     assert one["status"] == "stopped" and two["status"] == "stopped"
-    assert one["counts"]["completed"] == len(first_epochs)
+    assert completed(one) == first_epochs and one["counts"]["completed"] == len(first_epochs)
     assert one["counts"]["savepoints"] == 2
     assert one["latest"]["savepoint"]["path"] == sp2
     restored = [e for e in second.committed_epochs() if e > stopped_at]
-    assert two["counts"]["completed"] == len(restored), (two["counts"], restored)
+    assert completed(two) == restored and two["counts"]["completed"] == len(restored)
     assert two["counts"]["restarts"] == 1
     assert [r.get("kind") for r in two["restarts"] if r["event"] == "failure"] == ["process"]
-    assert two["latest"]["restore"]["path"] == sp2
+    assert two["counts"]["restored"] == 2  # the savepoint's restore, the restart's resume
+    restore = two["latest"]["savepoint_restore"]
+    assert (restore["source"], restore["path"], restore["epoch"]) == ("savepoint", sp2,
+                                                                      stopped_at)
+    resume = two["latest"]["restore"]
+    assert resume["source"] == "checkpoint" and resume["epoch"] > stopped_at, resume
     assert shown["cards"]["completed"] == two["counts"]["completed"], shown
     assert bucket.keys("ck/offsets/") and bucket.keys("ck2/offsets/")
