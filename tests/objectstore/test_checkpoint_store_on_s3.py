@@ -77,7 +77,7 @@ def test_two_claims_of_one_s3_checkpoint_cannot_both_win(s3_bucket):
     other = JobStatus("r2", process_id(os.getppid()), "starting", job="a.py")  # alive
     with pytest.raises(FencedError, match="already run by"):
         claim_job(store, other)
-    with pytest.raises(ConfigError, match="holds the job a.py"):
+    with pytest.raises(ConfigError, match=r"holds the job a\.py"):
         claim_job(store, JobStatus("r3", me, "starting", job="b.py"))
 
 

@@ -368,9 +368,9 @@ def with_sink_log_dir(location: str, options: Mapping[str, str] | None) -> dict[
 def preflight_checkpoint(location: str, log_dir: Path | str | None) -> None:
     """Before Spark reads an existing checkpoint (local or on S3), fail on every file Spark
     would fail on -- a torn ``metadata``, ``offsets/N`` or ``commits/N``, a checksum
-    mismatch, a stray ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
-    and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
-    of the sink's commit log fails here too, with its repair."""
+    mismatch, a stray ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError`
+    naming the file and the safe repair (Spark's own errors name none, or mislead). A
+    damaged ``query.json`` of the sink's commit log fails here too, with its repair."""
     from exactly.checkpoint.spark_files import preflight
     from exactly.fsutil import parse_json
     from exactly.protocol.repairs import query_repair
