@@ -36,6 +36,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from exactly.checkpoint.location import checkpoint_uri
 from exactly.errors import ConfigError
 from exactly.monitoring.overview import Loaded, load
 
@@ -48,7 +49,7 @@ _CACHE_S = 0.5
 
 @dataclass
 class _Job:
-    checkpoint: Path
+    checkpoint: str  #: a local path or an s3a:// URI (exactly.checkpoint.location)
     loaded: Loaded | None = None
     loaded_at: float = 0.0
     error: str | None = None
@@ -59,9 +60,9 @@ class Jobs:
 
     def __init__(self, checkpoints: Sequence[str | Path]) -> None:
         if not checkpoints:
-            raise ConfigError("exactly ui: give at least one checkpoint directory")
-        self._jobs = [_Job(Path(str(c).removeprefix("file://")).absolute())
-                      for c in checkpoints]
+            raise ConfigError("exactly ui: give at least one checkpoint (a directory or an "
+                              "s3a:// URI)")
+        self._jobs = [_Job(checkpoint_uri(c)) for c in checkpoints]
         self._lock = threading.Lock()
         for job in self._jobs:  # a directory that is not a checkpoint fails the start
             job.loaded = load(job.checkpoint)
