@@ -14,6 +14,7 @@ from supervised import SupervisedRun
 
 from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.location import open_store
+from exactly.monitoring.server import Jobs
 
 pytestmark = pytest.mark.chaos
 
@@ -71,6 +72,9 @@ def test_a_job_on_an_s3_checkpoint_survives_a_driver_kill_and_stops_on_command(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fault-fired.json", "out",
                                                           "run.log"]
     assert open_store(s3_checkpoint).exists("exactly-job/job.json")
+    [(_, shown_by_ui)] = Jobs([s3_checkpoint]).all()  # what `exactly ui` serves
+    assert shown_by_ui.overview.checkpoint == s3_checkpoint
+    assert shown_by_ui.overview.counts == final["counts"]
     _doctor_and_restore_offsets_on_s3(run, s3_checkpoint, tmp_path / "out")
 
 
