@@ -411,14 +411,10 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
     over the input it was committed with. Refuses while a driver holding the sink's lease is
     alive, when the sink has no record of the epoch, and when offsets/EPOCH already holds it.
     """
-    from exactly.ops.doctor import restore, sink_log_for
+    from exactly.ops.doctor import restore_from_sink_log
 
-    log = sink_log_for(checkpoint, sink_log, sink_path)
-    if log is None:
-        raise RefusedError(f"no exactly sink log found under {checkpoint}: pass --sink-log "
-                           "DIR or --sink-path OUTPUT. Nothing was written.")
-    target = restore(checkpoint, log, epoch)
-    click.echo(f"restored {target} from the sink log {log}; start the query again: Spark "
+    target = restore_from_sink_log(checkpoint, sink_log, sink_path, epoch)
+    click.echo(f"restored {target} from the sink's record; start the query again: Spark "
                f"replays epoch {epoch} over the input it was committed with")
 
 

@@ -15,7 +15,6 @@ MODE = "mode"  #: exactly_once | at_least_once
 CHECKPOINT_LOCATION = "checkpointLocation"  #: Spark's checkpoint directory of the query
 QUERY_NAME = "queryName"  #: Spark passes the query's name to sinks
 LOG_DIR = "exactly.logDir"  #: commit log + lease of sinks without a directory of their own
-LOG_DIR_NAME = "exactly-sink"  #: start_query puts LOG_DIR here, under the checkpoint
 CHECKPOINT_INTERVAL_MS = "exactly.checkpointIntervalMs"  #: the trigger interval, for checks
 RETAIN_EPOCHS = "exactly.retainEpochs"
 DEFAULT_RETAIN_EPOCHS = 100

@@ -14,6 +14,7 @@ from supervised import SupervisedRun
 
 from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.location import open_store
+from exactly.monitoring.server import Jobs
 
 pytestmark = pytest.mark.chaos
 
@@ -71,3 +72,32 @@ def test_a_job_on_an_s3_checkpoint_survives_a_driver_kill_and_stops_on_command(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fault-fired.json", "out",
                                                           "run.log"]
     assert open_store(s3_checkpoint).exists("exactly-job/job.json")
+    [(_, shown_by_ui)] = Jobs([s3_checkpoint]).all()  # what `exactly ui` serves
+    assert shown_by_ui.overview.checkpoint == s3_checkpoint
+    assert shown_by_ui.overview.counts == final["counts"]
+    _doctor_and_restore_offsets_on_s3(run, s3_checkpoint, tmp_path / "out")
+
+
+def _doctor_and_restore_offsets_on_s3(run: SupervisedRun, checkpoint: str, out) -> None:
+    """`exactly doctor` checks the S3 checkpoint against the file sink's log (findings name
+    the S3 objects); a deleted offsets entry of a committed epoch is an error that
+    `exactly restore-offsets` repairs on S3 from the sink's record."""
+    sink = ("--sink-path", str(out))
+    clean = run.command("doctor", checkpoint, *sink, "--json")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert json.loads(clean.stdout)["checkpoint"] == checkpoint
+    store = open_store(checkpoint)
+    epoch = run.committed_epochs()[-1]
+    kept = store.read(f"offsets/{epoch}")
+    store.delete(f"offsets/{epoch}")
+    broken = run.command("doctor", checkpoint, *sink, "--json")
+    assert broken.returncode == 1
+    errors = [f for f in json.loads(broken.stdout)["findings"] if f["severity"] == "error"]
+    assert f"{checkpoint}/commits/{epoch}" in [e["path"] for e in errors], errors
+    assert "exactly-mirror" not in broken.stdout  # no local copy is ever named
+    repaired = run.command("restore-offsets", checkpoint, *sink, "--epoch", str(epoch))
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert store.read(f"offsets/{epoch}") == kept
+    again = run.command("restore-offsets", checkpoint, *sink, "--epoch", str(epoch))
+    assert again.returncode != 0 and "already holds the input" in again.stderr + again.stdout
+    assert checkpoint in again.stderr + again.stdout

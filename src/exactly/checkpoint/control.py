@@ -26,9 +26,12 @@ from typing import Any
 from exactly.checkpoint import layout
 from exactly.checkpoint.location import checkpoint_exists, checkpoint_uri, job_store
 from exactly.checkpoint.status import JobStatus, running_job
+from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError, ExactlyError
 
 ACTIONS = ("stop", "cancel", "savepoint")
+#: seconds between two listings of the requests of a job whose checkpoint is on S3
+REMOTE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,9 @@ class ControlChannel:
     def __init__(self, checkpoint: str | os.PathLike[str]) -> None:
         self.checkpoint = checkpoint_uri(checkpoint)
         self.store = job_store(self.checkpoint)
+        #: the driver lists requests at most this often (a LIST is a billed request on S3)
+        self.poll_interval_s = REMOTE_POLL_S if is_remote(self.checkpoint) else 0.0
+        self._listed_at = float("-inf")
 
     # -- the command's end ---------------------------------------------------------------
     def send(self, action: str, **params: Any) -> Request:
@@ -107,7 +113,13 @@ class ControlChannel:
 
     # -- the driver's end ----------------------------------------------------------------
     def pending(self) -> list[Request]:
-        """Unanswered requests, oldest first (unreadable ones are answered as refused)."""
+        """Unanswered requests, oldest first (unreadable ones are answered as refused).
+        On S3 the requests are listed at most every :data:`REMOTE_POLL_S` seconds: a
+        command is answered within that much more."""
+        now = time.monotonic()
+        if now - self._listed_at < self.poll_interval_s:
+            return []
+        self._listed_at = now
         try:
             names = sorted(n for n in self.store.list(layout.REQUESTS) if n.endswith(".json"))
         except OSError:

@@ -62,9 +62,11 @@ _SEGMENT = re.compile(r"^segment-(\d{12})\.jsonl$")
 PACK_EVERY = 64
 MAX_OBJECT_SEGMENTS = 160
 _OBJECT_RECORD = re.compile(r"^r-\d{20}-[0-9a-f]{8}\.json$")
-_OBJECT_SEGMENT = re.compile(r"^s-\d{20}-[0-9a-f]{8}\.jsonl$")
+_OBJECT_SEGMENT = re.compile(r"^s-\d{20}-[0-9a-f]{8}-[0-9a-f]{8}\.jsonl$")
 #: the field of a segment's line that names the record object it packs
 _OBJECT_KEY = "_object"
+#: listings a read of the object history tries before it returns what it has
+READ_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,9 @@ class ObjectHistoryStore:
 
     Under ``<checkpoint>/exactly-job/history/``::
 
-        r-<time ns>-<random>.json      one record, written once by whoever appends it
-        s-<time ns>-<random>.jsonl     a segment: the records up to and including the record
-                                       object of the same name, one line each
+        r-<time ns>-<random>.json           one record, written once by whoever appends it
+        s-<time ns>-<random>-<own>.jsonl    a segment: records up to and including the
+                                            record r-<time ns>-<random>, one line each
 
     Guarantees, as for :class:`HistoryStore`: a record is visible whole or not at all (a PUT
     is atomic); a writer killed mid-append loses that record only; readers take no lock and
@@ -216,6 +218,8 @@ class ObjectHistoryStore:
         self.pack_every = pack_every
         self.max_segments = max_segments
         self._cache: dict[str, bytes] = {}
+        self._last = HistoryRead()
+        self._listed: set[str] = set()
 
     def describe(self) -> str:
         return self.store.describe(HISTORY_DIR)
@@ -249,8 +253,11 @@ class ObjectHistoryStore:
             record, _ = _parse(data.rstrip(b"\n"))
             if record is not None:
                 lines.append(_encode({**record, _OBJECT_KEY: name}))
-        segment = f"s-{_key(loose[-1])}.jsonl"
-        self.store.create(f"{HISTORY_DIR}/{segment}", b"".join(lines))
+        # a name of its own (two packers that saw the same newest record may have packed
+        # different records: a late PUT is listed by one and not yet by the other)
+        segment = f"s-{_key(loose[-1])}-{uuid.uuid4().hex[:8]}.jsonl"
+        if not self.store.create(f"{HISTORY_DIR}/{segment}", b"".join(lines)):
+            return
         for name in loose:
             self.store.delete(f"{HISTORY_DIR}/{name}")
         for old in sorted({*segments, segment})[:-self.max_segments]:
@@ -265,46 +272,63 @@ class ObjectHistoryStore:
         return self._cache[name]
 
     def read(self) -> HistoryRead:
-        """Every record still kept, oldest first, and the lines skipped as damaged."""
-        for _ in range(3):
-            segments, records = self._names()
-            result, seen, missing = HistoryRead(), set(), False
-            for segment in segments:
-                data = self._get(segment)
-                if data is None:
-                    missing = True
-                    break
-                for number, line in enumerate(data.split(b"\n")[:-1], start=1):
-                    record, reason = _parse(line)
-                    if record is None:
-                        result.skipped.append(SkippedLine(segment, number, reason))
-                        continue
-                    name = record.pop(_OBJECT_KEY, None)
-                    if name not in seen:
-                        seen.add(name)
-                        result.records.append(record)
-            for name in records:
-                if name in seen:
-                    continue
-                data = self._get(name)
-                if data is None:
-                    continue  # packed meanwhile: the next read finds it in its segment
-                record, reason = _parse(data.rstrip(b"\n"))
+        """Every record still kept, oldest first, and the lines skipped as damaged.
+
+        An object listed and gone when read was packed into a segment (or a segment aged
+        out) meanwhile: the read starts over from a new listing, so a reader never misses a
+        record that was packed while it read. An object of the last read that a listing
+        lacks but that still exists (a store whose listings are only weakly consistent
+        under concurrent writes, as S3Proxy's file system backend: S3 lists strongly) also
+        starts it over, so one reader's reads never lose a record."""
+        for attempt in range(READ_ATTEMPTS):
+            result, complete = self._read_once()
+            if complete:
+                self._last = result
+                return result
+            time.sleep(0.02 * (attempt + 1))
+        return self._last  # the store changed under every attempt: the last whole read
+
+    def _read_once(self) -> tuple[HistoryRead, bool]:
+        segments, records = self._names()
+        result, seen = HistoryRead(), set()
+        listed = set(segments) | set(records)
+        for name in self._listed - listed:  # packed or aged out since, or a listing that
+            if self.store.exists(f"{HISTORY_DIR}/{name}"):  # missed it (weakly consistent
+                return result, False  # stores): then list again
+        for segment in segments:
+            data = self._get(segment)
+            if data is None:
+                return result, False
+            for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+                record, reason = _parse(line)
                 if record is None:
-                    result.skipped.append(SkippedLine(name, 1, reason))
-                else:
+                    result.skipped.append(SkippedLine(segment, number, reason))
+                    continue
+                name = record.pop(_OBJECT_KEY, None)
+                if name not in seen:
                     seen.add(name)
                     result.records.append(record)
-            if not missing:
-                self._cache = {n: d for n, d in self._cache.items()
-                               if n in set(segments) | set(records)}
-                return result
-        return result
+        for name in records:
+            if name in seen:
+                continue
+            data = self._get(name)
+            if data is None:
+                return result, False  # packed since the listing: it is in a newer segment
+            record, reason = _parse(data.rstrip(b"\n"))
+            if record is None:
+                result.skipped.append(SkippedLine(name, 1, reason))
+            else:
+                seen.add(name)
+                result.records.append(record)
+        self._cache = {n: d for n, d in self._cache.items() if n in listed}
+        self._listed = listed
+        return result, True
 
 
 def _key(name: str) -> str:
-    """The time-and-random part of a record or segment object's name."""
-    return name[2:].rsplit(".", 1)[0]
+    """The time-and-random part of a record's name; of a segment's, that of the newest
+    record it packs."""
+    return name[2:2 + 29]
 
 
 def _encode(record: dict[str, Any]) -> bytes:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from exactly.options import LOG_DIR
+
 SINK_LOG_DIR = "exactly-sink"
 JOB_DIR = "exactly-job"
 OUTPUT_LOG_DIR = "_exactly"
@@ -36,8 +38,6 @@ DRIVER_EXIT = "driver-exit.json"
 ADMISSION = "admission.json"
 RESTORE_MARKER = "restore.json"
 RETAINED_DIR = "retained"
-#: option key of a sink's commit-log directory (the same as exactly.options.LOG_DIR)
-LOG_DIR_OPTION = "exactly.logDir"
 
 
 def join(location: str, *parts: str) -> str:
@@ -59,5 +59,5 @@ def with_sink_log_dir(checkpoint: str | None,
     if checkpoint:
         if checkpoint.startswith("file:"):  # file:///p and file:/p are the local path /p
             checkpoint = "/" + checkpoint[len("file:"):].lstrip("/")
-        merged.setdefault(LOG_DIR_OPTION, sink_log_location(checkpoint))
+        merged.setdefault(LOG_DIR, sink_log_location(checkpoint))
     return merged

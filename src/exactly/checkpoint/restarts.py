@@ -52,6 +52,7 @@ class RestartHistory:
     where: LogStore | str | os.PathLike[str]
     run_id: str
     store: LogStore = field(init=False, repr=False)
+    _read: dict[str, str] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.store = as_store(self.where)
@@ -84,9 +85,12 @@ class RestartHistory:
                 return []
         lines = []
         for name in sorted(self.store.list(layout.RESTART_OBJECTS)):
-            data = self.store.read(f"{layout.RESTART_OBJECTS}/{name}")
-            if data is not None:
-                lines.append(data.decode("utf-8", errors="replace"))
+            if name not in self._read:  # an entry never changes: read once
+                data = self.store.read(f"{layout.RESTART_OBJECTS}/{name}")
+                if data is None:
+                    continue
+                self._read[name] = data.decode("utf-8", errors="replace")
+            lines.append(self._read[name])
         return lines
 
     def entries(self, *, this_run_only: bool = True) -> list[dict[str, Any]]:

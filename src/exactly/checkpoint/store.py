@@ -183,7 +183,8 @@ class S3LogStore(LogStore):
     """An S3 prefix through boto3, with conditional PUTs for create-if-absent and swaps."""
 
     def __init__(self, uri: str) -> None:
-        rest = uri.split("://", 1)[1].strip("/")
+        self.scheme, _, rest = uri.partition("://")
+        rest = rest.strip("/")
         bucket, _, prefix = rest.partition("/")
         if not bucket:
             raise ConfigError(f"{uri}: name a bucket, s3://BUCKET/PREFIX")
@@ -211,7 +212,7 @@ class S3LogStore(LogStore):
 
     def describe(self, name: str = "") -> str:
         key = self._key(name) if name else self.prefix
-        return f"s3://{self.bucket}/{key}"
+        return f"{self.scheme}://{self.bucket}/{key}"
 
     def _get(self, name: str) -> dict[str, Any] | None:
         try:

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from exactly import options as opt
+from exactly.checkpoint.layout import SINK_LOG_DIR
 from exactly.demos.fault_flags import add_fault_flags, fault_of
 from exactly.testing.chaos import report_progress
 
@@ -176,7 +177,7 @@ def start(spark, args: argparse.Namespace):
                 .trigger(availableNow=True).start())
     for key, value in config.spark_conf().items():
         spark.conf.set(key, value)
-    log_dir = Path(args.checkpoint) / "exactly-sink"
+    log_dir = Path(args.checkpoint) / SINK_LOG_DIR
     sink = build_sink(args, log_dir, os.environ.get(DSN_ENV, ""), keys)
     settings = SinkSettings(mode=Mode(args.mode), log_dir=str(log_dir))
     return (df.writeStream.outputMode("update" if stateful else "append")

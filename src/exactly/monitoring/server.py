@@ -1,9 +1,9 @@
 """``exactly ui``: the checkpoint dashboard, a REST API modelled on Flink's, Prometheus metrics.
 
-One server (Starlette on uvicorn, bound to 127.0.0.1) for one or several checkpoints
-(local directories or ``s3a://bucket/prefix``). Everything it shows is read from the
-checkpoints on each request (cached for half a second), so it follows a running job and
-keeps working after the job stopped, like Flink's history server.
+One server (Starlette on uvicorn, bound to 127.0.0.1) for one or several checkpoint
+directories. Everything it shows is read from the checkpoints on each request (cached for
+half a second), so it follows a running job and keeps working after the job stopped, like
+Flink's history server.
 
 REST paths (JSON)::
 
@@ -49,7 +49,7 @@ _CACHE_S = 0.5
 
 @dataclass
 class _Job:
-    checkpoint: str  # exactly.checkpoint.location.checkpoint_uri: a local path or s3a://
+    checkpoint: str  #: a local path or an s3a:// URI (exactly.checkpoint.location)
     loaded: Loaded | None = None
     loaded_at: float = 0.0
     error: str | None = None
@@ -60,8 +60,8 @@ class Jobs:
 
     def __init__(self, checkpoints: Sequence[str | Path]) -> None:
         if not checkpoints:
-            raise ConfigError("exactly ui: give at least one checkpoint directory")
-        # a checkpoint on S3 stays a URI (a local directory named "s3a:" once stood for it)
+            raise ConfigError("exactly ui: give at least one checkpoint (a directory or an "
+                              "s3a:// URI)")
         self._jobs = [_Job(checkpoint_uri(c)) for c in checkpoints]
         self._lock = threading.Lock()
         for job in self._jobs:  # a directory that is not a checkpoint fails the start

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint import layout
 from exactly.checkpoint.layout import JOB_DIR as JOB_DIR_NAME
+from exactly.checkpoint.location import checkpoint_exists
+from exactly.checkpoint.mirror import mirrored
 from exactly.checkpoint.spark_files import (
     Finding,
     batch_numbers,
@@ -28,6 +31,7 @@ from exactly.checkpoint.spark_files import (
     read_metadata,
     read_offsets,
 )
+from exactly.checkpoint.store import is_remote
 from exactly.errors import CorruptCheckpointFileError, CorruptFileError, ExactlyError
 from exactly.fsutil import read_json, require_fields
 from exactly.protocol.lease import Lease, LeaseState
@@ -41,7 +45,7 @@ from exactly.protocol.repairs import (
 )
 
 #: where ``exactly.ops.query.start_query`` puts the log of sinks without a directory of their own
-DEFAULT_SINK_LOG = "exactly-sink"
+DEFAULT_SINK_LOG = layout.SINK_LOG_DIR
 #: what only Spark (or exactly's sink log) writes into a checkpoint: one of them makes it one
 SPARK_CHECKPOINT_ENTRIES = ("metadata", "offsets", "commits", "sources", "state",
                             DEFAULT_SINK_LOG)
@@ -56,7 +60,7 @@ def sink_log_for(checkpoint: str | Path, sink_log: str | Path | None = None,
     if sink_log:
         return Path(sink_log)
     if sink_path:
-        return Path(sink_path) / "_exactly"
+        return Path(sink_path) / layout.OUTPUT_LOG_DIR
     local = local_checkpoint(str(checkpoint))
     if local is not None and (local / DEFAULT_SINK_LOG).is_dir():
         return local / DEFAULT_SINK_LOG
@@ -79,6 +83,23 @@ class Report:
     def add(self, severity: str, path: str | Path, problem: str, repair: str = "") -> None:
         self.findings.append(Finding(severity, str(path), problem, repair))
 
+    def renamed(self, names: dict[str, str]) -> Report:
+        """This report with the paths of local copies named as the originals (``names``:
+        copy -> original; the longest first, so a copy inside another maps right)."""
+        order = sorted(names, key=len, reverse=True)
+
+        def name(text: str | None) -> str | None:
+            if text is None:
+                return None
+            for copy in order:
+                text = text.replace(copy, names[copy])
+            return text
+
+        return Report(name(self.checkpoint) or self.checkpoint, name(self.sink_log),
+                      [Finding(f.severity, name(f.path) or f.path, name(f.problem) or "",
+                               name(f.repair) or "") for f in self.findings],
+                      self.query_id, self.sink_query_id)
+
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "checkpoint": self.checkpoint, "sink_log": self.sink_log,
                 "query_id": self.query_id, "sink_query_id": self.sink_query_id,
@@ -91,8 +112,34 @@ def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
 
     A directory without any of :data:`SPARK_CHECKPOINT_ENTRIES` is an error (not a
     checkpoint: empty, or e.g. an input directory), unless it holds ``exactly-job/`` only:
-    ``exactly run`` started on it and its query has not run yet (reported as info).
+    ``exactly run`` started on it and its query has not run yet (reported as info). A
+    checkpoint or sink log on S3 is checked on a local copy of its small files
+    (:mod:`exactly.checkpoint.mirror`); the findings name the S3 objects.
     """
+    if is_remote(checkpoint) or (sink_log is not None and is_remote(sink_log)):
+        return _diagnose_remote(str(checkpoint), str(sink_log) if sink_log else None,
+                                sink_path)
+    return _diagnose(checkpoint, sink_log, sink_path)
+
+
+def _diagnose_remote(checkpoint: str, sink_log: str | None,
+                     sink_path: str | Path | None) -> Report:
+    if not checkpoint_exists(checkpoint):
+        report = Report(checkpoint, sink_log)
+        report.add("error", checkpoint, "does not exist (no object under this prefix)",
+                   "name the checkpoint the job was started with")
+        return report
+    remote_log = sink_log or (layout.join(checkpoint, layout.SINK_LOG_DIR))
+    with mirrored(checkpoint, sink_log) as (root, log):
+        report = _diagnose(root, log, sink_path)
+        names = {str(root): checkpoint}
+        if log is not None:
+            names[str(log)] = remote_log
+        return report.renamed(names)
+
+
+def _diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
+              sink_path: str | Path | None = None) -> Report:
     location = str(checkpoint)
     log = sink_log_for(location, sink_log, sink_path)
     report = Report(location, str(log) if log else None)
@@ -414,3 +461,31 @@ def restore(checkpoint: str | Path, log: Path, epoch: int) -> str:
             f"offsets/{epoch} in {location} already holds the input the sink recorded for "
             f"epoch {epoch} ({wanted.input.describe()}): nothing to restore.")
     return restore_offsets(location, epoch, text)
+
+
+def restore_from_sink_log(checkpoint: str, sink_log: str | None, sink_path: str | None,
+                          epoch: int) -> str:
+    """:func:`restore` with the sink log found as ``exactly doctor`` finds it; on S3 the
+    sink log is read from a local copy (:mod:`exactly.checkpoint.mirror`) and the entry is
+    written back to the checkpoint on S3 (one PUT). Raises RefusedError naming the S3
+    objects when nothing may be written."""
+    if not (is_remote(checkpoint) or (sink_log is not None and is_remote(sink_log))):
+        log = sink_log_for(checkpoint, sink_log, sink_path)
+        if log is None:
+            raise RefusedError(f"no exactly sink log found under {checkpoint}: pass "
+                               "--sink-log DIR or --sink-path OUTPUT. Nothing was written.")
+        return restore(checkpoint, log, epoch)
+    remote_log = sink_log or layout.join(checkpoint, layout.SINK_LOG_DIR)
+    with mirrored(checkpoint, sink_log) as (root, copy):
+        if sink_path is not None or (sink_log is not None and not is_remote(sink_log)):
+            copy = sink_log_for(root, sink_log, sink_path)  # a local log: read in place
+            remote_log = str(copy)
+        if copy is None:
+            raise RefusedError(f"no exactly sink log found under {checkpoint}: pass "
+                               "--sink-log s3://... Nothing was written.")
+        try:
+            return restore(checkpoint, copy, epoch)
+        except RefusedError as exc:
+            raise RefusedError(str(exc).replace(str(copy), remote_log)
+                               .replace(str(root), checkpoint)) from None
+

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.layout import DRIVER_EXIT, JOB_STATUS
-from exactly.checkpoint.location import host_dir, is_remote, job_store
+from exactly.checkpoint.location import checkpoint_uri, host_dir, is_remote, job_store
+from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import new_run_id
 from exactly.checkpoint.status import JobStatus, claim_job
 from exactly.checkpoint.store import LogStore
@@ -235,6 +236,9 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
     else:
         build_fn, conf, where = build, {}, getattr(build, "__name__", "build")
     run_id = new_run_id()
+    if checkpoint:
+        checkpoint = checkpoint_uri(checkpoint)
+        check_reachable(checkpoint)  # S3: settings, endpoint, bucket, in one line if not
     own_session = spark is None
     if spark is None:
         if checkpoint and not _jvm_running():  # Spark's Python workers inherit it from the JVM

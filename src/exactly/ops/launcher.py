@@ -37,6 +37,7 @@ from dataclasses import replace
 from exactly.checkpoint.control import ControlChannel
 from exactly.checkpoint.layout import DRIVER_EXIT
 from exactly.checkpoint.location import checkpoint_uri, host_dir, job_store
+from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
 from exactly.checkpoint.status import JobStatus, claim_job
 from exactly.checkpoint.store import LogStore
@@ -67,6 +68,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
     checkpoint = checkpoint_uri(spec.checkpoint or _resolved_checkpoint(spec))
+    check_reachable(checkpoint)  # S3: settings, endpoint, bucket, in one line if not
     directory = job_store(checkpoint)
     run_id = new_run_id()
     fault = spec.fault

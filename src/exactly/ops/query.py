@@ -243,7 +243,9 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     sink_options = {opt.CHECKPOINT_LOCATION: location, opt.MODE: checkpoint.mode.value,
                     **options}
     built = check_sink(sink_format, path, sink_options, df.schema)
-    preflight_checkpoint(location, sink_format, path, options)
+    # the built sink knows where its commit log is (None for a sink that is not exactly's)
+    log_dir = built.sink.log_directory if built is not None else None
+    preflight_checkpoint(location, log_dir)
     # the backend follows the checkpoint's own (Spark silently keeps it): say so when it differs
     checkpoint = checkpoint.for_checkpoint(pinned_state_backend(location), location)
     spark = df.sparkSession
@@ -251,7 +253,6 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
         spark.conf.set(key, value)
     if checkpoint.mode is Mode.EXACTLY_ONCE and checkpoint.is_memory_storage:
         warn_memory_storage(sink_format, location)
-    log_dir = sink_log_directory(sink_format, path, options)
     if checkpoint.mode is Mode.EXACTLY_ONCE and log_dir is not None and (
             isinstance(log_dir, str) or log_dir.is_dir()):
         # a second live instance fails on fencing, before anything about its checkpoint
@@ -285,7 +286,7 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     log_event(logger, "query_started", query_id=str(query.id), run_id=str(query.runId),
               checkpoint=location, mode=checkpoint.mode.value, output_mode=mode_name)
     if checkpoint.history:
-        record_history(spark, query, location, checkpoint, sink_format, path, options)
+        record_history(spark, query, location, checkpoint, sink_format, path, log_dir)
     return ExactlyQuery(query, location, checkpoint)
 
 
@@ -309,8 +310,8 @@ def set_checkpoint_interval(options: dict[str, str], checkpoint: CheckpointConfi
 
 
 def record_history(spark: Any, query: StreamingQuery, location: str,
-                   checkpoint: CheckpointConfig,
-                   sink_format: str, path: str | None, options: dict[str, str]) -> None:
+                   checkpoint: CheckpointConfig, sink_format: str, path: str | None,
+                   log_dir: Path | str | None) -> None:
     """Start recording ``query``'s epochs in its checkpoint's history
     (:mod:`exactly.monitoring.recorder`), with a ``run`` record of this start."""
     from exactly.checkpoint.spark_files import batch_numbers
@@ -318,7 +319,6 @@ def record_history(spark: Any, query: StreamingQuery, location: str,
     from exactly.monitoring.records import config_summary
     from exactly.version import __version__
 
-    log_dir = sink_log_directory(sink_format, path, options)
     committed = batch_numbers(location, "commits")
     run = {"kind": "run", "at": time.time(), "query_id": str(query.id),
            "spark_run_id": str(query.runId), "name": query.name,
@@ -365,36 +365,18 @@ def with_sink_log_dir(location: str, options: Mapping[str, str] | None) -> dict[
     return layout.with_sink_log_dir(str(local) if local is not None else location, options)
 
 
-def sink_log_directory(sink_format: str, path: str | None,
-                       options: dict[str, str]) -> Path | str | None:
-    """Where an exactly sink keeps its commit log: ``<path>/_exactly`` for the file sink,
-    option ``exactly.logDir`` for the others (an ``s3://`` URI stays a string); ``None`` for
-    sinks that are not exactly's."""
-    if sink_format == "exactly.files":
-        output = path or options.get(opt.PATH)
-        return (Path(output.removeprefix("file://")).absolute() / layout.OUTPUT_LOG_DIR
-                if output else None)
-    if sink_format.startswith("exactly.") and options.get(opt.LOG_DIR):
-        if is_remote(options[opt.LOG_DIR]):
-            return options[opt.LOG_DIR]
-        return Path(options[opt.LOG_DIR].removeprefix("file://"))
-    return None
-
-
-def preflight_checkpoint(location: str, sink_format: str, path: str | None,
-                         options: dict[str, str] | None) -> None:
-    """Before Spark reads an existing local checkpoint, fail on every file Spark would fail
-    on -- a torn ``metadata``, ``offsets/N`` or ``commits/N``, a checksum mismatch, a stray
-    ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError` naming the file
-    and the safe repair (Spark's own errors name none, or mislead). A damaged ``query.json``
-    of the sink's commit log fails here too, with its repair."""
+def preflight_checkpoint(location: str, log_dir: Path | str | None) -> None:
+    """Before Spark reads an existing checkpoint (local or on S3), fail on every file Spark
+    would fail on -- a torn ``metadata``, ``offsets/N`` or ``commits/N``, a checksum
+    mismatch, a stray ``.N.crc`` -- with :class:`~exactly.errors.CorruptCheckpointFileError`
+    naming the file and the safe repair (Spark's own errors name none, or mislead). A
+    damaged ``query.json`` of the sink's commit log fails here too, with its repair."""
     from exactly.checkpoint.spark_files import preflight
     from exactly.fsutil import parse_json
     from exactly.protocol.repairs import query_repair
 
     if not checkpoint_exists(location):
         return
-    log_dir = sink_log_directory(sink_format, path, with_sink_log_dir(location, options))
     owner = None
     if log_dir is not None:
         store = open_log_store(log_dir)

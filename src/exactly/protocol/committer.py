@@ -62,6 +62,8 @@ class Committer:
         self.fault = fault
         self.log = CommitLog(sink.log_directory, sink.payload_type)
         self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
+        #: the (query, run) this committer has begun: an epoch begins its run once
+        self._begun: tuple[str, str] | None = None
         ensure_console()  # driver-side workers have no logging set up: warnings must show
 
     # -- steps 4 and 5 ----------------------------------------------------------------
@@ -77,6 +79,7 @@ class Committer:
             raise
         self.lease.keep(run_id)  # heartbeat while this driver process runs
         self.sink.open_run(query_id, run_id)
+        self._begun = (query_id, run_id)
         if not new:
             return False
         self.recover(query_id, keep=keep)
@@ -103,7 +106,8 @@ class Committer:
         if not handles:
             return  # no task ran: nothing was pre-committed, nothing to make visible
         query_id, run_id = self._identity(handles)
-        self.begin_run(query_id, run_id, keep=handles)
+        if self._begun != (query_id, run_id):  # foreachBatch began it before its tasks ran
+            self.begin_run(query_id, run_id, keep=handles)
 
         current = input_record(self.settings.checkpoint_location, epoch)
         completion = self.log.completion(epoch)

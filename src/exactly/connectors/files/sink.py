@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exactly.checkpoint.layout import OUTPUT_LOG_DIR
 from exactly.errors import ConfigError, DataLossError, SavepointError
 from exactly.fsutil import atomic_write_json, fsync_dir, naming, read_json
 from exactly.protocol.commitlog import CommitLog
@@ -103,7 +104,7 @@ class FileSink(StagingSink):
     # -- locations -------------------------------------------------------------------
     @property
     def log_directory(self) -> Path:
-        return self.root / "_exactly"
+        return self.root / OUTPUT_LOG_DIR
 
     @property
     def staging(self) -> Path:
