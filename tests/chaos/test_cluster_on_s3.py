@@ -41,7 +41,7 @@ import pandas as pd
 import pytest
 from psycopg import sql
 
-from exactly.procs import ProcessInfo, is_alive
+from exactly.procs import ProcessInfo, is_alive, job_processes
 from exactly.testing.spark_cluster import StandaloneCluster
 from exactly.testing.supervised import SupervisedRun
 from exactly.testing.ui import headless_chromium, ui_server
@@ -164,7 +164,7 @@ def run_kill_and_stop(cluster: StandaloneCluster, checkpoint: str, env: dict[str
             assert live["status"] == "running", live
             browser.save_screenshot(str(screenshot))
             assert run.command("stop", checkpoint).returncode == 0
-            assert run.wait(timeout=120) == 0, run.output()[-3000:]
+            assert ended_cleanly(run) == 0, run.output()[-3000:]
             shown = wait_until(lambda: (p := page())["status"] == "stopped" and p,
                                "the stopped job")
             severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -172,6 +172,21 @@ def run_kill_and_stop(cluster: StandaloneCluster, checkpoint: str, env: dict[str
     finally:
         run.close()
     return run, shown
+
+
+def ended_cleanly(run: SupervisedRun) -> int:
+    """Wait for ``exactly run`` to exit; then no process of the job (the launcher, a driver,
+    its JVM, its Python workers: whatever carries the job's token) may outlive it by more
+    than ~30 s. Returns the exit code."""
+    code = run.proc.wait(timeout=120)
+    left = job_processes(run.token)
+    for _ in range(300):
+        if not left:
+            break
+        time.sleep(0.1)
+        left = job_processes(run.token)
+    assert left == [], [ProcessInfo.of(p) for p in left if is_alive(p)]
+    return code
 
 
 def assert_applications_ended(cluster: StandaloneCluster) -> None:
@@ -219,7 +234,7 @@ def test_a_stateful_job_on_a_cluster_with_its_checkpoints_on_s3_savepoints_resca
         first.wait_for(lambda: max(first.committed_epochs()) > at, "an epoch after it")
         stopped = first.command("stop", "--savepoint", f"s3://{bucket.name}/sp2", ck)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert first.wait(timeout=120) == 0, first.output()[-3000:]
+        assert ended_cleanly(first) == 0, first.output()[-3000:]
     finally:
         first.close()
     sp2 = savepoint_of(stopped.stdout)
