@@ -155,7 +155,8 @@ def run_kill_and_stop(cluster: StandaloneCluster, checkpoint: str, env: dict[str
                      "a new driver that completes an epoch", timeout=300)
         assert run.status().driver.pid != killed
         resumed = max(run.committed_epochs())
-        run.wait_for(lambda: max(run.committed_epochs()) > resumed, "one more epoch")
+        run.wait_for(lambda: max(run.committed_epochs()) > resumed, "one more epoch",
+                     timeout=240)
         with ui_server(checkpoint) as base, headless_chromium() as browser:
             browser.get(base + "/")
             page = lambda: browser.execute_script(PAGE)  # noqa: E731
@@ -163,7 +164,7 @@ def run_kill_and_stop(cluster: StandaloneCluster, checkpoint: str, env: dict[str
                               "the dashboard's history")
             assert live["status"] == "running", live
             browser.save_screenshot(str(screenshot))
-            assert run.command("stop", checkpoint).returncode == 0
+            assert run.command("stop", checkpoint, timeout=300).returncode == 0
             assert ended_cleanly(run) == 0, run.output()[-3000:]
             shown = wait_until(lambda: (p := page())["status"] == "stopped" and p,
                                "the stopped job")
@@ -225,14 +226,16 @@ def test_a_stateful_job_on_a_cluster_with_its_checkpoints_on_s3_savepoints_resca
     first = SupervisedRun(JOB, ck, {**env, **cluster.client_env(), "JOB_BACKEND": "hashmap"},
                           log=tmp_path / "run1.log")
     try:
-        first.wait_for(lambda: len(first.committed_epochs()) >= 2, "two epochs", timeout=240)
+        first.wait_for(lambda: len(first.committed_epochs()) >= 2, "two epochs", timeout=300)
         assert set(cluster.applications()) - apps_before, "no application on the cluster"
-        taken = first.command("savepoint", ck, f"s3://{bucket.name}/sp1")
+        taken = first.command("savepoint", ck, f"s3://{bucket.name}/sp1", timeout=300)
         assert taken.returncode == 0, taken.stdout + taken.stderr
         sp1 = savepoint_of(taken.stdout)
         at = max(first.committed_epochs())
-        first.wait_for(lambda: max(first.committed_epochs()) > at, "an epoch after it")
-        stopped = first.command("stop", "--savepoint", f"s3://{bucket.name}/sp2", ck)
+        first.wait_for(lambda: max(first.committed_epochs()) > at, "an epoch after it",
+                       timeout=240)
+        stopped = first.command("stop", "--savepoint", f"s3://{bucket.name}/sp2", ck,
+                                timeout=300)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert ended_cleanly(first) == 0, first.output()[-3000:]
     finally:
