@@ -2,7 +2,7 @@
 workers on 127.0.0.1) with its checkpoints and savepoints on S3 (S3Proxy), through every
 operation a user does on it, audited against one batch computation over the same input.
 
-The job (tests/chaos/jobs/dedup_totals_job.py): exactly.datagen rows, a quarter of them
+The job (tests/chaos/dedup_totals_job.py): exactly.datagen rows, a quarter of them
 re-delivering an earlier event, deduplicated (uid ``dedup``), counted and summed per key
 (uid ``totals``), upserted into PostgreSQL (``exactly.postgres``, ``writeMode=upsert``,
 output mode update). In one test:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from dedup_totals_job import KEYS, REDELIVERY_LAG
 from psycopg import sql
 
 from exactly.procs import ProcessInfo, is_alive, job_processes
@@ -48,9 +48,7 @@ from exactly.testing.ui import headless_chromium, ui_server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.server]
 
-JOB = Path(__file__).parent / "jobs" / "dedup_totals_job.py"
-sys.path.insert(0, str(JOB.parent))
-from dedup_totals_job import KEYS, REDELIVERY_LAG  # noqa: E402
+JOB = Path(__file__).with_name("dedup_totals_job.py")
 
 #: the dashboard's state as the page shows it
 PAGE = """
