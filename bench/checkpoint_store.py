@@ -19,41 +19,42 @@ directory in both variants (``--sink``):
 ``delta`` (default)  ``exactly.delta`` into a local table. Its commit log (intents,
                      completions, ``query.json``, the lease) is ``<checkpoint>/exactly-sink``,
                      so with an ``s3a://`` checkpoint the *whole* checkpoint is on S3: Spark's
-                     offsets, commits and file-source log (S3A) and exactly's commit log and
-                     lease (boto3, conditional PUTs). The most telling: it is what a job
-                     whose checkpoint lives on S3 pays.
+                     offsets, commits and file-source log (S3A), exactly's commit log and
+                     lease (boto3, conditional PUTs) and the job's history. What a job whose
+                     checkpoint lives on S3 pays.
 ``files``            ``exactly.files`` into a local directory. Its commit log is
                      ``<output>/_exactly``, on the local disk in both variants: only Spark's
-                     files move to S3.
+                     files and the history move to S3.
 
+The job runs with the checkpoint's defaults, history included (recorded off the epoch
+path by exactly's writer thread: on S3 one object per record, packed into segments).
 Per epoch, from Spark's progress reports: ``triggerExecution`` (the epoch end to end),
 ``walCommit`` (Spark writes ``offsets/N``), ``commitOffsets`` (``commits/N``), ``addBatch``
 (the sink's part, its commit included); and the sink's commit (step 2 of the protocol:
 intent, publish, completion, lease checks, pruning of the log), ``commit_ms`` of the
 committer's ``epoch_complete`` event. The sink keeps ``--retain-epochs`` epochs in its log
-(default 20, the product's is 100): from the 21st epoch on every commit also prunes one
-intent and one completion, the steady state of a long-running job. The checkpoint history
-is off in both variants (``history=False``; the history on ``s3a://`` is not written today,
-so keeping it on would charge the local variant for it): part 2 measures it on its own.
+(default 20; the product's is 100): from the 21st epoch on every commit also prunes one
+intent and one completion, the steady state of a long-running job. p50 and p99 per variant
+over every measured epoch of every repetition (``--epochs`` >= 100 per run), and per
+repetition pair (the two variants of one repetition) the ratio s3 / local of the run's p50
+and p99 and the difference s3 - local of its p50: median and range. Also per run: the
+seconds the history writer still needed after the query ended (its lag), and the S3 calls
+per epoch: exactly's boto3 calls by thread (the commit, the history writer, the query's
+start, lease heartbeats) and operation, and Hadoop's S3A operation counters.
 
-p50 and p99 per variant over every measured epoch of every repetition (``--epochs`` >= 100
-per run), and per repetition pair (the two variants of one repetition) the ratio s3 / local
-of the run's p50 and p99 and the difference s3 - local of its p50: median and range.
-
-**2. The history.** ``--history-records`` epoch records (built by
-``exactly.monitoring.records.epoch_record`` from the progress reports of part 1, so of a
-real record's size) are appended one at a time to a fresh history at each variant's
-checkpoint, then the whole history is read back (``--history-reads`` times). The store is
-opened by :func:`open_history`, the one place that names its implementation (today
-``exactly.monitoring.store.HistoryStore``, local only: the S3 columns print ``n/a``).
+**2. The history** on its own: ``--history-records`` epoch records (part 1's, read back
+from a local run's history and renumbered) are appended one at a time to a fresh history
+at each variant's checkpoint (``exactly.checkpoint.history.open_history``), then the whole
+history is read back ``--history-reads`` times by a new reader each time, and as often
+again by one reader (which keeps the objects it read).
 
 Rules (:mod:`harness`): a warm-up run of each variant (``--warmup-rows`` in 20 epochs),
 variants in alternating order, ``--repeat`` repetitions, every output checked by id (each
-input id exactly once, Spark's input row count, one sink commit per epoch, every appended
-history record read back once), the load printed with every run. No time is asserted;
-the exit status is 1 when a check fails.
+input id exactly once in the table, Spark's input row count, one sink commit per epoch,
+each epoch once in the history, every appended record read back once), the load printed
+with every run. No time is asserted; the exit status is 1 when a check fails.
 
-Run from the repository root (about 10 minutes on 2 cores with the defaults)::
+Run from the repository root (about 8 minutes on 2 cores with the defaults)::
 
     .venv/bin/python bench/checkpoint_store.py [--rows 1000000] [--epochs 100] [--repeat 3]
         [--sink delta|files] [--history-records 200] [--workdir DIR]
@@ -83,17 +84,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness as h
 from file_sink import read_stream, write_input
 
+from exactly.checkpoint.history import open_history
+from exactly.checkpoint.store import S3LogStore
 from exactly.config import CheckpointConfig
-from exactly.monitoring import records
-from exactly.monitoring.store import HistoryStore, history_dir
-from exactly.protocol.logstore import S3LogStore
-from exactly.spark.runner import start_query
+from exactly.monitoring import recorder, records
+from exactly.ops.query import start_query
 from exactly.spark.session import spark_session
 from exactly.testing.s3_server import S3Server, s3proxy_jars_dir
 
 VARIANTS = ("local", "s3")
 BUCKET = "bench"
 WARMUP_EPOCHS = 20
+HISTORY_WAIT_S = 300.0
 SINKS = {"delta": "exactly.delta", "files": "exactly.files"}
 #: per-epoch measures: key -> (label, Spark's durationMs key or None for the sink's commit)
 MEASURES = {
@@ -108,16 +110,6 @@ S3A_SHOWN = ("endpoint", "endpoint.region", "path.style.access", "connection.ssl
              "connection.maximum", "threads.max", "attempts.maximum", "retry.limit",
              "connection.timeout", "fast.upload.buffer", "multipart.size",
              "change.detection.mode", "directory.marker.retention", "aws.credentials.provider")
-
-
-# -- the history store: the one place that names its implementation ------------------------
-def open_history(checkpoint: str) -> Any | None:
-    """The history store of the job whose checkpoint is ``checkpoint`` (a local directory or
-    an ``s3a://`` URI), with ``append(record)`` and ``read().records``; None where no store
-    exists yet (S3: until ``exactly.checkpoint`` lands)."""
-    if checkpoint.startswith(("s3://", "s3a://")):
-        return None
-    return HistoryStore(history_dir(checkpoint))
 
 
 # -- the sink's commit time, from the committer's events ------------------------------------
@@ -151,11 +143,10 @@ class CommitTimes(logging.Handler):
 
 # -- the S3 calls of a run --------------------------------------------------------------------
 class S3Calls:
-    """Counts what the job asks of S3: exactly's boto3 calls by operation (a hook on boto3's
-    default session, from which the commit log's and the lease's clients are made; the lease
-    heartbeat threads of finished runs apart) and Hadoop's S3A operation counters (Spark's
-    checkpoint; file-system operations such as a create or a rename, each one or more HTTP
-    requests). PyArrow's reads of Spark's offsets by the committer are not counted."""
+    """Counts what the job asks of S3: exactly's boto3 calls by thread and operation (a hook
+    on boto3's default session, from which the checkpoint store's clients are made) and
+    Hadoop's S3A operation counters (Spark's checkpoint; file-system operations such as a
+    create or a rename, each one or more HTTP requests)."""
 
     S3A_OPS = ("readOps", "writeOps", "largeReadOps")
 
@@ -169,10 +160,21 @@ class S3Calls:
         self._boto: Counter[str] = Counter()
         self._jvm = spark.sparkContext._jvm
 
+    @staticmethod
+    def _who() -> str:
+        name = threading.current_thread().name
+        if name == "exactly-history":
+            return "history"
+        if name.startswith("exactly-lease-"):
+            return "lease heartbeat"
+        if name == "MainThread":
+            return "start and end"
+        return "commit"  # foreachBatch runs in a callback thread of Py4J
+
     def _call(self, model: Any = None, **_: Any) -> None:
-        heartbeat = threading.current_thread().name.startswith("exactly-lease-")
+        key = f"{self._who()}: {model.name}"
         with self._lock:
-            self._boto["lease heartbeat" if heartbeat else model.name] += 1
+            self._boto[key] += 1
 
     def snapshot(self) -> Counter[str]:
         with self._lock:
@@ -187,17 +189,18 @@ class S3Calls:
 # -- part 1: one run ------------------------------------------------------------------------
 @dataclass
 class EpochRun:
-    """One run of one variant: its per-epoch times (ms) and what its checks found."""
+    """One run of one variant: its per-epoch times (ms), the history writer's lag after the
+    query ended (s), the S3 calls it made and what its checks found."""
 
     rep: int
     variant: str
     seconds: float
     epochs: int
     times: dict[str, list[float]]
+    history_lag: float
     load: float
     calls: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    progress: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def run(self) -> h.Run:
         values = {"seconds": self.seconds}
@@ -219,26 +222,36 @@ def read_ids(sink: str, out: Path) -> Any:
     return ds.dataset(str(out), format="parquet").to_table(columns=["id"])["id"].to_numpy()
 
 
+def epoch_ids(history: Sequence[dict[str, Any]]) -> list[int]:
+    return [r["epoch"] for r in history if r.get("kind") == "epoch"]
+
+
 def run_once(spark: Any, sink: str, variant: str, input_dir: Path, rows: int, epochs: int,
              run_dir: Path, tag: str, rep: int, retain: int, commits: CommitTimes,
              calls: S3Calls) -> EpochRun:
-    """Run the job once over the whole input; measure, then check its output by id."""
+    """Run the job once over the whole input; measure, then check its output and its
+    history by id."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     out = run_dir / "out"
-    config = CheckpointConfig(storage=checkpoint_for(variant, run_dir, tag), history=False)
+    checkpoint = checkpoint_for(variant, run_dir, tag)
     commits.by_epoch.clear()
     errors: list[str] = []
     before = calls.snapshot()
     started = time.perf_counter()
     query = start_query(read_stream(spark, input_dir, 1), sink_format=SINKS[sink],
-                        path=str(out), checkpoint=config,
+                        path=str(out), checkpoint=CheckpointConfig(storage=checkpoint),
                         options={"exactly.retainEpochs": str(retain)}, available_now=True).query
     try:
         query.awaitTermination()
     except Exception as exc:  # reported as a failed check; the other runs go on
         errors.append(f"query failed: {exc}")
     seconds = time.perf_counter() - started
+    ended = time.perf_counter()
+    if not (recorder.wait_ended(str(query.runId), HISTORY_WAIT_S)
+            and recorder.flush(HISTORY_WAIT_S)):
+        errors.append(f"the history writer did not finish within {HISTORY_WAIT_S:.0f} s")
+    history_lag = time.perf_counter() - ended
     made = calls.snapshot()
     made.subtract(before)
     progress = [json.loads(p.json) for p in query.recentProgress]
@@ -258,22 +271,27 @@ def run_once(spark: Any, sink: str, variant: str, input_dir: Path, rows: int, ep
         errors.append(f"Spark reported {reported:,} input rows, expected {rows:,}")
     if len(times["sink_commit"]) != len(ran):
         errors.append(f"{len(times['sink_commit'])} sink commits recorded for {len(ran)} epochs")
-    if not errors or out.exists():
+    for what, check in (("output", lambda: h.check_ids(read_ids(sink, out), rows,
+                                                        f"{variant} output")),
+                        ("history", lambda: h.check_ids(
+                            epoch_ids(open_history(checkpoint).read().records), epochs,
+                            f"{variant} history's epochs"))):
         try:
-            problem = h.check_ids(read_ids(sink, out), rows, f"{variant} output")
+            problem = check()
         except Exception as exc:  # an unreadable output is a failed check
-            problem = f"{variant} output unreadable: {exc}"
+            problem = f"{variant} {what} unreadable: {exc}"
         if problem:
             errors.append(problem)
-    return EpochRun(rep, variant, seconds, len(ran), times, os.getloadavg()[0],
-                    {k: v for k, v in sorted(made.items()) if v}, errors, progress=ran)
+    return EpochRun(rep, variant, seconds, len(ran), times, history_lag, os.getloadavg()[0],
+                    {k: v for k, v in sorted(made.items()) if v}, errors)
 
 
 def describe_run(result: EpochRun) -> str:
     parts = "  ".join(f"{key} {h.fmt_ms(h.p50(v))}/{h.fmt_ms(h.p99(v))}"
                       for key, v in result.times.items())
     return (f"rep {result.rep} {result.variant:5} {result.seconds:6.1f} s  "
-            f"{result.epochs} epochs  p50/p99 ms: {parts}  load {result.load:.2f}"
+            f"{result.epochs} epochs  p50/p99 ms: {parts}  history lag "
+            f"{result.history_lag:.1f} s  load {result.load:.2f}"
             + (f"  ERRORS {result.errors}" if result.errors else ""))
 
 
@@ -285,48 +303,46 @@ class HistoryRun:
     rep: int
     variant: str
     append_ms: list[float]
-    read_ms: list[float]
+    read_new_ms: list[float]
+    read_same_ms: list[float]
     load: float
-    available: bool = True
     errors: list[str] = field(default_factory=list)
 
 
-def history_records(progress: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """``count`` epoch records made from part 1's progress reports (renumbered 0..count-1)."""
-    made = []
-    for n in range(count):
-        source = dict(progress[n % len(progress)])
-        source["batchId"] = n
-        ended = records.parse_spark_time(source.get("timestamp")) or time.time()
-        made.append(records.epoch_record(
-            source, ended_at=ended,
-            completion={"rows": source.get("numInputRows"), "handles": 2,
-                        "already_committed": 0, "pre_commit_ms": 12.5, "commit_ms": 8.25,
-                        "run_id": "bench"},
-            new_bytes=4096, full_bytes=1 << 20, backend="hashmap"))
-    return made
+def history_records(source: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``count`` epoch records: ``source``'s in turn, renumbered 0 .. count-1."""
+    return [{**source[n % len(source)], "epoch": n} for n in range(count)]
 
 
 def history_once(variant: str, location: str, made: Sequence[dict[str, Any]], reads: int,
                  rep: int) -> HistoryRun:
+    """Append ``made`` one record at a time to the history at ``location``, then read it
+    back ``reads`` times with a new reader each time and ``reads`` times with one reader."""
     store = open_history(location)
-    if store is None:
-        return HistoryRun(rep, variant, [], [], os.getloadavg()[0], available=False)
     append_ms = []
     for record in made:
         started = time.perf_counter()
         store.append(record)
         append_ms.append((time.perf_counter() - started) * 1000)
-    read_ms, errors = [], []
-    for _ in range(reads):
+    errors: list[str] = []
+
+    def read(reader: Any, into: list[float]) -> None:
         started = time.perf_counter()
-        found = store.read().records
-        read_ms.append((time.perf_counter() - started) * 1000)
-        problem = h.check_ids([r["epoch"] for r in found if r.get("kind") == "epoch"],
-                              len(made), f"{variant} history read back")
+        found = reader.read().records
+        into.append((time.perf_counter() - started) * 1000)
+        problem = h.check_ids(epoch_ids(found), len(made), f"{variant} history read back")
         if problem:
             errors.append(problem)
-    return HistoryRun(rep, variant, append_ms, read_ms, os.getloadavg()[0], errors=errors)
+
+    read_new: list[float] = []
+    read_same: list[float] = []
+    for _ in range(reads):
+        read(open_history(location), read_new)
+    reader = open_history(location)
+    read(reader, [])  # its first read fills its cache
+    for _ in range(reads):
+        read(reader, read_same)
+    return HistoryRun(rep, variant, append_ms, read_new, read_same, os.getloadavg()[0], errors)
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -342,7 +358,7 @@ def s3_settings(server: S3Server, spark: Any) -> list[str]:
         "signature v4, plain http (AWS_ALLOW_HTTP=true), path-style addressing",
         "Spark's checkpoint through S3A (Hadoop fs.s3a.*): "
         + ", ".join(f"{k}={v}" for k, v in s3a.items()),
-        "exactly's commit log and lease through boto3: "
+        "exactly's commit log, lease and history through boto3: "
         f"addressing_style={boto.s3.get('addressing_style')}, retries={boto.retries}, "
         f"max_pool_connections={boto.max_pool_connections}, "
         f"connect_timeout={boto.connect_timeout}, read_timeout={boto.read_timeout}",
@@ -374,6 +390,9 @@ def epoch_table(results: Sequence[EpochRun]) -> str:
     rows.append(["run (wall-clock s)", "", "", "", "",
                  h.spread(h.paired(runs, "seconds", "s3", "local")), "",
                  h.spread(h.per_rep(runs, "seconds", "s3", minus="local"), ".1f") + " s"])
+    lag = {v: [r.history_lag for r in results if r.variant == v] for v in VARIANTS}
+    rows.append(["history writer's lag at the end (s)", h.spread(lag["local"], ".1f"), "",
+                 h.spread(lag["s3"], ".1f"), "", "", "", ""])
     return h.table(["per epoch, ms", "local p50", "local p99", "s3 p50", "s3 p99",
                     "s3/local p50", "s3/local p99", "s3-local p50 ms"], rows)
 
@@ -386,48 +405,50 @@ def calls_table(results: Sequence[EpochRun]) -> str:
         for variant in VARIANTS:
             per_epoch = [r.calls.get(name, 0) / r.epochs for r in results
                          if r.variant == variant and r.epochs]
-            cells.append(h.spread(per_epoch, ".1f"))
+            cells.append(h.spread(per_epoch, ".2f"))
         rows.append([name, *cells])
-    return h.table(["S3 calls per epoch (start included)", *VARIANTS], rows)
+    return h.table(["S3 calls per epoch (start and end included)", *VARIANTS], rows)
 
 
 def history_table(results: Sequence[HistoryRun], appends: int) -> str:
-    def cells(variant: str) -> list[list[str]]:
-        mine = [r for r in results if r.variant == variant and r.available]
-        if not mine:
-            return [["n/a"] * 2, ["n/a"]]
-        append = [v for r in mine for v in r.append_ms]
-        read = [h.p50(r.read_ms) or 0.0 for r in mine]
-        return [[h.fmt_ms(h.p50(append)), h.fmt_ms(h.p99(append))], [h.spread(read, ".1f")]]
+    def stats(run: HistoryRun) -> dict[str, float]:
+        return {"append_p50": h.p50(run.append_ms) or 0.0,
+                "append_mean": sum(run.append_ms) / max(1, len(run.append_ms)),
+                "read_new": h.p50(run.read_new_ms) or 0.0,
+                "read_same": h.p50(run.read_same_ms) or 0.0}
 
-    local, s3 = cells("local"), cells("s3")
-    as_runs = [h.Run(r.rep, r.variant, {"append_p50": h.p50(r.append_ms) or 0.0,
-                                        "read_p50": h.p50(r.read_ms) or 0.0}, r.errors)
-               for r in results if r.available]
-    return h.table(
-        ["history, ms", "local p50", "local p99", "s3 p50", "s3 p99", "s3/local p50"],
-        [["append one record", *local[0], *s3[0],
-          h.spread(h.paired(as_runs, "append_p50", "s3", "local"))],
-         [f"read back {appends} records (per rep)", local[1][0], "", s3[1][0], "",
-          h.spread(h.paired(as_runs, "read_p50", "s3", "local"))]])
+    runs = [h.Run(r.rep, r.variant, stats(r), r.errors) for r in results]
+    appends_of = {v: [x for r in results if r.variant == v for x in r.append_ms]
+                  for v in VARIANTS}
+    rows = [["append one record: p50", *(h.fmt_ms(h.p50(appends_of[v])) for v in VARIANTS),
+             h.spread(h.paired(runs, "append_p50", "s3", "local"))],
+            ["append one record: p99", *(h.fmt_ms(h.p99(appends_of[v])) for v in VARIANTS),
+             ""],
+            ["append one record: mean (packing included)",
+             *(h.fmt_ms(sum(a) / len(a) if a else None) for a in appends_of.values()),
+             h.spread(h.paired(runs, "append_mean", "s3", "local"))]]
+    for key, label in (("read_new", f"read all {appends} back, a new reader"),
+                       ("read_same", f"read all {appends} again, the same reader")):
+        rows.append([label, *(h.spread(h.per_rep(runs, key, v), ".1f") for v in VARIANTS),
+                     h.spread(h.paired(runs, key, "s3", "local"))])
+    return h.table(["history, ms", *VARIANTS, "s3/local per repetition"], rows)
 
 
 def headlines(results: Sequence[EpochRun], history: Sequence[HistoryRun],
               sink: str) -> list[h.Headline]:
     runs = [r.run() for r in results]
-    found = [
+    appends = {v: [x for r in history if r.variant == v for x in r.append_ms]
+               for v in VARIANTS}
+    return [
         h.Headline("checkpoint_store", f"epoch p50 s3 / local ({sink} sink)",
                    h.spread(h.paired(runs, "epoch_p50", "s3", "local"))),
         h.Headline("checkpoint_store", f"epoch p50 s3 - local, ms ({sink} sink)",
                    h.spread(h.per_rep(runs, "epoch_p50", "s3", minus="local"), ".0f")),
         h.Headline("checkpoint_store", "sink commit p50 s3 - local, ms",
                    h.spread(h.per_rep(runs, "sink_commit_p50", "s3", minus="local"), ".1f")),
+        h.Headline("checkpoint_store", "history append p50 ms, local / s3",
+                   f"{h.fmt_ms(h.p50(appends['local']))} / {h.fmt_ms(h.p50(appends['s3']))}"),
     ]
-    local = [v for r in history if r.variant == "local" and r.available for v in r.append_ms]
-    s3 = [v for r in history if r.variant == "s3" and r.available for v in r.append_ms]
-    found.append(h.Headline("checkpoint_store", "history append p50 ms local / s3",
-                            f"{h.fmt_ms(h.p50(local))} / {h.fmt_ms(h.p50(s3))}"))
-    return found
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -458,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-records", type=int, default=200,
                         help="records appended to each history (default 200)")
     parser.add_argument("--history-reads", type=int, default=5,
-                        help="read-backs of each whole history (default 5)")
+                        help="read-backs of each whole history, per kind of reader (5)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-ckstore-"))
@@ -466,9 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     print(h.machine(), flush=True)
     print(f"load average before: {os.getloadavg()}", flush=True)
     note = h.sizes_note(args.rows, args.warmup_rows, args.repeat)
-    if args.epochs < h.MIN_P99_VALUES:
-        note = note or "NOT A MEASUREMENT"
-        note += f" ({args.epochs} epochs a run < {h.MIN_P99_VALUES})"
+    if args.epochs < h.MIN_P99_VALUES or args.history_records < h.MIN_P99_VALUES:
+        note = (note or "NOT A MEASUREMENT") + (
+            f" ({args.epochs} epochs a run, {args.history_records} history records: "
+            f"fewer than {h.MIN_P99_VALUES})")
     input_dir, warm_dir = work / "input", work / "warm-input"
     write_input(input_dir, args.rows, args.epochs)
     write_input(warm_dir, args.warmup_rows, WARMUP_EPOCHS)
@@ -487,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
         print(f"job: {args.rows:,} rows in {args.epochs} epochs per run, sink "
               f"{SINKS[args.sink]} to a local directory, exactly.retainEpochs="
-              f"{args.retain_epochs}, history off, local[2]", flush=True)
+              f"{args.retain_epochs}, history on (the default), local[2]", flush=True)
         for variant in VARIANTS:  # warm-up: JVM, Python workers, S3A and boto3 clients
             warm = run_once(spark, args.sink, variant, warm_dir, args.warmup_rows,
                             WARMUP_EPOCHS, work / "runs" / f"warm-{variant}",
@@ -496,34 +518,36 @@ def main(argv: list[str] | None = None) -> int:
             if warm.errors:
                 print(f"warm-up of {variant} failed: {warm.errors}", file=sys.stderr)
                 return 1
+        last_local = ""
         for rep, variant in h.schedule(VARIANTS, args.repeat):
             tag = f"rep{rep}-{variant}"
             result = run_once(spark, args.sink, variant, input_dir, args.rows, args.epochs,
-                              work / "runs" / tag, tag, rep, args.retain_epochs, commits, calls)
+                              work / "runs" / tag, tag, rep, args.retain_epochs, commits,
+                              calls)
             results.append(result)
             print(describe_run(result), flush=True)
             shutil.rmtree(work / "runs" / tag / "out", ignore_errors=True)
+            if variant == "local":
+                last_local = checkpoint_for(variant, work / "runs" / tag, tag)
         spark.stop()
 
         shutil.rmtree(work / "history", ignore_errors=True)  # fresh local histories
-        made = history_records([p for r in results for p in r.progress],
-                               args.history_records)
+        source = [r for r in open_history(last_local).read().records if r["kind"] == "epoch"]
+        made = history_records(source, args.history_records)
         line_bytes = h.p50([len(json.dumps(r, separators=(",", ":"))) + 1 for r in made])
-        for variant in VARIANTS:  # warm-up: imports, the first file or connection
+        for variant in VARIANTS:  # warm-up: the first file, connection, listing
             history_once(variant, checkpoint_for(variant, work / "history" / f"warm-{variant}",
-                                                 f"history-warm-{variant}"),
-                         made[:10], 1, -1)
+                                                 f"history-warm-{variant}"), made[:70], 1, -1)
         for rep, variant in h.schedule(VARIANTS, args.repeat):
             tag = f"history-rep{rep}-{variant}"
             one = history_once(variant, checkpoint_for(variant, work / "history" / tag, tag),
                                made, args.history_reads, rep)
             history.append(one)
-            print(f"history rep {rep} {variant:5} " + (
-                f"append p50/p99 {h.fmt_ms(h.p50(one.append_ms))}/"
-                f"{h.fmt_ms(h.p99(one.append_ms))} ms, read back "
-                f"{h.fmt_ms(h.p50(one.read_ms))} ms" if one.available
-                else "n/a (no history store on S3 yet)") + f"  load {one.load:.2f}"
-                + (f"  ERRORS {one.errors}" if one.errors else ""), flush=True)
+            print(f"history rep {rep} {variant:5} append p50/p99 "
+                  f"{h.fmt_ms(h.p50(one.append_ms))}/{h.fmt_ms(h.p99(one.append_ms))} ms, "
+                  f"read back (new reader) {h.fmt_ms(h.p50(one.read_new_ms))} ms, (same "
+                  f"reader) {h.fmt_ms(h.p50(one.read_same_ms))} ms  load {one.load:.2f}"
+                  + (f"  ERRORS {one.errors}" if one.errors else ""), flush=True)
     finally:
         server.close()
 
@@ -537,18 +561,19 @@ def main(argv: list[str] | None = None) -> int:
     print(calls_table(results))
     print()
     print(f"2. The history: {args.history_records} appends of one epoch record "
-          f"({line_bytes:.0f} bytes a line) per repetition, then {args.history_reads} "
-          "read-backs of the whole history; p50/p99 over every append of a variant, "
-          "read-back p50 per repetition: median (range). Store: "
-          f"{type(open_history(str(work))).__name__} (local); S3: "
-          f"{'n/a, no history store on S3 yet' if open_history('s3a://b/c') is None else 'yes'}")
+          f"({line_bytes:.0f} bytes) per repetition, then {args.history_reads} read-backs "
+          "of the whole history by new readers and as many by one reader; appends: p50, "
+          "p99 and mean over every append of a variant, read-backs: the repetitions' p50, "
+          "median (range); ratios per repetition pair, median (range). Stores: "
+          f"local {type(open_history(str(work))).__name__}, "
+          f"s3 {type(open_history(f's3a://{BUCKET}/x')).__name__}")
     print(history_table(history, args.history_records))
     print(f"\nload average after: {os.getloadavg()}")
     print(h.machine())
     h.write_headlines(work, headlines(results, history, args.sink))
     (work / "results.json").write_text(json.dumps(
-        {"epochs": [{k: v for k, v in asdict(r).items() if k != "progress"} for r in results],
-         "history": [asdict(r) for r in history]}, indent=1))
+        {"epochs": [asdict(r) for r in results], "history": [asdict(r) for r in history]},
+        indent=1))
     failed = [r for r in [*results, *history] if r.errors]
     for run in failed:
         print(f"FAILED CHECK: rep {run.rep} {run.variant}: {'; '.join(run.errors)}",
