@@ -54,7 +54,8 @@ input id exactly once in the table, Spark's input row count, one sink commit per
 each epoch once in the history, every appended record read back once), the load printed
 with every run. No time is asserted; the exit status is 1 when a check fails.
 
-Run from the repository root (about 8 minutes on 2 cores with the defaults)::
+Run from the repository root (about 9 minutes on 2 cores at a load of 5-10 with the
+defaults)::
 
     .venv/bin/python bench/checkpoint_store.py [--rows 1000000] [--epochs 100] [--repeat 3]
         [--sink delta|files] [--history-records 200] [--workdir DIR]
