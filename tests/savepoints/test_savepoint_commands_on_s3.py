@@ -1,0 +1,115 @@
+"""The savepoint commands for a job whose checkpoint is on S3 (S3Proxy, Spark's S3A), as a
+user runs them: ``exactly savepoint CK`` while the job runs (into the default target beside
+the checkpoint, ``s3://bucket/prefix.savepoints``), ``exactly stop --savepoint s3://...``,
+``exactly savepoint --inspect`` and ``--dispose`` of savepoints on S3, and ``exactly run -s
+s3://... --checkpoint s3a://... --parallelism 3`` with a new version of the job, its first
+driver SIGKILLed once the restored checkpoint is on S3. Real Spark under ``exactly run``;
+the audit counts every id and checks each key's running totals against a batch
+computation of the input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from test_restore_transform_with_state import assert_exactly_once
+from test_savepoint_commands import JOB, env_for
+
+from exactly.audit import file_ids
+from exactly.checkpoint.location import open_store
+from exactly.savepoints.manifest import MANIFEST, read_manifest
+from exactly.savepoints.restore import read_marker
+from exactly.testing.supervised import SupervisedRun
+
+pytestmark = pytest.mark.server
+SLOW = os.environ.get("EXACTLY_SLOW") == "1"
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch) -> str:
+    """A fresh bucket, the server in the ``AWS_*`` environment of the test and of every
+    command it starts."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    name = f"sp-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    return name
+
+
+def savepoint_uri(stdout: str) -> str:
+    match = re.search(r"savepoint (s3://\S+)", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def ids_written(out: Path) -> int:
+    """How many ids the output holds (every one once: assert_exactly_once checks)."""
+    return len(file_ids(out)[0])
+
+
+def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_rescaled_on_s3(
+        tmp_path, bucket):
+    ck, out = f"s3a://{bucket}/jobs/totals", tmp_path / "out"
+    run = SupervisedRun(JOB, ck, env_for(out), log=tmp_path / "run1.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs", timeout=300)
+        taken = run.command("savepoint", ck)  # the default target, beside the checkpoint
+        assert taken.returncode == 0, taken.stderr
+        running_sp = savepoint_uri(taken.stdout)
+        assert running_sp.startswith(f"s3://{bucket}/jobs/totals.savepoints/savepoint-")
+        at = read_manifest(running_sp).epoch
+        run.wait_for(lambda: max(run.committed_epochs()) > at, "an epoch after it", timeout=300)
+        stopped = run.command("stop", "--savepoint", f"s3://{bucket}/sps", ck)
+        assert stopped.returncode == 0, stopped.stderr
+        assert run.wait(timeout=120) == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    final_sp = savepoint_uri(stopped.stdout)
+    assert final_sp.startswith(f"s3://{bucket}/sps/savepoint-")
+    manifest = read_manifest(final_sp)
+    assert manifest.trigger == "stop" and manifest.epoch == max(run.committed_epochs())
+    assert manifest.job["checkpoint"] == ck
+    assert read_manifest(running_sp).trigger == "savepoint"
+    before = ids_written(out)
+    assert_exactly_once(out, before)  # everything up to the savepoint, once
+    inspected = run.command("savepoint", "--inspect", final_sp, "--json")  # verified
+    assert inspected.returncode == 0, inspected.stderr
+    shown = json.loads(inspected.stdout)
+    assert (shown["epoch"], [o["uid"] for o in shown["operators"]]) == (manifest.epoch,
+                                                                        ["running"])
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "s3a:").exists()
+
+    # version 2 (a new dedup step before the running totals) on 3 state partitions goes on
+    # from the savepoint on S3 into a new checkpoint on S3; its first driver is killed once
+    # the restored checkpoint is uploaded, before the restore says done, and the next one
+    # restores again from scratch
+    ck2, fired = f"s3a://{bucket}/jobs/totals-v2", tmp_path / "fired"
+    again = SupervisedRun(JOB, ck2, env_for(out, JOB_VERSION="v2"), "-s", final_sp,
+                          "--parallelism", "3", "--fault", "restore.state", "--fault-marker",
+                          str(fired), log=tmp_path / "run2.log")
+    try:
+        again.wait_for(lambda: max(again.committed_epochs(), default=-1) > manifest.epoch + 1,
+                       "epochs after the restore", timeout=400)
+        assert fired.exists()
+        assert [e["kind"] for e in again.history() if e["event"] == "failure"] == ["process"]
+        assert again.command("stop", ck2).returncode == 0
+        assert again.wait(timeout=120) == 0, again.output()[-3000:]
+    finally:
+        again.close()
+    after = ids_written(out)
+    assert after > before  # went on from the savepoint: no gap, no repeat, totals kept
+    assert_exactly_once(out, after)
+    marker = read_marker(ck2)
+    assert marker is not None and (marker["state"], marker["savepoint"]) == ("done", final_sp)
+    assert sorted(marker["restored"]) == ["running: #0->#0 (repartition)"]
+    assert marker["partitions"] == "2->3" and marker["new"] == ["dedup"]
+    assert read_manifest(final_sp).files == manifest.files  # no_claim: untouched
+
+    disposed = run.command("savepoint", "--dispose", running_sp)
+    assert disposed.returncode == 0, disposed.stderr
+    assert not open_store(running_sp).any()
+    assert open_store(final_sp).exists(MANIFEST)
