@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,6 @@ from exactly.checkpoint.location import (
     checkpoint_uri,
     job_dir,
     job_store,
-    local_checkpoint,
     location_uri,
     open_store,
 )
@@ -36,6 +34,7 @@ from exactly.savepoints.restore import (
     plan_restore,
     read_marker,
     restore_into,
+    staging_dir,
 )
 from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
 from exactly.savepoints.take import take_savepoint
@@ -174,7 +173,8 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
     restore (and of the savepoint a retained checkpoint is staged as), ``exactly run
     --fault``.
 
-    What is on S3 is staged in a local temporary directory: a savepoint is downloaded whole
+    What is on S3 is staged in a local directory of this host (removed after the restore;
+    a killed driver's is removed by the next one): a savepoint is downloaded whole
     and verified there, a retained checkpoint's last completed epoch is copied as a
     savepoint, and a new checkpoint on S3 is written locally and uploaded (see
     :func:`~exactly.savepoints.restore.restore_into` for what a crash leaves)."""
@@ -199,16 +199,15 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
         str(uuid.uuid4())
     mode = request.mode
     retained = is_checkpoint(request.savepoint)
-    with tempfile.TemporaryDirectory(prefix="exactly-restore-") as scratch:
+    with staging_dir(checkpoint, "restore-source") as scratch:
         if retained:
-            local = local_checkpoint(checkpoint) if not is_remote(checkpoint) else None
-            staging = (job_dir(checkpoint) / RETAINED_DIR if local is not None
-                       else Path(scratch) / RETAINED_DIR)
+            staging = (scratch / RETAINED_DIR if is_remote(checkpoint)
+                       else job_dir(checkpoint) / RETAINED_DIR)
             path = savepoint_of_checkpoint(job, request.savepoint, checkpoint, mode, staging,
                                            fault)
             mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
         elif is_remote(request.savepoint):
-            path = download_savepoint(request.savepoint, Path(scratch))
+            path = download_savepoint(request.savepoint, scratch)
         else:
             path = Path(request.savepoint)
         manifest = read_manifest(path)

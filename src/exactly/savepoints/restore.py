@@ -21,8 +21,8 @@ completed.
 
 The savepoint here is a local directory (one on S3 is downloaded first:
 :mod:`exactly.ops.job_savepoints`); the new checkpoint is local or on S3 (``s3a://``): for
-S3 it is written into a local temporary directory, Spark's providers writing the state there
-as for a local one, and uploaded before the marker says done.
+S3 it is written into a local staging directory (:func:`staging_dir`), Spark's providers
+writing the state there as for a local one, and uploaded before the marker says done.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import json
 import logging
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.history import append_now
 from exactly.checkpoint.layout import RESTORE_MARKER
-from exactly.checkpoint.location import checkpoint_uri, job_store, local_checkpoint, open_store
+from exactly.checkpoint.location import (
+    checkpoint_uri,
+    host_dir,
+    job_store,
+    local_checkpoint,
+    open_store,
+)
 from exactly.checkpoint.store import LogStore, is_remote
 from exactly.errors import SavepointError
 from exactly.fsutil import parse_json
@@ -274,15 +279,31 @@ def _clear_spark_files(checkpoint: str) -> None:
 @contextlib.contextmanager
 def _staging(checkpoint: str) -> Iterator[Path]:
     """Where the new checkpoint's files are written: the local checkpoint itself, or for
-    one on S3 a local temporary directory, uploaded by the caller."""
+    one on S3 a local directory of this host named after it (:func:`staging_dir`),
+    uploaded by the caller."""
     if not is_remote(checkpoint):
         directory = local_checkpoint(checkpoint)
         assert directory is not None
         directory.mkdir(parents=True, exist_ok=True)
         yield directory
         return
-    with tempfile.TemporaryDirectory(prefix="exactly-restore-") as scratch:
-        yield Path(scratch)
+    with staging_dir(checkpoint, "restoring") as directory:
+        yield directory
+
+
+@contextlib.contextmanager
+def staging_dir(checkpoint: str, name: str) -> Iterator[Path]:
+    """An empty local directory ``name`` for the restore into ``checkpoint``, in the
+    checkpoint's directory of this host (``exactly-job`` of a local one), removed after the
+    block; what a killed driver left there is removed when the next one starts the block
+    (one driver at a time runs a checkpoint)."""
+    directory = host_dir(checkpoint) / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _relocate_schemas(directory: Path, new_root: str) -> None:
@@ -385,10 +406,10 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     ``restore`` record calls it. ``fault`` arms the crash point :data:`RESTORED_STATE` for
     the crash tests.
 
-    Nothing of this is atomic but the marker's writes: the files are written one by one
-    (for a checkpoint on S3, into a local temporary directory with Spark's providers, then
-    uploaded, ``metadata`` last), and only the marker's ``done`` makes them a checkpoint a
-    job runs on; until then the next attempt starts over."""
+    Nothing of this is atomic but each write of the marker: the files are written one by
+    one (for a checkpoint on S3, into a local staging directory of this host with Spark's
+    providers, then uploaded, ``metadata`` last), and only the marker's ``done`` makes them
+    a checkpoint a job runs on; until then the next attempt starts over."""
     target = str(checkpoint)
     jobs = job_store(target)
     previous = _read_marker(jobs)
