@@ -176,7 +176,8 @@ def upload_savepoint(work: Path, target: str,
     store = open_store(uri)
     if store.exists(MANIFEST):
         raise SavepointError(f"{uri} exists already: a savepoint never overwrites another")
-    put_all(store, work, [f["path"] for f in list_files(work)])
+    names = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+    put_all(store, work, [n for n in names if n != MANIFEST])
     if before_manifest is not None:
         before_manifest()
     if not store.create(MANIFEST, (work / MANIFEST).read_bytes()):
