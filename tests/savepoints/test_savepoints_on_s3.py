@@ -8,13 +8,14 @@ and restored by the commands: test_savepoint_commands_on_s3.py."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from savepoint_jobs import StatefulJob
+from savepoint_jobs import KEYS, StatefulJob
 
 import exactly
 from exactly.audit import audit_ids, file_ids
@@ -33,9 +34,11 @@ from exactly.savepoints.manifest import (
     upload_savepoint,
     write_manifest,
 )
+from exactly.savepoints.metadata_files import relocate_schemas, v2_files
 from exactly.savepoints.operators import job_operators
-from exactly.savepoints.places import download_tree
+from exactly.savepoints.places import download_tree, upload_tree
 from exactly.savepoints.restore import RESTORED_STATE, read_marker
+from exactly.savepoints.take import take_savepoint
 
 pytestmark = pytest.mark.server
 STEP = 600
@@ -129,6 +132,27 @@ def test_a_savepoint_on_s3_restores_rescaled_and_switched_into_s3_through_a_cras
     StatefulJob(spark, copy, **ENV, JOB_BACKEND="rocksdb", JOB_OUT=str(out)).run(2 * STEP)
     assert_ids_once(out, 2 * STEP)
     read_manifest(savepoint)  # no_claim: the savepoint on S3 is untouched
+
+
+def test_a_savepoint_of_transform_with_state_on_s3_reads_only_its_copy(
+        spark, tmp_path, bucket, savepoints):
+    """Operator metadata v2 names its state schema files by absolute path: the savepoint of a
+    checkpoint on S3 reads them from its copy (this session has no S3 file system), and
+    keeps the copied bytes."""
+    job = StatefulJob(spark, tmp_path / "ck", JOB_KIND="tws", JOB_BACKEND="rocksdb",
+                      JOB_MAX_ROWS="300", JOB_OUT=str(tmp_path / "out"))
+    job.run(STEP)
+    checkpoint = f"s3a://{bucket}/jobs/running"
+    relocate_schemas(tmp_path / "ck", checkpoint)  # as Spark writes them on S3A
+    upload_tree(tmp_path / "ck", open_store(checkpoint))
+    savepoint = take_savepoint(spark, checkpoint, savepoints, operators=job.operators())
+    manifest = read_manifest(savepoint)
+    assert [(o.uid, o.stores[0].rows) for o in manifest.operators] == [("running", KEYS)]
+    assert manifest.job == {} and manifest.query_id == json.loads(
+        (tmp_path / "ck" / "metadata").read_text())["id"]
+    copied = v2_files(Path(savepoint) / "checkpoint")
+    assert copied and all(f"{checkpoint}/state/0/_stateSchema/" in p.read_text()
+                          for p in copied)
 
 
 def local_savepoint(directory: Path) -> Path:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +53,7 @@ from exactly.fsutil import parse_json
 from exactly.logs import log_event
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
+from exactly.savepoints.metadata_files import edit_meta, relocate_schemas, renumber_v2
 from exactly.savepoints.operators import JobOperator
 from exactly.savepoints.places import delete_tree, upload_tree
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
@@ -306,15 +306,6 @@ def staging_dir(checkpoint: str, name: str) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _relocate_schemas(directory: Path, new_root: str) -> None:
-    """Point the state schema paths of every operator metadata v2 file under the local
-    checkpoint ``directory`` at the checkpoint ``new_root`` its files are moved to."""
-    for path in sorted(directory.glob("state/*/_metadata/v2/*")):
-        if path.is_file() and path.name.isdigit() and path.parent.parent.parent.name.isdigit():
-            path.write_text(_renumber_v2(path.read_text(), new_root,
-                                         int(path.parent.parent.parent.name)))
-
-
 def _read_marker(store: LogStore) -> dict[str, Any] | None:
     raw = store.read(RESTORE_MARKER)
     if raw is None:
@@ -330,18 +321,8 @@ def read_marker(checkpoint: str) -> dict[str, Any] | None:
     return _read_marker(job_store(checkpoint))
 
 
-def _edit_meta(text: str, edit: Callable[[dict[str, Any]], object]) -> str:
-    """A Spark log or metadata file (a version line, then one JSON line, then any others)
-    with its JSON line changed by ``edit``."""
-    lines = text.split("\n")
-    meta = json.loads(lines[1])
-    edit(meta)
-    lines[1] = json.dumps(meta, separators=(",", ":"))
-    return "\n".join(lines)
-
-
 def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
-    return _edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
+    return edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
 
 
 def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> str:
@@ -351,38 +332,16 @@ def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> s
     return "v1\n" + json.dumps(info, separators=(",", ":"))
 
 
-def _renumber_v2(text: str, new_root: str, new_id: int) -> str:
-    """Operator metadata v2 (transformWithState) for operator ``new_id`` of the checkpoint at
-    ``new_root``: its state schema paths are absolute and must point into the new one."""
-    def edit(meta: dict[str, Any]) -> None:
-        meta["operatorInfo"]["operatorId"] = new_id
-        for store in meta.get("stateStoreInfo", []):
-            store["stateSchemaFilePaths"] = [_relocate(p, new_root, new_id)
-                                             for p in store.get("stateSchemaFilePaths", [])]
-
-    return _edit_meta(text, edit)
-
-
-_SCHEMA_PATH = re.compile(r"^.*/state/\d+/(_stateSchema/.*)$")
-
-
-def _relocate(path: str, new_root: str, new_id: int) -> str:
-    match = _SCHEMA_PATH.match(path)
-    if match is None:
-        raise SavepointError(f"unexpected state schema path {path} in operator metadata")
-    return f"{new_root}/state/{new_id}/{match.group(1)}"
-
-
 def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> None:
     for path in sorted(p for p in src_op.rglob("*") if p.is_file()):
         relative = path.relative_to(src_op)
         target = dst_op / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if relative.parts[:1] == ("_metadata",) and relative.name == "metadata":
-            target.write_text(_edit_meta(path.read_text(), lambda meta: meta[
+            target.write_text(edit_meta(path.read_text(), lambda meta: meta[
                 "operatorInfo"].update(operatorId=new_id)))
         elif relative.parts[:2] == ("_metadata", "v2"):
-            target.write_text(_renumber_v2(path.read_text(), new_root, new_id))
+            target.write_text(renumber_v2(path.read_text(), new_root, new_id))
         else:
             shutil.copyfile(path, target)
 
@@ -426,7 +385,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     with _staging(target) as dest:
         _write_checkpoint(spark, plan, dest, query_id)
         if is_remote(target):
-            _relocate_schemas(dest, checkpoint_uri(target))
+            relocate_schemas(dest, checkpoint_uri(target))
             upload_tree(dest, open_store(target), last=["metadata"])
     manifest = plan.manifest
     epoch = manifest.epoch
@@ -511,7 +470,7 @@ def _write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
                     shutil.rmtree(part)
             v1 = op_dir / "_metadata" / "metadata"  # Spark updates only versioned metadata
             if v1.is_file():
-                v1.write_text(_edit_meta(v1.read_text(), lambda meta: [
+                v1.write_text(edit_meta(v1.read_text(), lambda meta: [
                     store.update(numPartitions=plan.partitions)
                     for store in meta.get("stateStoreInfo", [])]))
     for op in plan.new:

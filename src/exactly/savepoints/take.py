@@ -35,6 +35,7 @@ import tempfile
 import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ from exactly.savepoints.manifest import (
     upload_savepoint,
     write_manifest,
 )
+from exactly.savepoints.metadata_files import relocate_schemas, v2_files
 from exactly.savepoints.places import fetch_all
 
 if TYPE_CHECKING:
@@ -264,6 +266,20 @@ def _copy_epoch_once(store: LogStore, epoch: int, dest: Path, partitions: int) -
     return wanted + ssts
 
 
+@contextlib.contextmanager
+def _read_in_place(copy: Path) -> Iterator[None]:
+    """While Spark reads the copy back, its operator metadata v2 names the copy's own state
+    schema files, not the checkpoint's (which may be on S3, where this session may have no
+    file system, and may change); afterwards the copied bytes again."""
+    copied = {path: path.read_bytes() for path in v2_files(copy)}
+    relocate_schemas(copy, "file:" + str(copy.absolute()))
+    try:
+        yield
+    finally:
+        for path, data in copied.items():
+            path.write_bytes(data)
+
+
 def operator_infos(spark: SparkSession, location: Path, epoch: int,
                    operators: list[JobOperator] | None) -> list[OperatorInfo]:
     """The stateful operators of the checkpoint at ``location`` (a savepoint's copy), with
@@ -380,7 +396,8 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
         work.mkdir()
         copy_epoch(source, epoch, work / CHECKPOINT_DIR, int(conf.get(SHUFFLE_KEY, "200")))
         maybe_crash(fault, COPIED, epoch)
-        infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
+        with _read_in_place(work / CHECKPOINT_DIR):
+            infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
         provider = conf.get(PROVIDER_KEY, "HDFSBackedStateStoreProvider")
         manifest = Manifest(
             savepoint_id=savepoint_id, epoch=epoch,
