@@ -28,13 +28,12 @@ from exactly.checkpoint.store import LocalLogStore, is_remote
 from exactly.errors import SavepointError
 from exactly.savepoints.manifest import MANIFEST, Manifest, dispose, read_manifest
 from exactly.savepoints.operators import recorded_operators
-from exactly.savepoints.places import download_tree
+from exactly.savepoints.places import download_tree, staging_dir
 from exactly.savepoints.restore import (
     RestoreMode,
     plan_restore,
     read_marker,
     restore_into,
-    staging_dir,
 )
 from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
 from exactly.savepoints.take import take_savepoint

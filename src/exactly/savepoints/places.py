@@ -16,16 +16,18 @@ files (``.<name>.crc``) are never copied: S3A writes none and reads none.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from exactly.checkpoint.location import host_dir
 from exactly.checkpoint.store import LocalLogStore, LogStore, S3LogStore, is_remote
 
 __all__ = ["delete_tree", "download_tree", "fetch", "fetch_all", "is_remote", "put", "put_all",
-           "sha256_in", "upload_tree"]
+           "sha256_in", "staging_dir", "upload_tree"]
 
 #: parallel transfers of one tree (each a boto3 managed transfer of its own)
 TRANSFERS = 8
@@ -164,3 +166,18 @@ def sha256_in(store: LogStore, name: str) -> str | None:
     for chunk in body.iter_chunks(1 << 20):
         digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def staging_dir(checkpoint: str, name: str) -> Iterator[Path]:
+    """An empty local directory ``name`` for staging files of ``checkpoint`` (a savepoint
+    of it, a restore into it), in the checkpoint's directory of this host (``exactly-job``
+    of a local one), removed after the block; what a killed driver left there is removed
+    when the next one starts the block (one driver at a time runs a checkpoint)."""
+    directory = host_dir(checkpoint) / name
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

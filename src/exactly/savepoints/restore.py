@@ -21,7 +21,7 @@ completed.
 
 The savepoint here is a local directory (one on S3 is downloaded first:
 :mod:`exactly.ops.job_savepoints`); the new checkpoint is local or on S3 (``s3a://``): for
-S3 it is written into a local staging directory (:func:`staging_dir`), Spark's providers
+S3 it is written into a local staging directory (:func:`~.places.staging_dir`), Spark's providers
 writing the state there as for a local one, and uploaded before the marker says done.
 """
 
@@ -42,7 +42,6 @@ from exactly.checkpoint.history import append_now
 from exactly.checkpoint.layout import RESTORE_MARKER
 from exactly.checkpoint.location import (
     checkpoint_uri,
-    host_dir,
     job_store,
     local_checkpoint,
     open_store,
@@ -55,7 +54,7 @@ from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.metadata_files import edit_meta, relocate_schemas, renumber_v2
 from exactly.savepoints.operators import JobOperator
-from exactly.savepoints.places import delete_tree, upload_tree
+from exactly.savepoints.places import delete_tree, staging_dir, upload_tree
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
 
 if TYPE_CHECKING:
@@ -279,8 +278,8 @@ def _clear_spark_files(checkpoint: str) -> None:
 @contextlib.contextmanager
 def _staging(checkpoint: str) -> Iterator[Path]:
     """Where the new checkpoint's files are written: the local checkpoint itself, or for
-    one on S3 a local directory of this host named after it (:func:`staging_dir`),
-    uploaded by the caller."""
+    one on S3 a local directory of this host named after it
+    (:func:`~exactly.savepoints.places.staging_dir`), uploaded by the caller."""
     if not is_remote(checkpoint):
         directory = local_checkpoint(checkpoint)
         assert directory is not None
@@ -289,21 +288,6 @@ def _staging(checkpoint: str) -> Iterator[Path]:
         return
     with staging_dir(checkpoint, "restoring") as directory:
         yield directory
-
-
-@contextlib.contextmanager
-def staging_dir(checkpoint: str, name: str) -> Iterator[Path]:
-    """An empty local directory ``name`` for the restore into ``checkpoint``, in the
-    checkpoint's directory of this host (``exactly-job`` of a local one), removed after the
-    block; what a killed driver left there is removed when the next one starts the block
-    (one driver at a time runs a checkpoint)."""
-    directory = host_dir(checkpoint) / name
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _read_marker(store: LogStore) -> dict[str, Any] | None:
