@@ -7,8 +7,7 @@ table lists, per headline, the measured value (median and range over the repetit
 the goal, and whether the median meets it. The exit status is 1 when a benchmark failed or
 found a wrong output (its checks by id), else 0: a missed goal is reported, not an error.
 
-Run from the repository root (about an hour and three quarters on 2 cores with the
-defaults)::
+Run from the repository root (about two hours on 2 cores with the defaults)::
 
     .venv/bin/python bench/run_all.py [--only file_sink,postgres_sink] [--workdir DIR]
         [--pyflink VENV] [-- extra arguments for every benchmark]
@@ -29,7 +28,7 @@ import harness as h
 
 #: in the order they run; each takes --workdir
 BENCHES = ("file_sink", "postgres_sink", "kafka_sink", "reference", "state_snapshots",
-           "history_overhead", "audit")
+           "history_overhead", "checkpoint_store", "audit")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -476,6 +476,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     of the job's exactly sink, of a savepoint or of a restore, once per run (--fault-marker
     FILE: once across runs).
     """
+    from exactly.checkpoint.store import is_remote
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec
     from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint
@@ -490,7 +491,9 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     restore = None
     if savepoint is not None:
         if not is_checkpoint(savepoint):
-            read_manifest(savepoint)  # a damaged or incomplete one fails before Spark starts
+            # a damaged or incomplete one fails before Spark starts (one on S3 by its sizes
+            # here: the driver downloads it and checks every file's SHA-256 before a write)
+            read_manifest(savepoint, checksums=not is_remote(savepoint))
         elif restore_mode == "claim":
             raise click.UsageError(f"{savepoint} is a checkpoint, which a restore only reads: "
                                    "--restore-mode claim applies to savepoints")

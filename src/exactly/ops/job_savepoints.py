@@ -8,23 +8,31 @@ The supervisor calls :func:`take_job_savepoint` for ``exactly savepoint`` and ``
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exactly.checkpoint.location import job_dir, open_store
+from exactly.checkpoint import layout
+from exactly.checkpoint.location import (
+    checkpoint_uri,
+    job_dir,
+    job_store,
+    location_uri,
+    open_store,
+)
 from exactly.checkpoint.status import running_job
-from exactly.checkpoint.store import LocalLogStore
+from exactly.checkpoint.store import LocalLogStore, is_remote
 from exactly.errors import SavepointError
-from exactly.fsutil import read_json
-from exactly.savepoints.manifest import MANIFEST, Manifest, read_manifest
+from exactly.savepoints.manifest import MANIFEST, Manifest, dispose, read_manifest
 from exactly.savepoints.operators import recorded_operators
+from exactly.savepoints.places import download_tree, staging_dir
 from exactly.savepoints.restore import (
-    RESTORE_MARKER,
     RestoreMode,
     plan_restore,
+    read_marker,
     restore_into,
 )
 from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
@@ -37,30 +45,44 @@ if TYPE_CHECKING:
     from exactly.savepoints.operators import JobOperator
 
 #: where a restore from a retained checkpoint stages its savepoint (in the new checkpoint's
-#: job directory)
-RETAINED_DIR = "retained"
+#: job directory, for a local checkpoint)
+RETAINED_DIR = layout.RETAINED_DIR
 
 
-def default_target(checkpoint: str) -> Path:
+def default_target(checkpoint: str) -> str:
     """Where savepoints go without a TARGET: ``<checkpoint>.savepoints`` beside the
-    checkpoint (not inside it: deleting a checkpoint keeps its savepoints)."""
-    path = Path(checkpoint.removeprefix("file:")).absolute()
-    return path.parent / f"{path.name}.savepoints"
+    checkpoint (not inside it: deleting a checkpoint keeps its savepoints);
+    ``s3://bucket/prefix.savepoints`` for a checkpoint ``s3a://bucket/prefix``."""
+    uri = checkpoint_uri(checkpoint)
+    if is_remote(uri):
+        return location_uri(f"{uri.rstrip('/')}.savepoints")
+    path = Path(uri)
+    return str(path.parent / f"{path.name}.savepoints")
+
+
+def _same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two savepoints or checkpoints are the same (``s3a://`` is ``s3://``)."""
+    def norm(place: str | os.PathLike[str]) -> str:
+        text = os.fspath(place)
+        return location_uri(text) if is_remote(text) else str(Path(text).resolve())
+
+    return norm(a) == norm(b)
 
 
 def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
     """What a manifest records of the job a savepoint is taken from."""
     from exactly.ops.query import source_names
 
-    return {"checkpoint": str(Path(checkpoint.removeprefix("file:")).absolute()),
+    return {"checkpoint": checkpoint_uri(checkpoint),
             "query_name": job.query_name, "sink_format": job.sink_format,
             "output_mode": job.output_mode, "sources": source_names(job.df)}
 
 
 def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
                        operators: list[JobOperator] | None,
-                       fault: FaultSpec | None = None) -> Path:
-    """A savepoint of ``job``'s last completed epoch under ``target`` (``fault``: a crash
+                       fault: FaultSpec | None = None) -> Path | str:
+    """A savepoint of ``job``'s last completed epoch under ``target`` (a local directory or
+    ``s3://``; the job's checkpoint local or on S3); returns where it is (``fault``: a crash
     point of :mod:`exactly.savepoints.take` armed, ``exactly run --fault``)."""
     checkpoint = job.checkpoint.storage
     return take_savepoint(job.df.sparkSession, checkpoint, target, operators=operators,
@@ -77,10 +99,10 @@ def is_checkpoint(path: str | Path) -> bool:
     return not store.exists(MANIFEST) and store.exists("metadata") and offsets
 
 
-def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
-                            mode: RestoreMode, fault: FaultSpec | None = None) -> Path:
-    """A savepoint of the retained checkpoint's last completed epoch, staged inside the new
-    ``checkpoint`` (``exactly-job/retained``), which the restore then takes over. The
+def savepoint_of_checkpoint(job: Job, retained: str, checkpoint: str, mode: RestoreMode,
+                            staging: Path, fault: FaultSpec | None = None) -> Path:
+    """A savepoint of the retained checkpoint's last completed epoch (local or on S3),
+    staged in the local directory ``staging``, which the restore then takes over. The
     retained checkpoint is only read. Its operators get the uids the last ``exactly run`` on
     it recorded (else Spark's numbers map them). Refused: ``claim`` mode, restoring a
     checkpoint into itself, and a checkpoint an ``exactly run`` is still running on."""
@@ -88,7 +110,7 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
         raise SavepointError(f"--restore-mode claim takes over a savepoint; {retained} is a "
                              "checkpoint, which a restore only reads: restore it without "
                              "claim and delete it once the restored job runs")
-    if retained.resolve() == checkpoint.resolve():
+    if _same_place(retained, checkpoint):
         raise SavepointError(f"{retained} is the job's own checkpoint: restore a retained "
                              "checkpoint into a new checkpoint directory")
     status = running_job(retained)
@@ -97,13 +119,25 @@ def savepoint_of_checkpoint(job: Job, retained: Path, checkpoint: Path,
             f"an `exactly run` is still running on {retained} (run {status.run_id}): its "
             f"checkpoint moves on; stop it first (exactly stop {retained}) or take a "
             f"savepoint of it (exactly savepoint {retained})")
-    staging = job_dir(checkpoint) / RETAINED_DIR
     if staging.exists():
         shutil.rmtree(staging)  # an earlier attempt died before the restore was done
-    return take_savepoint(job.df.sparkSession, str(retained), staging,
-                          operators=recorded_operators(job_dir(retained)),
-                          sinks=[sink_info(job, str(retained))], trigger="checkpoint",
-                          job=_job_info(job, str(retained)), record=False, fault=fault)
+    staged = take_savepoint(job.df.sparkSession, retained, staging,
+                            operators=recorded_operators(job_store(retained)),
+                            sinks=[sink_info(job, retained)], trigger="checkpoint",
+                            job=_job_info(job, retained), record=False, fault=fault)
+    assert isinstance(staged, Path)  # a local staging directory
+    return staged
+
+
+def download_savepoint(savepoint: str, directory: Path) -> Path:
+    """The savepoint at ``savepoint`` (``s3://``), checked (complete, every file of its
+    size) and copied into the local ``directory``; returns the local copy, which
+    :func:`read_manifest` then verifies file by file. Raises SavepointError for an
+    incomplete or damaged savepoint before anything is copied."""
+    read_manifest(savepoint, checksums=False)
+    local = directory / savepoint.rstrip("/").rsplit("/", 1)[-1]
+    download_tree(open_store(savepoint), local)
+    return local
 
 
 @dataclass(frozen=True)
@@ -131,26 +165,28 @@ class RestoreRequest:
 
 def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
                 fault: FaultSpec | None = None) -> dict | None:
-    """Restore ``request.savepoint`` into the job's (new) checkpoint; None when this
-    checkpoint already holds the restore (a restarted driver process). Raises
-    SavepointError before writing anything when the savepoint cannot be restored.
-    ``fault`` arms the crash points of the restore (and of the savepoint a retained
-    checkpoint is staged as), ``exactly run --fault``."""
-    from exactly.checkpoint.location import local_checkpoint
+    """Restore ``request.savepoint`` (a savepoint or a retained checkpoint, local or on S3)
+    into the job's (new) checkpoint (local or ``s3a://``); None when this checkpoint already
+    holds the restore (a restarted driver process). Raises SavepointError before writing
+    anything when the savepoint cannot be restored. ``fault`` arms the crash points of the
+    restore (and of the savepoint a retained checkpoint is staged as), ``exactly run
+    --fault``.
 
-    checkpoint = local_checkpoint(job.checkpoint.storage)
-    if checkpoint is None:
-        raise SavepointError("restoring a savepoint needs a local checkpoint directory")
-    marker = job_dir(checkpoint) / RESTORE_MARKER
-    previous = read_json(marker) if marker.exists() else None
-    if isinstance(previous, dict) and previous.get("state") == "done":
-        if Path(previous.get("savepoint", "")) != Path(request.savepoint):
+    What is on S3 is staged in a local directory of this host (removed after the restore;
+    a killed driver's is removed by the next one): a savepoint is downloaded whole
+    and verified there, a retained checkpoint's last completed epoch is copied as a
+    savepoint, and a new checkpoint on S3 is written locally and uploaded (see
+    :func:`~exactly.savepoints.restore.restore_into` for what a crash leaves)."""
+    checkpoint = checkpoint_uri(job.checkpoint.storage)
+    previous = read_marker(checkpoint)
+    if previous is not None and previous.get("state") == "done":
+        if not _same_place(previous.get("savepoint", ""), request.savepoint):
             raise SavepointError(
                 f"{checkpoint} was restored from {previous.get('savepoint')} already; restore "
                 f"{request.savepoint} into a new checkpoint directory")
         return None
-    if (isinstance(previous, dict) and previous.get("savepoint")
-            and Path(previous["savepoint"]) != Path(request.savepoint)):
+    if (previous is not None and previous.get("savepoint")
+            and not _same_place(previous["savepoint"], request.savepoint)):
         # its query may own the sink's target already: another savepoint must not reuse it
         raise SavepointError(
             f"{checkpoint} holds an interrupted restore of {previous['savepoint']} (its "
@@ -158,28 +194,38 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
             f"restoring {request.savepoint} there is refused. Finish that restore (run the "
             f"job again with -s {previous['savepoint']}) or restore {request.savepoint} "
             "into a new checkpoint directory")
-    query_id = (previous.get("query_id") if isinstance(previous, dict) else None) or \
+    query_id = (previous.get("query_id") if previous is not None else None) or \
         str(uuid.uuid4())
-    path = Path(request.savepoint)
     mode = request.mode
-    retained = is_checkpoint(path)
-    if retained:
-        path = savepoint_of_checkpoint(job, path, checkpoint, mode, fault)
-        mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
-    manifest = read_manifest(path)
-    spark = job.df.sparkSession
-    plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
-                        backend=restore_backend(job.checkpoint, manifest),
-                        allow_non_restored_state=request.allow_non_restored_state)
-    _check_sources(manifest, job)
-    state = decide(job, manifest, request.sink_rollback, query_id)
-    done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
-                        origin=request.savepoint,
-                        restored_from="checkpoint" if retained else "savepoint", fault=fault,
-                        before_done=lambda: hand_over(job, manifest, state,
-                                                      request.sink_rollback, query_id))
-    if retained:
-        shutil.rmtree(path.parent, ignore_errors=True)  # the staging directory, now empty
+    retained = is_checkpoint(request.savepoint)
+    with staging_dir(checkpoint, "restore-source") as scratch:
+        if retained:
+            staging = (scratch / RETAINED_DIR if is_remote(checkpoint)
+                       else job_dir(checkpoint) / RETAINED_DIR)
+            path = savepoint_of_checkpoint(job, request.savepoint, checkpoint, mode, staging,
+                                           fault)
+            mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
+        elif is_remote(request.savepoint):
+            path = download_savepoint(request.savepoint, scratch)
+        else:
+            path = Path(request.savepoint)
+        manifest = read_manifest(path)
+        spark = job.df.sparkSession
+        plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
+                            backend=restore_backend(job.checkpoint, manifest),
+                            allow_non_restored_state=request.allow_non_restored_state)
+        _check_sources(manifest, job)
+        state = decide(job, manifest, request.sink_rollback, query_id)
+        done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
+                            origin=request.savepoint,
+                            restored_from="checkpoint" if retained else "savepoint",
+                            fault=fault,
+                            before_done=lambda: hand_over(job, manifest, state,
+                                                          request.sink_rollback, query_id))
+        if retained:
+            shutil.rmtree(path.parent, ignore_errors=True)  # the staging directory, now empty
+        elif mode is RestoreMode.CLAIM and is_remote(request.savepoint):
+            dispose(request.savepoint)  # taken over (the local copy went with the restore)
     return done
 
 

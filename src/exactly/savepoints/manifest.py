@@ -1,6 +1,6 @@
 """The savepoint directory and its manifest.
 
-Layout of a savepoint ``SP``::
+Layout of a savepoint ``SP`` (a local directory or an S3 prefix ``s3://bucket/prefix``)::
 
     SP/_metadata        the manifest (JSON), written last: a savepoint without it is incomplete
     SP/checkpoint/      Spark's checkpoint cut at the savepoint's epoch N: metadata,
@@ -9,9 +9,12 @@ Layout of a savepoint ``SP``::
 
 A savepoint is built in ``TARGET/.savepoint-<epoch>-<id>.inprogress`` and renamed to
 ``TARGET/savepoint-<epoch>-<id>`` once its manifest is durable, so a crash while taking one
-leaves a directory every reader calls incomplete, never a half-usable savepoint. Every file
-is listed in the manifest with its size and SHA-256: a truncated or altered file is found
-before anything is restored from it.
+leaves a directory every reader calls incomplete, never a half-usable savepoint. On S3,
+where nothing renames atomically, a savepoint is uploaded straight to
+``TARGET/savepoint-<epoch>-<id>/`` with its manifest last (a PUT that only creates it): an
+interrupted upload leaves a prefix without ``_metadata``, which every reader calls
+incomplete too. Every file is listed in the manifest with its size and SHA-256: a truncated
+or altered file is found before anything is restored from it.
 """
 
 from __future__ import annotations
@@ -19,13 +22,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exactly.checkpoint.location import location_uri, open_store
+from exactly.checkpoint.store import LogStore, is_remote
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_bytes, fsync_dir
+from exactly.savepoints.places import delete_tree, put_all, sha256_in
 
 FORMAT = "exactly-savepoint"
 #: the manifest format this exactly writes and the newest it reads
@@ -33,6 +41,8 @@ FORMAT_VERSION = 1
 MANIFEST = "_metadata"
 CHECKPOINT_DIR = "checkpoint"
 INPROGRESS_SUFFIX = ".inprogress"
+#: the name of a savepoint (its directory or S3 prefix)
+SAVEPOINT_NAME = re.compile(r"^savepoint-\d+-[0-9a-f]+$")
 
 
 @dataclass
@@ -155,28 +165,73 @@ def publish(inprogress: Path) -> Path:
     return final
 
 
+def upload_savepoint(work: Path, target: str,
+                     before_manifest: Callable[[], object] | None = None) -> str:
+    """Upload the complete local savepoint ``work`` (its ``.inprogress`` directory) to
+    ``target/savepoint-<epoch>-<id>`` on S3, every file first and the manifest last, created
+    only if absent; returns its URI. ``before_manifest`` runs between the two (a crash
+    point). Interrupted, it leaves a prefix without manifest: an incomplete savepoint."""
+    name = work.name.lstrip(".").removesuffix(INPROGRESS_SUFFIX)
+    uri = f"{location_uri(target).rstrip('/')}/{name}"
+    store = open_store(uri)
+    if store.exists(MANIFEST):
+        raise SavepointError(f"{uri} exists already: a savepoint never overwrites another")
+    names = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+    put_all(store, work, [n for n in names if n != MANIFEST])
+    if before_manifest is not None:
+        before_manifest()
+    if not store.create(MANIFEST, (work / MANIFEST).read_bytes()):
+        raise SavepointError(f"{uri} exists already: a savepoint never overwrites another")
+    return uri
+
+
 def inprogress_dir(target: Path, epoch: int, savepoint_id: str) -> Path:
     return target / f".savepoint-{epoch}-{savepoint_id}{INPROGRESS_SUFFIX}"
 
 
-def read_manifest(path: str | os.PathLike[str], *, verify_files: bool = True) -> Manifest:
-    """Read and check the savepoint at ``path``.
+def read_manifest(path: str | os.PathLike[str], *, verify_files: bool = True,
+                  checksums: bool = True) -> Manifest:
+    """Read and check the savepoint at ``path`` (a local directory or ``s3://``).
 
     Raises SavepointError naming the problem and what to do: not a savepoint, incomplete
     (taken while a crash happened: take a new one), a manifest that is truncated or not
     JSON, a format version from a newer exactly, and (with ``verify_files``) a file that is
-    missing, has another size or another SHA-256 than the manifest lists.
+    missing, has another size or (with ``checksums``; read whole, as a stream on S3) another
+    SHA-256 than the manifest lists.
     """
+    if is_remote(path):
+        uri = location_uri(path)
+        store = open_store(uri)
+        raw = store.read(MANIFEST)
+        if raw is None:
+            if not store.any():
+                raise SavepointError(f"no savepoint at {uri}: nothing is stored there")
+            raise _incomplete(uri)
+        manifest = _parse(raw, store.describe(MANIFEST), uri)
+        if verify_files:
+            _verify(uri, store, manifest, checksums)
+        return manifest
     root = Path(path)
     if not root.is_dir():
         raise SavepointError(f"no savepoint at {root}: the directory does not exist")
     manifest_path = root / MANIFEST
     if root.name.endswith(INPROGRESS_SUFFIX) or not manifest_path.exists():
-        raise SavepointError(
-            f"{root} is an incomplete savepoint (no {MANIFEST}: the savepoint was interrupted "
-            "before it completed, e.g. the driver died). It is never restored; delete it "
-            "with `exactly savepoint --dispose` and take a new one")
-    raw = manifest_path.read_bytes()
+        raise _incomplete(str(root))
+    manifest = _parse(manifest_path.read_bytes(), str(manifest_path), str(root))
+    if verify_files:
+        _verify(str(root), open_store(root), manifest, checksums)
+    return manifest
+
+
+def _incomplete(where: str) -> SavepointError:
+    return SavepointError(
+        f"{where} is an incomplete savepoint (no {MANIFEST}: the savepoint was interrupted "
+        "before it completed, e.g. the driver died). It is never restored; delete it "
+        "with `exactly savepoint --dispose` and take a new one")
+
+
+def _parse(raw: bytes, manifest_path: str, root: str) -> Manifest:
+    """The manifest in ``raw`` (the bytes of ``manifest_path``), checked."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -195,32 +250,48 @@ def read_manifest(path: str | os.PathLike[str], *, verify_files: bool = True) ->
             f"the savepoint {root} has format version {version}, written by a newer exactly; "
             f"this exactly reads versions up to {FORMAT_VERSION}: upgrade exactly to restore it")
     try:
-        manifest = Manifest.from_json(data)
+        return Manifest.from_json(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise SavepointError(f"the manifest {manifest_path} lacks or mistypes a field "
                              f"({exc!r}): it is damaged") from None
-    if verify_files:
-        verify(root, manifest)
-    return manifest
 
 
 def verify(root: Path, manifest: Manifest) -> None:
     """Check every file the manifest lists (size and SHA-256); raise SavepointError."""
+    _verify(str(root), open_store(root), manifest, True)
+
+
+def _verify(root: str, store: LogStore, manifest: Manifest, checksums: bool) -> None:
+    sizes = {name: size for name, size, _ in store.stat_tree("")}
     for entry in manifest.files:
-        path = root / entry["path"]
-        if not path.is_file():
+        size = sizes.get(entry["path"])
+        if size is None:
             raise SavepointError(f"the savepoint {root} lacks {entry['path']}, which its "
                                  "manifest lists: it was copied incompletely or damaged")
-        size = path.stat().st_size
-        if size != entry["size"] or sha256_of(path) != entry["sha256"]:
+        if size != entry["size"] or (checksums and
+                                     sha256_in(store, entry["path"]) != entry["sha256"]):
             raise SavepointError(
-                f"{path} differs from the savepoint's manifest (size {size}, listed "
-                f"{entry['size']}; or its SHA-256): the file was truncated or altered, so the "
-                "savepoint cannot be trusted")
+                f"{store.describe(entry['path'])} differs from the savepoint's manifest (size "
+                f"{size}, listed {entry['size']}; or its SHA-256): the file was truncated or "
+                "altered, so the savepoint cannot be trusted")
 
 
-def dispose(path: str | os.PathLike[str]) -> Path:
-    """Delete the savepoint (complete or incomplete) at ``path``; refuses other directories."""
+def dispose(path: str | os.PathLike[str]) -> Path | str:
+    """Delete the savepoint (complete or incomplete) at ``path``, a local directory or an S3
+    prefix; refuses what is not a savepoint. On S3 the manifest goes first, so a deletion
+    that is interrupted leaves an incomplete savepoint, never a complete-looking one that
+    lacks files."""
+    if is_remote(path):
+        uri = location_uri(path)
+        store = open_store(uri)
+        name = uri.rstrip("/").rsplit("/", 1)[-1]
+        if "/" not in uri[len("s3://"):] or not store.any():
+            raise SavepointError(f"no savepoint at {uri}")
+        if not store.exists(MANIFEST) and not SAVEPOINT_NAME.match(name):
+            raise SavepointError(f"{uri} is not a savepoint (no {MANIFEST}, not named "
+                                 "savepoint-<epoch>-<id>): not deleting it")
+        delete_tree(store, first=[MANIFEST])
+        return uri
     root = Path(path)
     if not root.is_dir():
         raise SavepointError(f"no savepoint at {root}")

@@ -18,29 +18,43 @@ the savepoint's offsets and commits (N-1, N) with the target partitions and stat
 and state version N+1 of every restored and new operator. The savepoint is only read
 (``no_claim``) unless the restore mode is ``claim``, which deletes it once the restore
 completed.
+
+The savepoint here is a local directory (one on S3 is downloaded first:
+:mod:`exactly.ops.job_savepoints`); the new checkpoint is local or on S3 (``s3a://``): for
+S3 it is written into a local staging directory (:func:`~.places.staging_dir`), Spark's providers
+writing the state there as for a local one, and uploaded before the marker says done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.history import append_now
-from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.layout import RESTORE_MARKER
+from exactly.checkpoint.location import (
+    checkpoint_uri,
+    job_store,
+    local_checkpoint,
+    open_store,
+)
+from exactly.checkpoint.store import LogStore, is_remote
 from exactly.errors import SavepointError
-from exactly.fsutil import atomic_write_json, read_json
+from exactly.fsutil import parse_json
 from exactly.logs import log_event
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
+from exactly.savepoints.metadata_files import edit_meta, relocate_schemas, renumber_v2
 from exactly.savepoints.operators import JobOperator
+from exactly.savepoints.places import delete_tree, staging_dir, upload_tree
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
 
 if TYPE_CHECKING:
@@ -65,7 +79,6 @@ METADATA_NAMES = {
 }
 #: operators a restore can start empty: one default store, operator metadata version 1
 EMPTY_START = ("stateStoreSave", "dedupe", "dedupeWithinWatermark")
-RESTORE_MARKER = "restore.json"
 #: crash point (``restore_into(fault=...)``, ``exactly run --fault``): state written, the
 #: restore not yet recorded done
 RESTORED_STATE = register_point("restore.state", on_driver=True,
@@ -230,25 +243,70 @@ def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator]
 
 
 # -- writing the new checkpoint ---------------------------------------------------------------
-def _is_fresh(directory: Path) -> bool:
-    if not directory.exists():
-        return True
-    return not any(p.name in ("metadata", "offsets", "commits", "state", "sources")
-                   for p in directory.iterdir())
+#: Spark's own files and folders at the top of a checkpoint
+SPARK_NAMES = ("metadata", "offsets", "commits", "state", "sources")
 
 
-def _edit_meta(text: str, edit: Callable[[dict[str, Any]], object]) -> str:
-    """A Spark log or metadata file (a version line, then one JSON line, then any others)
-    with its JSON line changed by ``edit``."""
-    lines = text.split("\n")
-    meta = json.loads(lines[1])
-    edit(meta)
-    lines[1] = json.dumps(meta, separators=(",", ":"))
-    return "\n".join(lines)
+def _is_fresh(checkpoint: str) -> bool:
+    """No Spark file under the checkpoint (local or on S3)."""
+    if not is_remote(checkpoint):
+        directory = local_checkpoint(checkpoint)
+        return directory is None or not directory.exists() or not any(
+            p.name in SPARK_NAMES for p in directory.iterdir())
+    return not any(open_store(checkpoint, name).any() for name in SPARK_NAMES[1:]) and \
+        not open_store(checkpoint).exists("metadata")
+
+
+def _clear_spark_files(checkpoint: str) -> None:
+    """Delete what an interrupted restore wrote of Spark's files (not ``exactly-job``)."""
+    if not is_remote(checkpoint):
+        directory = local_checkpoint(checkpoint)
+        assert directory is not None
+        for name in SPARK_NAMES:
+            target = directory / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        return
+    store = open_store(checkpoint)
+    store.delete("metadata")  # first: no half-deleted checkpoint looks like a query's
+    for name in SPARK_NAMES[1:]:
+        delete_tree(store, name)
+
+
+@contextlib.contextmanager
+def _staging(checkpoint: str) -> Iterator[Path]:
+    """Where the new checkpoint's files are written: the local checkpoint itself, or for
+    one on S3 a local directory of this host named after it
+    (:func:`~exactly.savepoints.places.staging_dir`), uploaded by the caller."""
+    if not is_remote(checkpoint):
+        directory = local_checkpoint(checkpoint)
+        assert directory is not None
+        directory.mkdir(parents=True, exist_ok=True)
+        yield directory
+        return
+    with staging_dir(checkpoint, "restoring") as directory:
+        yield directory
+
+
+def _read_marker(store: LogStore) -> dict[str, Any] | None:
+    raw = store.read(RESTORE_MARKER)
+    if raw is None:
+        return None
+    value = parse_json(raw, store.describe(RESTORE_MARKER),
+                       repair="delete the checkpoint and restore into it again")
+    return value if isinstance(value, dict) else None
+
+
+def read_marker(checkpoint: str) -> dict[str, Any] | None:
+    """The restore marker ``exactly-job/restore.json`` of a checkpoint (local or on S3):
+    ``{"state": "in-progress" | "done", "savepoint": ..., "query_id": ...}``, or None."""
+    return _read_marker(job_store(checkpoint))
 
 
 def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
-    return _edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
+    return edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
 
 
 def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> str:
@@ -258,38 +316,16 @@ def _v1_metadata(op_id: int, name: str, stores: list[str], partitions: int) -> s
     return "v1\n" + json.dumps(info, separators=(",", ":"))
 
 
-def _renumber_v2(text: str, new_root: str, new_id: int) -> str:
-    """Operator metadata v2 (transformWithState) for operator ``new_id`` of the checkpoint at
-    ``new_root``: its state schema paths are absolute and must point into the new one."""
-    def edit(meta: dict[str, Any]) -> None:
-        meta["operatorInfo"]["operatorId"] = new_id
-        for store in meta.get("stateStoreInfo", []):
-            store["stateSchemaFilePaths"] = [_relocate(p, new_root, new_id)
-                                             for p in store.get("stateSchemaFilePaths", [])]
-
-    return _edit_meta(text, edit)
-
-
-_SCHEMA_PATH = re.compile(r"^.*/state/\d+/(_stateSchema/.*)$")
-
-
-def _relocate(path: str, new_root: str, new_id: int) -> str:
-    match = _SCHEMA_PATH.match(path)
-    if match is None:
-        raise SavepointError(f"unexpected state schema path {path} in operator metadata")
-    return f"{new_root}/state/{new_id}/{match.group(1)}"
-
-
 def _copy_operator(src_op: Path, dst_op: Path, new_id: int, new_root: str) -> None:
     for path in sorted(p for p in src_op.rglob("*") if p.is_file()):
         relative = path.relative_to(src_op)
         target = dst_op / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if relative.parts[:1] == ("_metadata",) and relative.name == "metadata":
-            target.write_text(_edit_meta(path.read_text(), lambda meta: meta[
+            target.write_text(edit_meta(path.read_text(), lambda meta: meta[
                 "operatorInfo"].update(operatorId=new_id)))
         elif relative.parts[:2] == ("_metadata", "v2"):
-            target.write_text(_renumber_v2(path.read_text(), new_root, new_id))
+            target.write_text(renumber_v2(path.read_text(), new_root, new_id))
         else:
             shutil.copyfile(path, target)
 
@@ -300,40 +336,71 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                  origin: str | None = None,
                  restored_from: str = "savepoint",
                  fault: FaultSpec | None = None) -> dict[str, Any]:
-    """Write the new checkpoint at ``checkpoint`` as ``plan`` says; returns what was done.
+    """Write the new checkpoint at ``checkpoint`` (a local directory or ``s3a://``) as
+    ``plan`` says; returns what was done.
 
-    The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``). A
-    marker in ``exactly-job/restore.json`` records the restore; a crash before it completes
-    leaves a marker the next attempt recognises and redoes from scratch. ``before_done``
-    runs last, before the marker says done (the sink's take-over); what it returns is
-    recorded. ``origin`` is what the marker names as restored (default: the savepoint);
-    ``restored_from`` (``savepoint`` or ``checkpoint``) what the history's ``restore`` record
-    calls it. ``fault`` arms the crash point :data:`RESTORED_STATE` for the crash tests."""
+    The checkpoint must be new (no ``metadata``, ``offsets``, ``commits``, ``state``,
+    ``sources``). A marker in ``exactly-job/restore.json`` records the restore; a crash
+    before it says done leaves a marker the next attempt recognises: it deletes what the
+    interrupted attempt wrote and redoes the restore from scratch, with the same query id.
+    ``before_done`` runs last, before the marker says done (the sink's take-over); what it
+    returns is recorded. ``origin`` is what the marker names as restored (default: the
+    savepoint); ``restored_from`` (``savepoint`` or ``checkpoint``) what the history's
+    ``restore`` record calls it. ``fault`` arms the crash point :data:`RESTORED_STATE` for
+    the crash tests.
+
+    Nothing of this is atomic but each write of the marker: the files are written one by
+    one (for a checkpoint on S3, into a local staging directory of this host with Spark's
+    providers, then uploaded, ``metadata`` last), and only the marker's ``done`` makes them
+    a checkpoint a job runs on; until then the next attempt starts over."""
+    target = str(checkpoint)
+    jobs = job_store(target)
+    previous = _read_marker(jobs)
+    if previous is not None and previous.get("state") == "in-progress":
+        _clear_spark_files(target)
+    if not _is_fresh(target):
+        raise SavepointError(
+            f"{target} already holds a query's checkpoint: a savepoint is restored into a new "
+            "checkpoint directory (give another --checkpoint)")
+    query_id = query_id or str(uuid.uuid4())
+    jobs.write(RESTORE_MARKER, _json({"state": "in-progress",
+                                      "savepoint": origin or str(plan.savepoint),
+                                      "epoch": plan.manifest.epoch, "query_id": query_id}))
+    with _staging(target) as dest:
+        _write_checkpoint(spark, plan, dest, query_id)
+        if is_remote(target):
+            relocate_schemas(dest, checkpoint_uri(target))
+            upload_tree(dest, open_store(target), last=["metadata"])
+    manifest = plan.manifest
+    epoch = manifest.epoch
+    maybe_crash(fault, RESTORED_STATE, epoch)
+    sink = before_done() if before_done is not None else {}
+    done = {"state": "done", "epoch": epoch,
+            "query_id": query_id, "savepoint_query_id": manifest.query_id,
+            "mode": mode.value, **plan.describe(), **sink,
+            "savepoint": origin or str(plan.savepoint)}
+    jobs.write(RESTORE_MARKER, _json(done))
+    append_now(target, {"kind": "restore", "source": restored_from,
+                        "path": done["savepoint"], "epoch": epoch, "mode": mode.value,
+                        "query_id": query_id, "plan": plan.describe()})
+    if mode is RestoreMode.CLAIM:  # the job has taken the savepoint over: not restored again
+        shutil.rmtree(plan.savepoint, ignore_errors=True)
+    log_event(logger, "savepoint_restored", checkpoint=target, **plan.describe())
+    return done
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, indent=1).encode()
+
+
+def _write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
+                      query_id: str) -> None:
+    """Write the restored checkpoint's files into the local directory ``dest``."""
     from exactly.savepoints import state_writer
 
-    dest = Path(checkpoint)
-    marker = job_dir(dest) / RESTORE_MARKER
-    previous = read_json(marker) if marker.exists() else None
-    if isinstance(previous, dict) and previous.get("state") == "in-progress":
-        for name in ("metadata", "offsets", "commits", "state", "sources"):
-            target = dest / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    if not _is_fresh(dest):
-        raise SavepointError(
-            f"{dest} already holds a query's checkpoint: a savepoint is restored into a new "
-            "checkpoint directory (give another --checkpoint)")
-    dest.mkdir(parents=True, exist_ok=True)
-    query_id = query_id or str(uuid.uuid4())
-    atomic_write_json(marker, {"state": "in-progress",
-                               "savepoint": origin or str(plan.savepoint),
-                               "epoch": plan.manifest.epoch, "query_id": query_id})
     manifest = plan.manifest
     source = plan.savepoint / CHECKPOINT_DIR
     epoch = manifest.epoch
-    claim = mode is RestoreMode.CLAIM
     repartition = plan.spark_repartition
     # Spark's repartition starts from the savepoint's own partitions and backend
     partitions = manifest.shuffle_partitions if repartition else plan.partitions
@@ -387,7 +454,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                     shutil.rmtree(part)
             v1 = op_dir / "_metadata" / "metadata"  # Spark updates only versioned metadata
             if v1.is_file():
-                v1.write_text(_edit_meta(v1.read_text(), lambda meta: [
+                v1.write_text(edit_meta(v1.read_text(), lambda meta: [
                     store.update(numPartitions=plan.partitions)
                     for store in meta.get("stateStoreInfo", [])]))
     for op in plan.new:
@@ -398,18 +465,3 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
         meta.mkdir(parents=True, exist_ok=True)
         (meta / "metadata").write_text(_v1_metadata(op.operator_id, _kind(op), ["default"],
                                                     plan.partitions))
-    maybe_crash(fault, RESTORED_STATE, epoch)
-    sink = before_done() if before_done is not None else {}
-    done = {"state": "done", "epoch": epoch,
-            "query_id": query_id, "savepoint_query_id": manifest.query_id,
-            "mode": mode.value, **plan.describe(), **sink,
-            "savepoint": origin or str(plan.savepoint)}
-    atomic_write_json(marker, done)
-    append_now(dest, {"kind": "restore", "source": restored_from,
-                      "path": done["savepoint"], "epoch": epoch, "mode": mode.value,
-                      "query_id": query_id, "plan": plan.describe()})
-    if claim:  # the job has taken the savepoint over: it is not restored again
-        shutil.rmtree(plan.savepoint, ignore_errors=True)
-    log_event(logger, "savepoint_restored", checkpoint=str(dest), **plan.describe())
-    return done
-

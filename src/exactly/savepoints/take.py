@@ -13,25 +13,36 @@ What is copied for epoch N (the newest epoch with a ``commits/N`` entry):
 
 Checksum files (``.crc``) are not copied: the manifest's SHA-256 of every file replaces them.
 Files of a completed epoch never change, so this runs while the job keeps running; Spark
-deletes old versions only after ``minBatchesToRetain`` (100) newer epochs.
+deletes old versions only after ``minBatchesToRetain`` (100) newer epochs (a file deleted
+while it is copied makes the copy start over: :func:`copy_epoch`).
+
+The checkpoint may be local or on S3 (``s3a://``), and so may the target (``s3://``): the
+files are copied into a local directory (the savepoint's own for a local target, a temporary
+one for S3), Spark reads the copy back there (row counts; this proves it loads), and a
+savepoint for S3 is then uploaded, its manifest last (:func:`upload_savepoint`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.history import append_now
-from exactly.checkpoint.spark_files import batch_numbers, local_checkpoint, read_offsets
+from exactly.checkpoint.location import local_checkpoint, location_uri, open_store
+from exactly.checkpoint.spark_files import batch_numbers, read_metadata, read_offsets
+from exactly.checkpoint.store import LogStore, is_remote
 from exactly.config import StateBackend
 from exactly.errors import SavepointError
 from exactly.logs import log_event
@@ -44,8 +55,11 @@ from exactly.savepoints.manifest import (
     StoreInfo,
     inprogress_dir,
     publish,
+    upload_savepoint,
     write_manifest,
 )
+from exactly.savepoints.metadata_files import relocate_schemas, v2_files
+from exactly.savepoints.places import fetch_all
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,56 +79,92 @@ PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 SHUFFLE_KEY = "spark.sql.shuffle.partitions"
 FORMAT_VERSION_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 _VERSION_FILE = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
+#: how often a savepoint lists and copies a checkpoint's files when some vanish meanwhile
+COPY_ATTEMPTS = 3
 
 
-def last_completed_epoch(checkpoint: Path) -> int | None:
-    """The newest epoch with both an ``offsets`` and a ``commits`` entry."""
-    commits = set(batch_numbers(str(checkpoint), "commits"))
-    offsets = set(batch_numbers(str(checkpoint), "offsets"))
+def last_completed_epoch(checkpoint: str | os.PathLike[str]) -> int | None:
+    """The newest epoch with both an ``offsets`` and a ``commits`` entry (a local
+    checkpoint or one on S3)."""
+    commits = set(batch_numbers(os.fspath(checkpoint), "commits"))
+    offsets = set(batch_numbers(os.fspath(checkpoint), "offsets"))
     done = sorted(commits & offsets)
     return done[-1] if done else None
 
 
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
+class _StateFileMissing(SavepointError):
+    """A file a state version needs is not (or no longer) there."""
 
 
-def _data_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.endswith(".crc")
-                  and not p.name.startswith("."))
+def _is_data(name: str) -> bool:
+    """Not a checksum or a temporary file (their names start with a dot)."""
+    return not name.rsplit("/", 1)[-1].startswith(".") and not name.endswith(".crc")
 
 
-def _store_dirs(partition: Path) -> list[Path]:
-    """The directories holding version files of a partition (the partition itself for the
-    default store, a sub-directory per named store, e.g. a join's four stores)."""
-    dirs = [partition] if any(_VERSION_FILE.match(p.name) for p in partition.iterdir()) else []
-    for sub in sorted(p for p in partition.iterdir() if p.is_dir()):
-        if sub.name not in ("_metadata", "SSTs") and any(
-                _VERSION_FILE.match(p.name) for p in sub.iterdir()):
-            dirs.append(sub)
+def _listing(store: LogStore) -> dict[str, set[str]]:
+    """The checkpoint's data files, as folder -> file names (the root folder is ``""``)."""
+    names = [n for n in store.list_tree("state") if _is_data(n)]
+    found = [f"state/{n}" for n in names]
+    found += [f"sources/{n}" for n in store.list_tree("sources") if _is_data(n)]
+    found += [f"{log}/{n}" for log in ("offsets", "commits") for n in store.list(log)
+              if _is_data(n)]
+    if store.exists("metadata"):
+        found.append("metadata")
+    folders: dict[str, set[str]] = {}
+    for name in found:
+        folder, _, base = name.rpartition("/")
+        folders.setdefault(folder, set()).add(base)
+    return folders
+
+
+def _subfolders(folders: dict[str, set[str]], folder: str) -> list[str]:
+    """The names of the folders directly in ``folder`` that hold files at some depth."""
+    prefix = folder + "/"
+    return sorted({f[len(prefix):].split("/", 1)[0] for f in folders if f.startswith(prefix)})
+
+
+def _below(folders: dict[str, set[str]], folder: str) -> list[str]:
+    """Every file at any depth below ``folder``."""
+    return sorted(f"{f}/{b}" for f, bases in folders.items()
+                  if f == folder or f.startswith(folder + "/") for b in bases)
+
+
+def _store_dirs(folders: dict[str, set[str]], partition: str) -> list[str]:
+    """The folders holding version files of a partition (the partition itself for the
+    default store, a sub-folder per named store, e.g. a join's four stores)."""
+    def has_versions(folder: str) -> bool:
+        return any(_VERSION_FILE.match(b) for b in folders.get(folder, ()))
+
+    dirs = [partition] if has_versions(partition) else []
+    dirs += [f"{partition}/{sub}" for sub in _subfolders(folders, partition)
+             if sub not in ("_metadata", "SSTs") and has_versions(f"{partition}/{sub}")]
     return dirs
 
 
-def _versions(store: Path) -> dict[int, dict[str, Path]]:
-    found: dict[int, dict[str, Path]] = {}
-    for path in store.iterdir():
-        match = _VERSION_FILE.match(path.name)
+def _versions(folders: dict[str, set[str]], store: str) -> dict[int, dict[str, str]]:
+    found: dict[int, dict[str, str]] = {}
+    for base in folders.get(store, ()):
+        match = _VERSION_FILE.match(base)
         if match:
-            found.setdefault(int(match.group(1)), {})[match.group(2)] = path
+            found.setdefault(int(match.group(1)), {})[match.group(2)] = f"{store}/{base}"
     return found
 
 
-def _needed_files(store: Path, version: int) -> list[Path]:
-    """The files of ``store`` that load ``version`` and nothing newer."""
-    versions = _versions(store)
+def _needed_files(folders: dict[str, set[str]], store: str, version: int) -> list[str]:
+    """The files of ``store`` that load ``version`` and nothing newer (but the SST files a
+    RocksDB snapshot lists: :func:`_sst_files`)."""
+    versions = _versions(folders, store)
     if any("zip" in kinds or "changelog" in kinds for kinds in versions.values()):
-        return _rocksdb_files(store, versions, version)
+        # RocksDB: ``version.zip`` or, with changelog checkpointing, the newest zip below it
+        # and the changelogs after it, or with no zip at or below it (Spark uploads
+        # snapshots late, from its maintenance thread) empty state and changelogs
+        # 1..``version``
+        return _chain(store, versions, version, "zip", "changelog")
     return _chain(store, versions, version, "snapshot", "delta")
 
 
-def _chain(store: Path, versions: dict[int, dict[str, Path]], version: int, base_kind: str,
-           step_kind: str) -> list[Path]:
+def _chain(store: str, versions: dict[int, dict[str, str]], version: int, base_kind: str,
+           step_kind: str) -> list[str]:
     """The newest ``base_kind`` file at or below ``version`` (none: the chain starts at
     version 0) and the ``step_kind`` file of every version after it up to ``version``."""
     bases = [v for v, kinds in versions.items() if base_kind in kinds and v <= version]
@@ -123,27 +173,52 @@ def _chain(store: Path, versions: dict[int, dict[str, Path]], version: int, base
     for v in range(base + 1, version + 1):
         step = versions.get(v, {}).get(step_kind)
         if step is None:
-            raise SavepointError(f"state version {version} of {store} cannot be loaded: "
-                                 f"{v}.{step_kind} is missing (deleted by Spark's retention?)")
+            raise _StateFileMissing(f"state version {version} of {store} cannot be loaded: "
+                                    f"{v}.{step_kind} is missing (deleted by Spark's "
+                                    "retention?)")
         files.append(step)
     return files
 
 
-def _rocksdb_files(store: Path, versions: dict[int, dict[str, Path]],
-                   version: int) -> list[Path]:
-    """RocksDB: ``version.zip`` or, with changelog checkpointing, the newest zip below it and
-    the changelogs after it, or with no zip at or below it (Spark uploads snapshots late, from
-    its maintenance thread) empty state and changelogs 1..``version``; plus the SST files the
-    zip lists (a changelog holds its rows itself)."""
-    files = _chain(store, versions, version, "zip", "changelog")
-    if files and files[0].name.endswith(".zip"):
-        for sst in _zip_metadata(files[0]).get("sstFiles", []):
-            path = store / "SSTs" / sst["dfsSstFileName"]
-            if not path.is_file():
-                raise SavepointError(f"state version {version} of {store} lists {path.name}, "
-                                     "which is missing")
-            files.append(path)
-    return files
+def epoch_files(folders: dict[str, set[str]], epoch: int, partitions: int) -> list[str]:
+    """What Spark needs to restart after ``epoch``, of the checkpoint listed in ``folders``
+    (state partitions 0..``partitions``-1: a rescaled checkpoint keeps stale higher ones);
+    the SST files of RocksDB snapshots come from the snapshots themselves."""
+    wanted = ["metadata"]
+    for log in ("offsets", "commits"):
+        wanted += [f"{log}/{n}" for n in (epoch - 1, epoch)
+                   if n >= 0 and str(n) in folders.get(log, ())]
+    wanted += [n for n in _below(folders, "sources")
+               if not n.rsplit("/", 1)[-1].isdigit() or int(n.rsplit("/", 1)[-1]) <= epoch]
+    version = epoch + 1
+    for op in (o for o in _subfolders(folders, "state") if o.isdigit()):
+        op_dir = f"state/{op}"
+        for meta in ("_metadata", "_stateSchema"):
+            for path in _below(folders, f"{op_dir}/{meta}"):
+                folder, _, base = path.rpartition("/")
+                if meta == "_metadata" and folder.endswith("/v2") and (
+                        base.isdigit() and int(base) > epoch):
+                    continue
+                wanted.append(path)
+        for part in (p for p in _subfolders(folders, op_dir)
+                     if p.isdigit() and int(p) < partitions):
+            wanted += _below(folders, f"{op_dir}/{part}/_metadata")
+            for store in _store_dirs(folders, f"{op_dir}/{part}"):
+                wanted += _needed_files(folders, store, version)
+    return wanted
+
+
+def _sst_files(dest: Path, zip_name: str, folders: dict[str, set[str]]) -> list[str]:
+    """The SST files the RocksDB snapshot ``zip_name`` (copied to ``dest``) lists."""
+    store = zip_name.rpartition("/")[0]
+    names = []
+    for sst in _zip_metadata(dest / zip_name).get("sstFiles", []):
+        base = sst["dfsSstFileName"]
+        if base not in folders.get(f"{store}/SSTs", ()):
+            raise _StateFileMissing(f"the state snapshot {zip_name} lists SSTs/{base}, which "
+                                    "is missing")
+        names.append(f"{store}/SSTs/{base}")
+    return names
 
 
 def _zip_metadata(archive_path: Path) -> dict[str, Any]:
@@ -153,42 +228,56 @@ def _zip_metadata(archive_path: Path) -> dict[str, Any]:
     return dict(json.loads(lines[1]))
 
 
-def copy_epoch(checkpoint: Path, epoch: int, dest: Path, partitions: int) -> None:
-    """Copy what Spark needs to restart after ``epoch`` from ``checkpoint`` to ``dest``
-    (state partitions 0..``partitions``-1: a rescaled checkpoint keeps stale higher ones)."""
+def copy_epoch(checkpoint: str | os.PathLike[str] | LogStore, epoch: int, dest: Path,
+               partitions: int) -> list[str]:
+    """Copy what Spark needs to restart after ``epoch`` from ``checkpoint`` (a local
+    directory or an S3 prefix) to the local directory ``dest``; returns the names copied.
+
+    Files of a completed epoch never change, but Spark's maintenance may delete the older
+    files of a state version while they are copied (a newer snapshot replaces them): a file
+    that is gone by the time it is copied lists the checkpoint again and copies anew, up to
+    :data:`COPY_ATTEMPTS` times; then SavepointError names the file."""
+    store = checkpoint if isinstance(checkpoint, LogStore) else open_store(checkpoint)
+    for attempt in range(1, COPY_ATTEMPTS + 1):
+        try:
+            return _copy_epoch_once(store, epoch, dest, partitions)
+        except (FileNotFoundError, _StateFileMissing) as exc:
+            if attempt == COPY_ATTEMPTS:
+                if isinstance(exc, SavepointError):
+                    raise
+                raise SavepointError(
+                    f"{exc.filename or exc} vanished while the savepoint copied it, "
+                    f"{COPY_ATTEMPTS} times: the checkpoint was deleted or is being cleaned "
+                    "up; take the savepoint again") from None
+            log_event(logger, "savepoint_copy_retried", logging.WARNING, attempt=attempt,
+                      cause=str(exc)[:300])
+            shutil.rmtree(dest, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _copy_epoch_once(store: LogStore, epoch: int, dest: Path, partitions: int) -> list[str]:
+    folders = _listing(store)
+    wanted = epoch_files(folders, epoch, partitions)
     dest.mkdir(parents=True, exist_ok=True)
-    _copy(checkpoint / "metadata", dest / "metadata")
-    for log in ("offsets", "commits"):
-        for n in (epoch - 1, epoch):
-            if n >= 0 and (checkpoint / log / str(n)).is_file():
-                _copy(checkpoint / log / str(n), dest / log / str(n))
-    sources = checkpoint / "sources"
-    if sources.is_dir():
-        for path in _data_files(sources):
-            if not path.name.isdigit() or int(path.name) <= epoch:
-                _copy(path, dest / path.relative_to(checkpoint))
-    state = checkpoint / "state"
-    if not state.is_dir():
-        return
-    version = epoch + 1
-    for op_dir in sorted(p for p in state.iterdir() if p.is_dir() and p.name.isdigit()):
-        for meta_name in ("_metadata", "_stateSchema"):
-            meta = op_dir / meta_name
-            if meta.is_dir():
-                for path in _data_files(meta):
-                    if meta_name == "_metadata" and path.parent.name == "v2" and (
-                            path.name.isdigit() and int(path.name) > epoch):
-                        continue
-                    _copy(path, dest / path.relative_to(checkpoint))
-        for part in sorted(p for p in op_dir.iterdir() if p.is_dir() and p.name.isdigit()
-                           and int(p.name) < partitions):
-            schema_dir = part / "_metadata"
-            if schema_dir.is_dir():
-                for path in _data_files(schema_dir):
-                    _copy(path, dest / path.relative_to(checkpoint))
-            for store in _store_dirs(part):
-                for path in _needed_files(store, version):
-                    _copy(path, dest / path.relative_to(checkpoint))
+    fetch_all(store, wanted, dest)
+    ssts = [n for zipped in wanted if zipped.endswith(".zip")
+            for n in _sst_files(dest, zipped, folders)]
+    fetch_all(store, ssts, dest)
+    return wanted + ssts
+
+
+@contextlib.contextmanager
+def _read_in_place(copy: Path) -> Iterator[None]:
+    """While Spark reads the copy back, its operator metadata v2 names the copy's own state
+    schema files, not the checkpoint's (which may be on S3, where this session may have no
+    file system, and may change); afterwards the copied bytes again."""
+    copied = {path: path.read_bytes() for path in v2_files(copy)}
+    relocate_schemas(copy, "file:" + str(copy.absolute()))
+    try:
+        yield
+    finally:
+        for path, data in copied.items():
+            path.write_bytes(data)
 
 
 def operator_infos(spark: SparkSession, location: Path, epoch: int,
@@ -258,27 +347,31 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
                    operators: list[JobOperator] | None = None,
                    sinks: list[SinkInfo] | None = None, trigger: str = "savepoint",
                    job: dict[str, Any] | None = None, record: bool = True,
-                   fault: FaultSpec | None = None) -> Path:
+                   fault: FaultSpec | None = None) -> Path | str:
     """Take a savepoint of ``checkpoint``'s last completed epoch under ``target``; returns
-    its directory (``target/savepoint-<epoch>-<id>``). ``record`` adds a ``savepoint``
-    record to the checkpoint's history (off where the checkpoint must stay unwritten: a
-    retained checkpoint being restored). ``fault`` arms a crash point (:data:`COPIED`,
-    :data:`WRITTEN`) for the crash tests.
+    where it is: ``target/savepoint-<epoch>-<id>``, a directory for a local ``target``, an
+    ``s3://`` URI for a target on S3. The checkpoint may be local or on S3 (``s3a://``).
+    ``record`` adds a ``savepoint`` record to the checkpoint's history (off where the
+    checkpoint must stay unwritten: a retained checkpoint being restored). ``fault`` arms a
+    crash point (:data:`COPIED`, :data:`WRITTEN`) for the crash tests.
 
-    Safe while the query runs. Raises SavepointError when no epoch has completed yet, the
-    checkpoint is not local, or a state version cannot be copied. A crash leaves only a
-    ``.inprogress`` directory, which restores refuse.
+    Safe while the query runs. Raises SavepointError when no epoch has completed yet or a
+    state version cannot be copied. What an interruption leaves is never restored: locally
+    a ``.inprogress`` directory; on S3 a ``savepoint-<epoch>-<id>`` prefix without its
+    manifest (the manifest is uploaded last, created only if absent).
     """
     started = time.monotonic()
-    local = local_checkpoint(checkpoint)
-    if local is None or not local.is_dir():
-        raise SavepointError(f"savepoints need a local checkpoint directory; {checkpoint} is "
-                             "not one")
-    epoch = last_completed_epoch(local)
+    source = open_store(checkpoint)
+    if not is_remote(checkpoint):
+        local = local_checkpoint(checkpoint)
+        if local is None or not local.is_dir():
+            raise SavepointError(f"no checkpoint at {checkpoint}: the directory does not "
+                                 "exist")
+    epoch = last_completed_epoch(checkpoint)
     if epoch is None:
         raise SavepointError(f"the job on {checkpoint} has not completed an epoch yet: a "
                              "savepoint holds a completed epoch; try again after the first")
-    entry = read_offsets(str(local), epoch)
+    entry = read_offsets(checkpoint, epoch)
     if entry is None:
         raise SavepointError(f"offsets/{epoch} of {checkpoint} vanished while taking the "
                              "savepoint (the checkpoint was deleted or cleaned)")
@@ -286,34 +379,49 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
     if conf.get(FORMAT_VERSION_KEY, "1") != "1":
         raise SavepointError("savepoints support state checkpoint format version 1 (Spark's "
                              f"default); this checkpoint uses {conf[FORMAT_VERSION_KEY]}")
+    query_id = read_metadata(checkpoint)
+    if query_id is None:
+        raise SavepointError(f"{checkpoint} has no metadata file (the query id): it is not a "
+                             "complete Spark checkpoint")
     savepoint_id = uuid.uuid4().hex[:12]
-    root = Path(target)
-    root.mkdir(parents=True, exist_ok=True)
-    work = inprogress_dir(root, epoch, savepoint_id)
-    work.mkdir()
-    copy_epoch(local, epoch, work / CHECKPOINT_DIR, int(conf.get(SHUFFLE_KEY, "200")))
-    maybe_crash(fault, COPIED, epoch)
-    infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
-    query_id = json.loads((local / "metadata").read_text())["id"]
-    provider = conf.get(PROVIDER_KEY, "HDFSBackedStateStoreProvider")
-    manifest = Manifest(
-        savepoint_id=savepoint_id, epoch=epoch,
-        created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-        query_id=query_id, trigger=trigger, spark_version=spark.version,
-        shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
-        state_backend=StateBackend.of_provider(provider).value, sql_conf=conf,
-        sources=[{"index": i, "offset": s} for i, s in enumerate(entry.input.sources)],
-        operators=infos, sinks=list(sinks or []), job=dict(job or {}))
-    write_manifest(work, manifest)
-    maybe_crash(fault, WRITTEN, epoch)
-    final = publish(work)
+    remote = is_remote(target)
+    with contextlib.ExitStack() as scratch:
+        if remote:  # built in a local directory, then uploaded with its manifest last
+            root = Path(scratch.enter_context(
+                tempfile.TemporaryDirectory(prefix="exactly-savepoint-")))
+        else:
+            root = Path(target)
+            root.mkdir(parents=True, exist_ok=True)
+        work = inprogress_dir(root, epoch, savepoint_id)
+        work.mkdir()
+        copy_epoch(source, epoch, work / CHECKPOINT_DIR, int(conf.get(SHUFFLE_KEY, "200")))
+        maybe_crash(fault, COPIED, epoch)
+        with _read_in_place(work / CHECKPOINT_DIR):
+            infos = operator_infos(spark, work / CHECKPOINT_DIR, epoch, operators)
+        provider = conf.get(PROVIDER_KEY, "HDFSBackedStateStoreProvider")
+        manifest = Manifest(
+            savepoint_id=savepoint_id, epoch=epoch,
+            created_at=dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            query_id=query_id, trigger=trigger, spark_version=spark.version,
+            shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
+            state_backend=StateBackend.of_provider(provider).value, sql_conf=conf,
+            sources=[{"index": i, "offset": s} for i, s in enumerate(entry.input.sources)],
+            operators=infos, sinks=list(sinks or []), job=dict(job or {}))
+        write_manifest(work, manifest)
+        if remote:
+            final: Path | str = upload_savepoint(
+                work, location_uri(target), before_manifest=lambda: maybe_crash(
+                    fault, WRITTEN, epoch))
+        else:
+            maybe_crash(fault, WRITTEN, epoch)
+            final = publish(work)
     size = sum(f["size"] for f in manifest.files)
     log_event(logger, "savepoint_taken", path=str(final), epoch=epoch,
               operators=len(infos), rows=sum(s.rows for o in infos for s in o.stores),
               bytes=size)
     if record:
-        append_now(local, {"kind": "savepoint", "epoch": epoch, "path": str(final),
-                           "savepoint_id": savepoint_id, "trigger": trigger,
-                           "bytes": size, "query_id": query_id,
-                           "duration_ms": round((time.monotonic() - started) * 1000, 1)})
+        append_now(checkpoint, {"kind": "savepoint", "epoch": epoch, "path": str(final),
+                                "savepoint_id": savepoint_id, "trigger": trigger,
+                                "bytes": size, "query_id": query_id,
+                                "duration_ms": round((time.monotonic() - started) * 1000, 1)})
     return final
