@@ -109,3 +109,36 @@ def test_exactly_run_refuses_a_prefix_that_holds_another_job(s3_bucket, tmp_path
     assert result.exit_code != 0
     assert f"checkpoint {checkpoint} holds the job orders.py" in result.output
     assert JobStatus.read(job_store(checkpoint)).run_id == "old"  # nothing was started
+
+
+def test_a_start_on_an_s3_checkpoint_missing_a_committed_epoch_fails_before_spark_runs(
+        s3_bucket, tmp_path):
+    """The start check of epoch identity reads Spark's offsets log on S3 too (it was skipped
+    for a checkpoint that is not local: only the first commit would have refused)."""
+    import json as _json
+
+    import pyarrow as pa
+
+    from exactly.checkpoint.location import open_store
+    from exactly.connectors.files.sink import FileSink
+    from exactly.errors import ReplannedEpochError
+    from exactly.protocol.contract import SinkSettings
+    from exactly.protocol.epoch_identity import check_checkpoint_against_log
+    from exactly.testing.harness import ProtocolHarness
+
+    checkpoint = f"s3a://{s3_bucket}/ck"
+    store = open_store(checkpoint)
+    query = "5f1e1f5e-0000-4000-8000-000000000001"
+    store.write("metadata", _json.dumps({"id": query}).encode())
+    sink = FileSink(str(tmp_path / "out"))
+    h = ProtocolHarness(sink, SinkSettings(checkpoint_location=checkpoint), query_id=query,
+                        visible=list)
+    for epoch in (0, 1):
+        store.write(f"offsets/{epoch}", (
+            "v1\n" + _json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": epoch}) + "\n"
+            + _json.dumps({"count": epoch + 1})).encode())
+        h.run_epoch(epoch, [pa.record_batch({"id": [epoch * 10 + i for i in range(5)]})])
+    check_checkpoint_against_log(checkpoint, sink.log_directory)  # consistent: fine
+    store.delete("offsets/1")
+    with pytest.raises(ReplannedEpochError, match="no longer holds offsets/1"):
+        check_checkpoint_against_log(checkpoint, sink.log_directory)

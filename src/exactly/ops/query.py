@@ -259,10 +259,10 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
         stale = (built.settings.lease_stale_after if built
                  else opt.DEFAULT_LEASE_STALE_AFTER_S)
         Lease(log_dir, stale_after=stale).refuse_if_held(driver_identity())
-        if local is not None and isinstance(log_dir, Path):
-            if checkpoint.is_memory_storage:
-                refuse_memory_checkpoint_on_owned_log(log_dir)
-            check_checkpoint_against_log(str(local), log_dir)  # a re-planned epoch fails
+        if checkpoint.is_memory_storage and isinstance(log_dir, Path):
+            refuse_memory_checkpoint_on_owned_log(log_dir)
+        # a re-planned epoch fails here, on a local checkpoint or on S3
+        check_checkpoint_against_log(str(local) if local is not None else location, log_dir)
     writer: Any
     if built is not None:
         from exactly.spark.foreach_batch import TwoPhaseForeachBatch

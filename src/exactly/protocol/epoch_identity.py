@@ -27,12 +27,12 @@ from typing import Any
 from exactly.checkpoint.spark_files import (
     batch_numbers,
     describe_positions,
-    local_checkpoint,
     read_metadata,
     read_offsets,
 )
+from exactly.checkpoint.store import open_log_store
 from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
-from exactly.fsutil import read_json
+from exactly.fsutil import parse_json
 from exactly.protocol.commitlog import CommitLog
 
 
@@ -82,7 +82,7 @@ def replanned_error(epoch: int, recorded: dict[str, Any], current: dict[str, Any
     )
 
 
-def check_checkpoint_against_log(checkpoint: str, log_directory: Path) -> None:
+def check_checkpoint_against_log(checkpoint: str, log_directory: Path | str) -> None:
     """Before a start: every epoch the sink completed and still records must be in Spark's
     offset log with the same input, else Spark would re-plan it. Raises
     :class:`ReplannedEpochError` for the first one that is not. Does nothing when the log
@@ -98,7 +98,7 @@ def check_checkpoint_against_log(checkpoint: str, log_directory: Path) -> None:
             continue
         entry = read_offsets(checkpoint, epoch)
         if entry is None:
-            if last_planned is not None and last_planned < epoch:
+            if last_planned < epoch:
                 raise replanned_error(epoch, recorded, None, log.completion_path(epoch),
                                       log_directory, checkpoint)
             continue  # purged by Spark below its retained window: never planned again
@@ -108,15 +108,14 @@ def check_checkpoint_against_log(checkpoint: str, log_directory: Path) -> None:
                                   log_directory, checkpoint)
 
 
-def _same_query(checkpoint: str, log_directory: Path) -> bool:
-    if local_checkpoint(checkpoint) is None:
-        return False
-    owner = (read_json(log_directory / "query.json") or {}).get("query_id")
+def _same_query(checkpoint: str, log_directory: Path | str) -> bool:
+    store = open_log_store(log_directory)
+    data = store.read("query.json")
+    owner = (parse_json(data, store.describe("query.json")) or {}).get("query_id") \
+        if data is not None else None
     return bool(owner) and owner == read_metadata(checkpoint)
 
 
-def _last_offsets_epoch(checkpoint: str) -> int | None:
-    """The newest epoch in Spark's offset log (-1 when empty), ``None`` if not local."""
-    if local_checkpoint(checkpoint) is None:
-        return None
+def _last_offsets_epoch(checkpoint: str) -> int:
+    """The newest epoch in Spark's offset log (-1 when empty)."""
     return max(batch_numbers(checkpoint, "offsets"), default=-1)
