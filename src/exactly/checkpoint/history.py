@@ -238,9 +238,7 @@ class ObjectHistoryStore:
         line = _encode(record)
         name = f"r-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
         self.store.write(f"{HISTORY_DIR}/{name}", line)
-        segments, records = self._names()
-        covered = _key(segments[-1]) if segments else ""
-        loose = [n for n in records if _key(n) > covered]
+        segments, loose = self._names()  # every record object not packed (and deleted) yet
         if len(loose) >= self.pack_every:
             self._pack(loose, segments)
 
@@ -291,6 +289,7 @@ class ObjectHistoryStore:
     def _read_once(self) -> tuple[HistoryRead, bool]:
         segments, records = self._names()
         result, seen = HistoryRead(), set()
+        found: list[tuple[str, dict[str, Any]]] = []  # (object name, record)
         listed = set(segments) | set(records)
         for name in self._listed - listed:  # packed or aged out since, or a listing that
             if self.store.exists(f"{HISTORY_DIR}/{name}"):  # missed it (weakly consistent
@@ -304,10 +303,10 @@ class ObjectHistoryStore:
                 if record is None:
                     result.skipped.append(SkippedLine(segment, number, reason))
                     continue
-                name = record.pop(_OBJECT_KEY, None)
+                name = str(record.pop(_OBJECT_KEY, ""))
                 if name not in seen:
                     seen.add(name)
-                    result.records.append(record)
+                    found.append((name, record))
         for name in records:
             if name in seen:
                 continue
@@ -319,7 +318,10 @@ class ObjectHistoryStore:
                 result.skipped.append(SkippedLine(name, 1, reason))
             else:
                 seen.add(name)
-                result.records.append(record)
+                found.append((name, record))
+        # in the order they were appended (a record object's name starts with its time): a
+        # record listed late (a slow PUT, a weak listing) may be packed after newer ones
+        result.records = [record for _, record in sorted(found, key=lambda f: _key(f[0]))]
         self._cache = {n: d for n, d in self._cache.items() if n in listed}
         self._listed = listed
         return result, True
