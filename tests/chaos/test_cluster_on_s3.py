@@ -45,6 +45,7 @@ from exactly.procs import ProcessInfo, is_alive, job_processes
 from exactly.testing.spark_cluster import StandaloneCluster
 from exactly.testing.supervised import SupervisedRun
 from exactly.testing.ui import headless_chromium, ui_server
+from exactly.testing.waits import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.server]
 
@@ -123,17 +124,6 @@ def overview(run: SupervisedRun, checkpoint: str) -> dict:
 def completed(view: dict) -> list[int]:
     """The completed epochs of ``exactly checkpoints --json``'s history, in order."""
     return sorted(row["epoch"] for row in view["history"] if row["status"] == "completed")
-
-
-def wait_until(condition, what: str, timeout: float = 90):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def run_kill_and_stop(cluster: StandaloneCluster, checkpoint: str, env: dict[str, str],

@@ -15,6 +15,7 @@ import pytest
 from exactly.checkpoint.history import HistoryStore, history_dir
 from exactly.testing.supervised import SupervisedRun
 from exactly.testing.ui import get_json, get_text, headless_chromium, ui_server
+from exactly.testing.waits import wait_until
 
 JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
 
@@ -23,17 +24,6 @@ JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
 def browser():
     with headless_chromium() as driver:
         yield driver
-
-
-def _wait(predicate, what: str, timeout: float = 90):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the dashboard never showed {what}")
-        time.sleep(0.3)
 
 
 PAGE = """
@@ -66,11 +56,11 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
         with ui_server(ck) as base:
             browser.get(base + "/")
             page = lambda: browser.execute_script(PAGE)  # noqa: E731
-            first = _wait(lambda: (p := page())["updated"] and p["rows"] and p, "a history")
-            grown = _wait(lambda: (p := page())["rows"] >= first["rows"] + 3 and p,
+            first = wait_until(lambda: (p := page())["updated"] and p["rows"] and p, "a history")
+            grown = wait_until(lambda: (p := page())["rows"] >= first["rows"] + 3 and p,
                           "the history growing while the job runs")
             assert grown["status"] == "running"
-            failed = _wait(lambda: page()["failed"], "a failed epoch")
+            failed = wait_until(lambda: page()["failed"], "a failed epoch")
             assert "injected UDF failure at id 200" in failed[0][1], failed
             now = page()
             assert now["points"] == now["completed"] > 0, now
@@ -80,7 +70,8 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             stopped = run.command("stop", str(ck))
             assert stopped.returncode == 0, stopped.stderr
             assert run.wait(timeout=120) == 0, run.output()[-3000:]
-            after = _wait(lambda: (p := page())["status"] == "stopped" and p, "the stopped job")
+            after = wait_until(lambda: (p := page())["status"] == "stopped" and p,
+                               "the stopped job")
             time.sleep(2.5)  # one more refresh: the page goes on without a live job
             after = page()
             assert after["completed"] == after["points"] == len(run.committed_epochs())
@@ -110,7 +101,7 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             segment = HistoryStore(history_dir(ck)).segments()[-1]
             with open(segment, "ab") as f:
                 f.write(b'{"kind": "epoch", "at": 1, "epoch": \n')
-            damaged = _wait(lambda: page()["warnings"], "the damaged line's warning")
+            damaged = wait_until(lambda: page()["warnings"], "the damaged line's warning")
             assert "skipped a damaged history line" in damaged and segment.name in damaged
             assert page()["completed"] == after["completed"]  # the rest still shows
             severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

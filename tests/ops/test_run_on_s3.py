@@ -6,7 +6,6 @@ reads the job from S3 while it runs; ``exactly stop`` reaches it; every id once.
 from __future__ import annotations
 
 import json
-import uuid
 
 import numpy as np
 import pytest
@@ -20,14 +19,9 @@ pytestmark = pytest.mark.chaos
 
 
 @pytest.fixture
-def s3_checkpoint(s3_server, monkeypatch) -> str:
-    """A fresh bucket, with the server in the ``AWS_*`` environment of the test and of every
-    command it starts."""
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    bucket = f"ck-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(bucket)
-    return f"s3a://{bucket}/jobs/orders"
+def s3_checkpoint(s3_bucket) -> str:
+    """A checkpoint in a fresh bucket (``s3_bucket`` puts the server in the environment)."""
+    return f"s3a://{s3_bucket}/jobs/orders"
 
 
 def test_a_job_on_an_s3_checkpoint_survives_a_driver_kill_and_stops_on_command(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ pytestmark = pytest.mark.server
 SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 
 
-@pytest.fixture
-def bucket(s3_server, monkeypatch) -> str:
-    """A fresh bucket, the server in the ``AWS_*`` environment of the test and of every
-    command it starts."""
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"sp-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    return name
 
 
 def savepoint_uri(stdout: str) -> str:
@@ -52,24 +42,24 @@ def ids_written(out: Path) -> int:
 
 
 def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_rescaled_on_s3(
-        tmp_path, bucket):
-    ck, out = f"s3a://{bucket}/jobs/totals", tmp_path / "out"
+        tmp_path, s3_bucket):
+    ck, out = f"s3a://{s3_bucket}/jobs/totals", tmp_path / "out"
     run = SupervisedRun(JOB, ck, env_for(out), log=tmp_path / "run1.log")
     try:
         run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs", timeout=300)
         taken = run.command("savepoint", ck)  # the default target, beside the checkpoint
         assert taken.returncode == 0, taken.stderr
         running_sp = savepoint_uri(taken.stdout)
-        assert running_sp.startswith(f"s3://{bucket}/jobs/totals.savepoints/savepoint-")
+        assert running_sp.startswith(f"s3://{s3_bucket}/jobs/totals.savepoints/savepoint-")
         at = read_manifest(running_sp).epoch
         run.wait_for(lambda: max(run.committed_epochs()) > at, "an epoch after it", timeout=300)
-        stopped = run.command("stop", "--savepoint", f"s3://{bucket}/sps", ck)
+        stopped = run.command("stop", "--savepoint", f"s3://{s3_bucket}/sps", ck)
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait(timeout=120) == 0, run.output()[-3000:]
     finally:
         run.close()
     final_sp = savepoint_uri(stopped.stdout)
-    assert final_sp.startswith(f"s3://{bucket}/sps/savepoint-")
+    assert final_sp.startswith(f"s3://{s3_bucket}/sps/savepoint-")
     manifest = read_manifest(final_sp)
     assert manifest.trigger == "stop" and manifest.epoch == max(run.committed_epochs())
     assert manifest.job["checkpoint"] == ck
@@ -84,7 +74,7 @@ def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_res
     # driver is killed once the restored checkpoint is uploaded, before the restore says
     # done, and the next one restores again from scratch (CI budget: the default lane
     # crashes a restore into S3 at the same point in-process, test_savepoints_on_s3.py)
-    ck2, fired = f"s3a://{bucket}/jobs/totals-v2", tmp_path / "fired"
+    ck2, fired = f"s3a://{s3_bucket}/jobs/totals-v2", tmp_path / "fired"
     kill = ("--fault", "restore.state", "--fault-marker", str(fired)) if SLOW else ()
     again = SupervisedRun(JOB, ck2, env_for(out, JOB_VERSION="v2"), "-s", final_sp,
                           "--parallelism", "3", *kill, log=tmp_path / "run2.log")
@@ -108,7 +98,7 @@ def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_res
     assert read_manifest(final_sp).files == manifest.files  # no_claim: untouched
 
     if SLOW:  # the stopped job's checkpoint on S3 restores like a savepoint (-s CHECKPOINT)
-        restore_a_retained_checkpoint_on_s3_through_a_kill(tmp_path, bucket, out, ck2,
+        restore_a_retained_checkpoint_on_s3_through_a_kill(tmp_path, s3_bucket, out, ck2,
                                                            max(again.committed_epochs()))
 
     dispose(running_sp)  # the command: test_savepoints_on_s3.py

@@ -9,7 +9,6 @@ and restored by the commands: test_savepoint_commands_on_s3.py."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from savepoint_jobs import KEYS, StatefulJob
 import exactly
 from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.location import open_store
+from exactly.checkpoint.transfer import download_tree, upload_tree
 from exactly.cli import main
 from exactly.errors import SavepointError
 from exactly.ops.job_savepoints import RestoreRequest, restore_job
@@ -36,7 +36,6 @@ from exactly.savepoints.manifest import (
 )
 from exactly.savepoints.metadata_files import relocate_schemas, v2_files
 from exactly.savepoints.operators import job_operators
-from exactly.savepoints.places import download_tree, upload_tree
 from exactly.savepoints.restore import RESTORED_STATE, read_marker
 from exactly.savepoints.take import take_savepoint
 
@@ -46,14 +45,6 @@ STEP = 600
 ENV = {"JOB_KIND": "rows", "JOB_VERSION": "v2", "JOB_MAX_ROWS": "300"}
 
 
-@pytest.fixture
-def bucket(s3_server, monkeypatch) -> str:
-    """A fresh bucket, the server in this process's ``AWS_*`` environment."""
-    for key, value in s3_server.env().items():
-        monkeypatch.setenv(key, value)
-    name = f"sp-{uuid.uuid4().hex[:12]}"
-    s3_server.create_bucket(name)
-    return name
 
 
 def state_ids(spark, checkpoint: Path, epoch: int) -> list[int]:
@@ -70,12 +61,12 @@ def assert_ids_once(out: Path, rows: int) -> None:
 
 
 def test_a_savepoint_on_s3_restores_rescaled_and_switched_into_s3_through_a_crash(
-        spark, tmp_path, bucket):
+        spark, tmp_path, s3_bucket):
     out = tmp_path / "out"
     first = StatefulJob(spark, tmp_path / "ck0", **ENV, JOB_BACKEND="hashmap",
                         JOB_OUT=str(out))
     first.run(STEP)
-    target = f"s3://{bucket}/team/savepoints"
+    target = f"s3://{s3_bucket}/team/savepoints"
     savepoint = first.savepoint(target)
     assert isinstance(savepoint, str) and savepoint.startswith(f"{target}/savepoint-")
     manifest = read_manifest(savepoint)  # every object's size and SHA-256
@@ -85,7 +76,7 @@ def test_a_savepoint_on_s3_restores_rescaled_and_switched_into_s3_through_a_cras
     assert sorted(names) == sorted([MANIFEST, *(f["path"] for f in manifest.files)])
 
     # a savepoint of another job (another source) is refused before anything is written
-    checkpoint = f"s3a://{bucket}/jobs/dedup"
+    checkpoint = f"s3a://{s3_bucket}/jobs/dedup"
     other = StatefulJob(spark, checkpoint, **ENV, JOB_OUT=str(tmp_path / "o"))  # type: ignore[arg-type]
     other_job = other.job(STEP)
     (tmp_path / "in").mkdir()
@@ -135,14 +126,14 @@ def test_a_savepoint_on_s3_restores_rescaled_and_switched_into_s3_through_a_cras
 
 
 def test_a_savepoint_of_transform_with_state_on_s3_reads_only_its_copy(
-        spark, tmp_path, bucket, savepoints):
+        spark, tmp_path, s3_bucket, savepoints):
     """Operator metadata v2 names its state schema files by absolute path: the savepoint of a
     checkpoint on S3 reads them from its copy (this session has no S3 file system), and
     keeps the copied bytes."""
     job = StatefulJob(spark, tmp_path / "ck", JOB_KIND="tws", JOB_BACKEND="rocksdb",
                       JOB_MAX_ROWS="300", JOB_OUT=str(tmp_path / "out"))
     job.run(STEP)
-    checkpoint = f"s3a://{bucket}/jobs/running"
+    checkpoint = f"s3a://{s3_bucket}/jobs/running"
     relocate_schemas(tmp_path / "ck", checkpoint)  # as Spark writes them on S3A
     upload_tree(tmp_path / "ck", open_store(checkpoint))
     savepoint = take_savepoint(spark, checkpoint, savepoints, operators=job.operators())
@@ -170,8 +161,8 @@ def local_savepoint(directory: Path) -> Path:
 
 
 def test_savepoints_on_s3_inspect_refuse_when_interrupted_or_altered_and_dispose(
-        tmp_path, bucket):
-    target = f"s3://{bucket}/sps"
+        tmp_path, s3_bucket):
+    target = f"s3://{s3_bucket}/sps"
     work = local_savepoint(tmp_path)
 
     def interrupted() -> None:

@@ -220,6 +220,7 @@ class ObjectHistoryStore:
         self._cache: dict[str, bytes] = {}
         self._last = HistoryRead()
         self._listed: set[str] = set()
+        self._appended = 0  #: records this store appended
 
     def describe(self) -> str:
         return self.store.describe(HISTORY_DIR)
@@ -233,11 +234,16 @@ class ObjectHistoryStore:
 
     def append(self, record: dict[str, Any]) -> None:
         """Write ``record`` as an object of its own; pack the records when there are
-        ``pack_every`` of them. Raises ConfigError for a record that is not one; the store's
-        errors propagate."""
+        ``pack_every`` of them. The records are counted (one LIST) at this store's first
+        append and every ``pack_every`` appends after, not at every append, so unpacked
+        records stay below ``pack_every`` times the number of writers plus one. Raises
+        ConfigError for a record that is not one; the store's errors propagate."""
         line = _encode(record)
         name = f"r-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
         self.store.write(f"{HISTORY_DIR}/{name}", line)
+        self._appended += 1
+        if self._appended % self.pack_every != 1 and self.pack_every > 1:
+            return
         segments, loose = self._names()  # every record object not packed (and deleted) yet
         if len(loose) >= self.pack_every:
             self._pack(loose, segments)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from exactly.checkpoint import layout
 from exactly.checkpoint.store import LocalLogStore, LogStore, S3LogStore, is_remote
+from exactly.checkpoint.transfer import delete_tree
 from exactly.errors import ConfigError
 
 
@@ -108,13 +108,7 @@ def as_store(where: LogStore | str | os.PathLike[str]) -> LogStore:
 def delete_checkpoint(checkpoint: str | os.PathLike[str]) -> None:
     """Delete everything stored under the checkpoint (``externalized_cleanup =
     delete_on_cancellation``); a checkpoint that is gone is not an error."""
-    local = local_checkpoint(os.fspath(checkpoint))
-    if local is not None:
-        shutil.rmtree(local, ignore_errors=True)
-        return
-    store = open_store(checkpoint)
-    for name in store.list_tree(""):
-        store.delete(name)
+    delete_tree(open_store(checkpoint))
 
 
 def checkpoint_exists(checkpoint: str | os.PathLike[str]) -> bool:

@@ -16,32 +16,12 @@ from pathlib import Path
 
 from exactly.checkpoint import layout
 from exactly.checkpoint.location import open_store
+from exactly.checkpoint.transfer import download_tree
 
-#: copied whole
-SMALL = ("metadata", "offsets", "commits")
+#: copied whole, besides ``metadata``
+LOGS = ("offsets", "commits")
 #: only their presence matters to the tools
 PRESENCE = ("state", "sources", layout.JOB_DIR)
-
-
-def copy_tree(location: str, folder: str, into: Path) -> int:
-    """Copy every object under ``location/folder`` into ``into/folder``; returns how many.
-    ``folder`` may also name one object."""
-    store = open_store(location)
-    single = store.read(folder) if folder else None
-    if single is not None:
-        (into / folder).parent.mkdir(parents=True, exist_ok=True)
-        (into / folder).write_bytes(single)
-        return 1
-    count = 0
-    for name in store.list_tree(folder):
-        data = store.read(f"{folder}/{name}")
-        if data is None:
-            continue  # deleted since it was listed (Spark's maintenance)
-        target = into / folder / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        count += 1
-    return count
 
 
 @contextlib.contextmanager
@@ -53,17 +33,19 @@ def mirrored(checkpoint: str, sink_log: str | None = None) -> Iterator[tuple[Pat
         root = Path(tmp) / "checkpoint"
         root.mkdir()
         store = open_store(checkpoint)
-        for name in SMALL:
-            copy_tree(checkpoint, name, root)
+        if store.exists("metadata"):
+            store.download("metadata", root / "metadata")
+        for folder in LOGS:
+            download_tree(store, root / folder, folder)
         for name in PRESENCE:
             if store.list_tree(name):
                 (root / name).mkdir(exist_ok=True)
         log: Path | None = None
         if sink_log is None:
-            if copy_tree(checkpoint, layout.SINK_LOG_DIR, root):
+            if download_tree(store, root / layout.SINK_LOG_DIR, layout.SINK_LOG_DIR):
                 log = root / layout.SINK_LOG_DIR
         else:
             log = Path(tmp) / "sink-log"
             log.mkdir()
-            copy_tree(sink_log, "", log)
+            download_tree(open_store(sink_log), log)
         yield root, log

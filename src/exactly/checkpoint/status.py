@@ -105,6 +105,17 @@ class JobStatus:
         return self.state not in ENDED and not self.alive()
 
 
+def update_status(where: Where, **fields: Any) -> None:
+    """Set ``fields`` of the status in ``where`` (with a fresh heartbeat); nothing when
+    there is none (a run that was never claimed, or whose checkpoint was deleted)."""
+    status = JobStatus.read(where)
+    if status is None:
+        return
+    for name, value in fields.items():
+        setattr(status, name, value)
+    status.write(where)
+
+
 def _encode(status: JobStatus) -> bytes:
     return json.dumps(status.to_json(), indent=2, sort_keys=True).encode()
 

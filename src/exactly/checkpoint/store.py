@@ -24,6 +24,7 @@ import builtins
 import contextlib
 import hashlib
 import os
+import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,20 @@ class LogStore(ABC):
     @abstractmethod
     def stat_tree(self, folder: str) -> builtins.list[tuple[str, int, float]]:
         """``(name relative to folder, size, modified)`` of every file below ``folder``."""
+
+    @abstractmethod
+    def download(self, name: str, dest: Path) -> None:
+        """Copy the file to the local file ``dest`` (its folder created); FileNotFoundError
+        when it does not exist (deleted since it was listed)."""
+
+    @abstractmethod
+    def upload(self, name: str, source: Path) -> None:
+        """Copy the local file ``source`` to ``name`` (replacing it): whole or not at all on
+        S3, a plain copy on a POSIX directory."""
+
+    @abstractmethod
+    def sha256(self, name: str) -> str | None:
+        """The file's SHA-256, read as a stream; None when it does not exist."""
 
     @abstractmethod
     def any(self) -> bool:
@@ -175,6 +190,25 @@ class LocalLogStore(LogStore):
             found.append((name, stat.st_size, stat.st_mtime))
         return found
 
+    def download(self, name: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.root / name, dest)
+
+    def upload(self, name: str, source: Path) -> None:
+        target = self.root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+
+    def sha256(self, name: str) -> str | None:
+        digest = hashlib.sha256()
+        try:
+            with open(self.root / name, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+        except FileNotFoundError:
+            return None
+        return digest.hexdigest()
+
     def any(self) -> bool:
         return self.root.exists()
 
@@ -207,16 +241,17 @@ class S3LogStore(LogStore):
                               retries={"max_attempts": 5, "mode": "standard"}))
         return self._client
 
-    def _key(self, name: str) -> str:
+    def key(self, name: str) -> str:
+        """The object key of ``name``."""
         return f"{self.prefix}/{name}" if self.prefix else name
 
     def describe(self, name: str = "") -> str:
-        key = self._key(name) if name else self.prefix
+        key = self.key(name) if name else self.prefix
         return f"{self.scheme}://{self.bucket}/{key}"
 
     def _get(self, name: str) -> dict[str, Any] | None:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(name))
+            return self.client.get_object(Bucket=self.bucket, Key=self.key(name))
         except self.client.exceptions.NoSuchKey:
             return None
 
@@ -231,13 +266,13 @@ class S3LogStore(LogStore):
         return response["Body"].read(), response["ETag"]
 
     def write(self, name: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data)
+        self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
 
     def _put_if(self, name: str, data: bytes, **condition: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(name), Body=data,
+            self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data,
                                    **condition)
             return True
         except ClientError as exc:
@@ -271,7 +306,7 @@ class S3LogStore(LogStore):
         return self._list(folder)
 
     def stat_tree(self, folder: str) -> builtins.list[tuple[str, int, float]]:
-        prefix = self._key(folder).rstrip("/") + "/" if folder or self.prefix else ""
+        prefix = self.key(folder).rstrip("/") + "/" if folder or self.prefix else ""
         found = []
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
@@ -283,12 +318,38 @@ class S3LogStore(LogStore):
 
     def modified(self, name: str) -> float | None:
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(name))
+            head = self.client.head_object(Bucket=self.bucket, Key=self.key(name))
         except self.client.exceptions.ClientError as exc:
             if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
                 return None
             raise
         return float(head["LastModified"].timestamp())
+
+    def download(self, name: str, dest: Path) -> None:
+        from botocore.exceptions import ClientError
+
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a managed transfer: multipart for big files
+            self.client.download_file(self.bucket, self.key(name), str(dest))
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = exc.response.get("Error", {}).get("Code")
+            if status == 404 or code in ("404", "NoSuchKey"):
+                raise FileNotFoundError(2, "no such object", self.describe(name)) from None
+            raise
+
+    def upload(self, name: str, source: Path) -> None:
+        self.client.upload_file(str(source), self.bucket, self.key(name))
+
+    def sha256(self, name: str) -> str | None:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(name))["Body"]
+        except self.client.exceptions.NoSuchKey:
+            return None
+        digest = hashlib.sha256()
+        for chunk in body.iter_chunks(1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()
 
     def any(self) -> bool:
         prefix = self.prefix.rstrip("/") + "/" if self.prefix else ""
@@ -296,7 +357,7 @@ class S3LogStore(LogStore):
         return bool(found.get("KeyCount"))
 
     def _list(self, folder: str, **delimiter: str) -> builtins.list[str]:
-        prefix = self._key(folder).rstrip("/") + "/"
+        prefix = self.key(folder).rstrip("/") + "/"
         names: builtins.list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, **delimiter):
@@ -306,6 +367,6 @@ class S3LogStore(LogStore):
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(self.client.exceptions.NoSuchKey):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(name))
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(name))
 
 

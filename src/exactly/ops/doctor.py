@@ -44,11 +44,9 @@ from exactly.protocol.repairs import (
     task_repair,
 )
 
-#: where ``exactly.ops.query.start_query`` puts the log of sinks without a directory of their own
-DEFAULT_SINK_LOG = layout.SINK_LOG_DIR
 #: what only Spark (or exactly's sink log) writes into a checkpoint: one of them makes it one
 SPARK_CHECKPOINT_ENTRIES = ("metadata", "offsets", "commits", "sources", "state",
-                            DEFAULT_SINK_LOG)
+                            layout.SINK_LOG_DIR)
 _LOG_FILE = re.compile(r"^(\d+)\.json$")
 
 
@@ -62,8 +60,8 @@ def sink_log_for(checkpoint: str | Path, sink_log: str | Path | None = None,
     if sink_path:
         return Path(sink_path) / layout.OUTPUT_LOG_DIR
     local = local_checkpoint(str(checkpoint))
-    if local is not None and (local / DEFAULT_SINK_LOG).is_dir():
-        return local / DEFAULT_SINK_LOG
+    if local is not None and (local / layout.SINK_LOG_DIR).is_dir():
+        return local / layout.SINK_LOG_DIR
     return None
 
 
@@ -169,7 +167,7 @@ def _diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
         report.query_id = read_metadata(location)
     offsets, commits = _check_spark_logs(report, local)
     if log is None:
-        report.add("info", local / DEFAULT_SINK_LOG,
+        report.add("info", local / layout.SINK_LOG_DIR,
                    "no exactly sink log found (the file sink keeps it in <output>/_exactly)",
                    "pass --sink-path OUTPUT for the file sink or --sink-log DIR")
     elif not log.is_dir():

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exactly.checkpoint.layout import DRIVER_EXIT, JOB_STATUS
+from exactly.checkpoint.layout import DRIVER_EXIT
 from exactly.checkpoint.location import checkpoint_uri, host_dir, is_remote, job_store
 from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import new_run_id
-from exactly.checkpoint.status import JobStatus, claim_job
+from exactly.checkpoint.status import JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.errors import ConfigError, ExactlyError, JobBuildError, TransientError
@@ -158,8 +158,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     record_operators(directory, operators)  # the uids a later `-s CHECKPOINT` maps state by
     chosen = strategy or job.restart_strategy or default_strategy()
     # tell the launcher which strategy counts process restarts, and who the driver is
-    _merge(directory, {"strategy": strategy_to_json(chosen),
-                       "driver": current_process().to_json()})
+    update_status(directory, strategy=strategy_to_json(chosen), driver=current_process())
     config = job.checkpoint
     admission = job_admission_file(host_dir(job.checkpoint.storage))
     if config.needs_admission and not admission_named(admission):
@@ -378,7 +377,7 @@ def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
     log_event(logger, "launcher_lost", logging.WARNING, launcher_pid=launcher.pid)
     RestartHistory(directory, run_id).append("failure", kind="launcher", cause=cause,
                                              action="stop")
-    _merge(directory, {"state": "stopping", "detail": cause})
+    update_status(directory, state="stopping", detail=cause)
     ControlChannel(checkpoint).post("stop", drain=False,
                                     reason=f"its launcher (pid {launcher.pid}) ended")
 
@@ -457,23 +456,12 @@ def _record_start_failure(directory: LogStore, run_id: str, kind: str,
     cause = root_cause_of(exc)
     RestartHistory(directory, run_id).append("failure", kind=kind, cause=cause,
                                              action="give-up", fatal=True)
-    _merge(directory, {"state": "failed", "detail": cause})
+    update_status(directory, state="failed", detail=cause)
 
 
 def _mark_failed(spec: DriverSpec, detail: str) -> None:
     if spec.checkpoint:
-        _merge(job_store(spec.checkpoint), {"state": "failed", "detail": detail})
-
-
-def _merge(directory: LogStore, fields: Mapping[str, Any]) -> None:
-    """Set ``fields`` of ``job.json`` (nothing when there is none)."""
-    from exactly.fsutil import parse_json
-
-    raw = directory.read(JOB_STATUS)
-    data = parse_json(raw, directory.describe(JOB_STATUS)) if raw is not None else None
-    if isinstance(data, dict):
-        data.update(fields)
-        directory.write(JOB_STATUS, json.dumps(data, indent=2, sort_keys=True).encode())
+        update_status(job_store(spec.checkpoint), state="failed", detail=detail)
 
 
 def _stop_quietly(spark: SparkSession) -> None:

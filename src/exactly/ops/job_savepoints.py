@@ -25,10 +25,11 @@ from exactly.checkpoint.location import (
 )
 from exactly.checkpoint.status import running_job
 from exactly.checkpoint.store import LocalLogStore, is_remote
+from exactly.checkpoint.transfer import download_tree
 from exactly.errors import SavepointError
 from exactly.savepoints.manifest import MANIFEST, Manifest, dispose, read_manifest
 from exactly.savepoints.operators import recorded_operators
-from exactly.savepoints.places import download_tree, staging_dir
+from exactly.savepoints.places import staging_dir
 from exactly.savepoints.restore import (
     RestoreMode,
     plan_restore,

@@ -39,7 +39,7 @@ from exactly.checkpoint.layout import DRIVER_EXIT
 from exactly.checkpoint.location import checkpoint_uri, host_dir, job_store
 from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
-from exactly.checkpoint.status import JobStatus, claim_job
+from exactly.checkpoint.status import JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
@@ -53,6 +53,7 @@ from exactly.procs import (
     current_process,
     kill_job,
     new_job_token,
+    process_id,
     reap_children,
 )
 
@@ -67,8 +68,11 @@ ORPHAN_GRACE_S = 60.0
 def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
-    checkpoint = checkpoint_uri(spec.checkpoint or _resolved_checkpoint(spec))
-    check_reachable(checkpoint)  # S3: settings, endpoint, bucket, in one line if not
+    if spec.checkpoint:  # the command line checked it (S3: settings, endpoint, bucket)
+        checkpoint = checkpoint_uri(spec.checkpoint)
+    else:  # named by the job file: checked here, in one line if not usable
+        checkpoint = checkpoint_uri(_resolved_checkpoint(spec))
+        check_reachable(checkpoint)
     directory = job_store(checkpoint)
     run_id = new_run_id()
     fault = spec.fault
@@ -106,7 +110,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             started = time.time()
             child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
                                       spec.to_json()], env=env, start_new_session=True)
-            _set_driver(directory, child.pid)
+            update_status(directory, driver=process_id(child.pid), state="starting")
             code = _wait(child)
             kill_job(token, what="the driver's leftover processes")
             reap_children()
@@ -137,14 +141,14 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
                       logging.WARNING, cause=cause, delay_s=delay,
                       restarts=history.restarts(), repeats=repeats)
             if delay is None:
-                _set_state(directory, "failed", cause)
+                update_status(directory, state="failed", detail=cause)
                 said = f"{repeated}: " if repeated else ""
                 print(f"exactly run: job failed: {said}{cause} (restart strategy "
                       f"{strategy.describe()} gave up)", file=out, flush=True)
                 return JOB_FAILED
             print(f"exactly run: {cause}; restarting in {delay:.1f}s "
                   f"(restart {history.restarts()})", file=out, flush=True)
-            _set_state(directory, "restarting", cause)
+            update_status(directory, state="restarting", detail=cause)
             if _wait_or_request(control, delay, stopping):
                 return 0
     finally:
@@ -224,34 +228,15 @@ def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int
     while time.monotonic() < until:
         reap_children()
         if stopping:
-            _set_state(control.store, "stopped", "stopped between restarts")
+            update_status(control.store, state="stopped", detail="stopped between restarts")
             return True
         for request in control.pending():
             if request.action == "savepoint" or request.params.get("savepoint") is not None:
                 continue
             control.answer(request, "done", f"{request.action}: no driver was running "
                            "(between restarts); nothing was in flight")
-            _set_state(control.store, "stopped" if request.action == "stop"
-                       else "cancelled", "")
+            update_status(control.store, detail="",
+                          state="stopped" if request.action == "stop" else "cancelled")
             return True
         time.sleep(min(0.2, max(0.0, until - time.monotonic())))
     return False
-
-
-def _set_driver(directory: LogStore, pid: int) -> None:
-    from exactly.procs import process_id
-
-    status = JobStatus.read(directory)
-    if status is None:
-        return
-    status.driver = process_id(pid)
-    status.state = "starting"
-    status.write(directory)
-
-
-def _set_state(directory: LogStore, state: str, detail: str) -> None:
-    status = JobStatus.read(directory)
-    if status is not None:
-        status.state = state
-        status.detail = detail
-        status.write(directory)

@@ -45,7 +45,7 @@ from exactly.checkpoint.history import append_now
 from exactly.checkpoint.location import job_store
 from exactly.checkpoint.restarts import RestartHistory
 from exactly.checkpoint.spark_files import last_committed_epoch
-from exactly.checkpoint.status import JobStatus
+from exactly.checkpoint.status import update_status
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
@@ -566,14 +566,8 @@ class Supervisor:
 
     def _status(self, state: str, detail: str = "") -> None:
         self._heartbeat_at = time.monotonic()
-        status = JobStatus.read(self.directory)
-        if status is None:
-            return
-        status.state = state
-        status.detail = detail
-        status.last_epoch = self.last_epoch
-        status.restarts = self.history.restarts()
-        status.write(self.directory)
+        update_status(self.directory, state=state, detail=detail, last_epoch=self.last_epoch,
+                      restarts=self.history.restarts())
 
 
 def _ran(progress: dict[str, Any]) -> bool:

@@ -31,9 +31,9 @@ from typing import Any
 
 from exactly.checkpoint.location import location_uri, open_store
 from exactly.checkpoint.store import LogStore, is_remote
+from exactly.checkpoint.transfer import delete_tree, put_all
 from exactly.errors import SavepointError
 from exactly.fsutil import atomic_write_bytes, fsync_dir
-from exactly.savepoints.places import delete_tree, put_all, sha256_in
 
 FORMAT = "exactly-savepoint"
 #: the manifest format this exactly writes and the newest it reads
@@ -269,7 +269,7 @@ def _verify(root: str, store: LogStore, manifest: Manifest, checksums: bool) -> 
             raise SavepointError(f"the savepoint {root} lacks {entry['path']}, which its "
                                  "manifest lists: it was copied incompletely or damaged")
         if size != entry["size"] or (checksums and
-                                     sha256_in(store, entry["path"]) != entry["sha256"]):
+                                     store.sha256(entry["path"]) != entry["sha256"]):
             raise SavepointError(
                 f"{store.describe(entry['path'])} differs from the savepoint's manifest (size "
                 f"{size}, listed {entry['size']}; or its SHA-256): the file was truncated or "

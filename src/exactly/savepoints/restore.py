@@ -47,6 +47,7 @@ from exactly.checkpoint.location import (
     open_store,
 )
 from exactly.checkpoint.store import LogStore, is_remote
+from exactly.checkpoint.transfer import delete_tree, upload_tree
 from exactly.errors import SavepointError
 from exactly.fsutil import parse_json
 from exactly.logs import log_event
@@ -54,7 +55,7 @@ from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.metadata_files import edit_meta, relocate_schemas, renumber_v2
 from exactly.savepoints.operators import JobOperator
-from exactly.savepoints.places import delete_tree, staging_dir, upload_tree
+from exactly.savepoints.places import staging_dir
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
 
 if TYPE_CHECKING:

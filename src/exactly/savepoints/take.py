@@ -43,6 +43,7 @@ from exactly.checkpoint.history import append_now
 from exactly.checkpoint.location import local_checkpoint, location_uri, open_store
 from exactly.checkpoint.spark_files import batch_numbers, read_metadata, read_offsets
 from exactly.checkpoint.store import LogStore, is_remote
+from exactly.checkpoint.transfer import fetch_all
 from exactly.config import StateBackend
 from exactly.errors import SavepointError
 from exactly.logs import log_event
@@ -59,7 +60,6 @@ from exactly.savepoints.manifest import (
     write_manifest,
 )
 from exactly.savepoints.metadata_files import relocate_schemas, v2_files
-from exactly.savepoints.places import fetch_all
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

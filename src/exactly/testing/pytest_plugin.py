@@ -126,3 +126,14 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.fail(f"{exc}", pytrace=False)
     yield server
     server.close()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket's name, with the server in the ``AWS_*`` environment of the test and
+    of every command it starts (what boto3, PyArrow, S3A and the CLI read)."""
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    return name
