@@ -6,7 +6,13 @@ of the job (with EXACTLY_SLOW=1: its first driver SIGKILLed once the restored ch
 on S3, and then ``-s s3a://RETAINED-CHECKPOINT`` through the same kill). Real Spark under
 ``exactly run``; the audit counts every id and checks each key's running totals against a
 batch computation of the input. ``--inspect`` and ``--dispose`` on S3:
-test_savepoints_on_s3.py."""
+test_savepoints_on_s3.py.
+
+In the slow lane (EXACTLY_SLOW=1): the default run is at its 20-minute budget, and the
+default lane keeps the savepoints on S3 in process (test_savepoints_on_s3.py: a restore into
+S3 rescaled and switched through a crash, a running job's savepoint read from its copy) and
+``exactly run`` on S3 with a driver kill (tests/ops/test_run_on_s3.py); the same commands on a
+cluster are in tests/chaos/test_cluster_on_s3.py, slow too."""
 
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ def ids_written(out: Path) -> int:
     return len(file_ids(out)[0])
 
 
+@pytest.mark.slow
 def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_rescaled_on_s3(
         tmp_path, s3_bucket):
     ck, out = f"s3a://{s3_bucket}/jobs/totals", tmp_path / "out"
