@@ -47,3 +47,19 @@ def test_an_unreadable_published_file_is_recorded_and_the_observer_reads_on(tmp_
         pq.write_table(pa.table({"id": [1]}), out / "epoch-000000000000" / "part-00000.parquet")
     assert history.last("files") == (Row(1, 0),)
     assert "ArrowInvalid" in history.errors["files"][0]
+
+
+def test_a_postgres_observer_whose_server_is_unreachable_records_errors_and_stops_cleanly():
+    from exactly.testing.nemesis.observers import PostgresObserver
+    from exactly.testing.ports import free_port
+
+    history = History()
+    dsn = f"postgresql://nobody:secret@127.0.0.1:{free_port()}/db"  # nothing listens there
+    observer = PostgresObserver(history, dsn, "t", name="pg", poll_seconds=0.02)
+    with observer:
+        wait_until(lambda: history.error_counts["pg"] >= 2, "two failed polls", timeout=10,
+                   poll=0.02)
+    assert not observer._thread.is_alive()
+    assert history.last("pg") is None
+    assert "connecting to PostgreSQL" in history.errors["pg"][0]
+    assert "secret" not in " ".join(history.errors["pg"])

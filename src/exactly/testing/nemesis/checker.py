@@ -139,6 +139,7 @@ class History:
         self._lock = threading.Lock()
         self._observations: list[Observation] = []
         self._last: dict[str, tuple[Row, ...]] = {}
+        self._raw: dict[str, tuple[Any, ...]] = {}  # each reader's last snapshot as given
         self.polls: Counter[str] = Counter()
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.error_counts: Counter[str] = Counter()
@@ -164,12 +165,17 @@ class History:
              at: str | None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation {isolation!r}: use one of {ISOLATIONS}")
-        frozen = tuple(r if isinstance(r, Row) else Row(*r) for r in rows)
+        given = tuple(rows)
         with self._lock:
             self.polls[reader] += 1
+            if not stream and self._raw.get(reader) == given:  # cheap: no conversion
+                return
+        frozen = tuple(r if isinstance(r, Row) else Row(*r) for r in given)
+        with self._lock:
             if stream and not frozen:
                 return
             if not stream:
+                self._raw[reader] = given
                 if self._last.get(reader) == frozen:
                     return
                 self._last[reader] = frozen

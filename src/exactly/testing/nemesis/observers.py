@@ -157,11 +157,11 @@ class PostgresObserver(Observer):
             sql.SQL(", ").join(parts), TableName.parse(self.table).sql(), parts[0])
 
     def poll(self) -> None:
-        import psycopg
+        from exactly.connectors.sql import pg_connect
 
-        if self._conn is None:
-            self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5,
-                                         application_name=f"exactly-observer-{self.name}")
+        if self._conn is None:  # its errors name the server, never the password
+            self._conn = pg_connect(self.dsn, application=f"exactly-observer-{self.name}",
+                                    autocommit=True, connect_timeout=5)
         rows = self._conn.execute(self._query()).fetchall()
         self.history.snapshot(self.name, self.isolation, rows)
 
