@@ -7,4 +7,5 @@
 ``clock``     a clock that jumps, for components that take an injected clock
 ``schedule``  faults at random times from a seed, written to a log that replays them
 ``checker``   names the anomalies readers saw (lost write, duplicate, aborted read, ...)
+``observers`` the readers that feed it: file sink, PostgreSQL, Kafka, Delta
 """
