@@ -41,11 +41,13 @@ from exactly.testing.nemesis.faultlog import FaultLog
 from exactly.testing.nemesis.observers import (
     DeltaObserver,
     FileOutputObserver,
+    KafkaObserver,
     Observer,
     PostgresObserver,
+    json_row,
 )
 from exactly.testing.nemesis.processes import driver_pids, executor_pids, tree_pids
-from exactly.testing.nemesis.proxy import FaultProxy, contains, http_request
+from exactly.testing.nemesis.proxy import FaultProxy, contains, http_request, kafka_request
 from exactly.testing.nemesis.schedule import Action, FaultSchedule, Nemesis
 from exactly.testing.supervised import SupervisedRun
 
@@ -334,3 +336,41 @@ def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_
                     server)
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.drop"}
+
+
+# -- Kafka ------------------------------------------------------------------------------------
+def test_the_kafka_sink_under_network_faults_pauses_a_full_disk_and_kills_commits_once(
+        tmp_path, broker, topic, kafka_proxy):
+    from exactly.testing.kafka_broker import consume_all
+
+    read = json_row("id")
+
+    def final_rows() -> list[Row]:
+        rows = [read(_Message(value)) for _, _, _, value in consume_all(broker.bootstrap, topic)]
+        return [r for r in rows if r is not None]
+
+    def observers(history: History) -> list[Observer]:
+        return [KafkaObserver(history, broker.bootstrap, topic, isolation=isolation, row=read)
+                for isolation in ("read_committed", "read_uncommitted")]
+
+    def server(log: FaultLog) -> dict[str, Action]:
+        kafka_proxy.log = log
+        return {**actions.network_actions(kafka_proxy, kafka_request(26)),  # EndTxn
+                actions.SERVER_PAUSE: actions.pause_action(
+                    lambda: tree_pids(broker.proc.pid), "kafka", log)}
+
+    env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic}
+    target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
+                    server)
+    summary = run_under_nemesis(tmp_path, target)
+    assert summary.faults.keys() >= {"net.answer", "pause.server", "net.cut"}
+
+
+class _Message:
+    """A consumed record's value in the shape ``json_row`` reads."""
+
+    def __init__(self, value: bytes | None) -> None:
+        self._value = value
+
+    def value(self) -> bytes | None:
+        return self._value
