@@ -95,7 +95,7 @@ def ends(proxy: FaultProxy, step: Callable[[], Any]) -> Any:
     if thread.is_alive():
         proxy.heal()
         thread.join(HUNG_S)
-        pytest.fail(f"the commit still waited for the lost answer after {HUNG_S:g} s: "
+        pytest.fail(f"the call still waited for the lost answer after {HUNG_S:g} s: "
                     "nothing bounds the wait")
     if "error" in out:
         raise out["error"]
@@ -184,6 +184,22 @@ def test_2pc_commit_prepared_without_an_answer_fails_bounded_and_the_restart_fin
     h.restart()
     h.commit(0, h.tasks(0, parts(0)))
     assert h.completion(0)["already_committed"] >= 1
+    assert sorted_ids(conn, table_name) == sorted(epoch_ids(0))
+    assert prepared_count(conn, h.query_id) == 0
+
+
+def test_2pc_prepare_without_an_answer_fails_the_task_and_the_leftover_is_rolled_back(
+        pg, conn, proxy, proxied_dsn, tmp_path, table_name):
+    """A task's PREPARE TRANSACTION is applied and its answer dropped: the task fails with
+    the timeout named instead of hanging; its retry and the epoch commit; the prepared
+    transaction of the failed attempt is rolled back as a leftover, so the rows show once."""
+    h = ProtocolHarness(two_pc_sink(pg, proxied_dsn, tmp_path, table_name))
+    lost = proxy.on_request(contains(b"PREPARE TRANSACTION"), Answer.DROP)
+    with pytest.raises(DatabaseError, match=r"PREPARE TRANSACTION.*commitTimeoutMs"):
+        ends(proxy, lambda: h.tasks(0, parts(0)))
+    assert lost.count == 1
+    assert prepared_count(conn, h.query_id) == 1  # applied: the attempt's rows wait, prepared
+    h.run_epoch(0, parts(0))  # Spark's retry of the tasks, then the commit
     assert sorted_ids(conn, table_name) == sorted(epoch_ids(0))
     assert prepared_count(conn, h.query_id) == 0
 
