@@ -204,7 +204,7 @@ def test_file_sink_on_the_cluster(cluster, tmp_path, events):
     assert_no_dangling_pre_commits(out)
 
 
-@pytest.mark.slow  # CI budget: Delta on S3 under kills is tests/chaos/test_delta_chaos.py
+@pytest.mark.slow  # CI budget: Delta under kills is tests/chaos/test_delta_chaos.py
 def test_delta_sink_on_the_cluster(cluster, tmp_path, events):
     uri = str(tmp_path / "table")
     run(cluster, pipeline(tmp_path, events, uri, "--sink", "delta"))

@@ -111,6 +111,12 @@ def _wait_for(predicate, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+# CI budget: with EXACTLY_SLOW=1. The default lane fences a second live instance of every
+# sink in tests/contract (test_a_second_live_instance_is_fenced_and_commits_nothing, case
+# files among them), a second Spark query of the 2PC sink in tests/postgres/test_fencing.py,
+# and a second driver process on this file sink's output, from another host, in
+# tests/chaos/test_fencing_across_hosts.py
+@pytest.mark.slow
 def test_a_second_instance_of_the_query_is_fenced_and_never_commits(tmp_path):
     """Two drivers on one query (B restores a copy of A's checkpoint): B must fail with a
     clear error and commit nothing, while A goes on committing."""

@@ -18,7 +18,8 @@ pytestmark = [
     pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
                        reason="long variant: set EXACTLY_SLOW=1 (the default lane proves the "
-                              "s3a:// checkpoint under kills with the Delta sink)"),
+                              "s3a:// checkpoint under kills in tests/ops/test_run_on_s3.py and "
+                              "tests/chaos/test_cluster_lane.py)"),
 ]
 POINTS = [FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.AFTER_COMMITS, 2)]
 

@@ -22,8 +22,9 @@ pytestmark = [
     pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
                        reason="long variant: set EXACTLY_SLOW=1 (the default lane proves the "
-                              "S3 commit log and s3a:// checkpoint under kills with the Delta "
-                              "sink, tests/chaos/test_delta_chaos.py)"),
+                              "S3 commit log and s3a:// checkpoint under kills with the "
+                              "write-ahead sink into PostgreSQL on a cluster, "
+                              "tests/chaos/test_cluster_lane.py)"),
 ]
 ROWS, PER_EPOCH = 4_000, 1_000
 #: the two points where only the commit log on S3 knows the outcome: after the intent

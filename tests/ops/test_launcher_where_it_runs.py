@@ -22,6 +22,10 @@ from exactly.checkpoint.spark_files import batch_numbers
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
 
 PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
+#: SIGKILLs of the driver's tree under PID 1: the second one hits a driver the launcher
+#: restarted after the first (its orphans reaped, not fenced by the dead one); a third would
+#: repeat the second (CI budget)
+DRIVER_TREE_KILLS = 2
 
 
 def _pid_namespaces_allowed() -> str | None:
@@ -103,9 +107,9 @@ def _wait(condition, what: str, timeout: float = 120.0) -> None:
 
 
 @pytest.mark.chaos
-def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_three_driver_tree_kills_and_a_kill_of_the_whole_job_is_recorded_by_the_next_start(  # noqa: E501
+def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_repeated_driver_tree_kills_and_a_kill_of_the_whole_job_is_recorded_by_the_next_start(  # noqa: E501
         tmp_path):
-    """What a container does: ``exactly run`` is PID 1 of its PID namespace. Three SIGKILLs
+    """What a container does: ``exactly run`` is PID 1 of its PID namespace. Two SIGKILLs
     of the driver's tree from outside: each time the killed processes fall to the launcher,
     which reaps them (no zombie stays), and the new driver is not fenced by a dead one. Then
     the whole namespace is killed (PID 1 first: the kernel kills the rest); the next start
@@ -131,7 +135,7 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_three_driver_tree_kil
         assert "\t1\n" in next(line + "\n" for line in Path(
             f"/proc/{launcher.pid}/status").read_text().splitlines() if line.startswith("NSpid"))
         killed: list[int] = []
-        for kill in range(3):
+        for kill in range(DRIVER_TREE_KILLS):
             done = len(run.committed_epochs())
             run.wait_for(lambda d=done: len(run.committed_epochs()) > d
                          and _driver_of(launcher) is not None, f"an epoch before kill {kill}")
@@ -151,9 +155,10 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_three_driver_tree_kil
         _wait(lambda: not job_processes(token), "the namespace's processes to end", 30)
     finally:
         run.close()
-    assert len(set(killed)) == 3
+    assert len(set(killed)) == DRIVER_TREE_KILLS
     failures = [e for e in _history(ck) if e["event"] == "failure"]
-    assert [(e["kind"], e["action"]) for e in failures] == [("process", "restart")] * 3
+    assert [(e["kind"], e["action"]) for e in failures] == [("process", "restart")] * (
+        DRIVER_TREE_KILLS)
     assert not any("FencedError" in e["cause"] for e in failures)
 
     marker = tmp_path / "fired.json"
@@ -180,9 +185,9 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_three_driver_tree_kil
     in_flight = lost[0]["epoch_in_flight"]
     assert in_flight is None or in_flight == epochs_before[-1] + 1
     view = json.loads(again.command("checkpoints", str(ck), "--json").stdout)
-    assert view["counts"]["restarts"] == 4  # three driver kills and the lost run
+    assert view["counts"]["restarts"] == DRIVER_TREE_KILLS + 1  # and the lost run
     assert [e["kind"] for e in view["restarts"] if e["event"] == "failure"] == [
-        "process", "process", "process", "lost-run"]
+        *["process"] * DRIVER_TREE_KILLS, "lost-run"]
     assert view["status"] == "stopped"
     _audit(out, rows)
 
