@@ -83,6 +83,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 KAFKA_MARKER_TOPIC = "exactly.kafka.markerTopic"
 KAFKA_PUBLISH_TIMEOUT_MS = "exactly.kafka.publishTimeoutMs"
 DEFAULT_PUBLISH_TIMEOUT_MS = 300_000
+KAFKA_CALL_TIMEOUT_MS = "exactly.kafka.callTimeoutMs"
+DEFAULT_KAFKA_CALL_TIMEOUT_MS = 30_000
 # read side (exactly.connectors.kafka.reader; SUBSCRIBE etc. below): defaults and extras
 DEFAULT_STARTING_OFFSETS = "earliest"  #: STARTING_OFFSETS: earliest | latest | JSON
 KAFKA_ISOLATION_LEVEL = "kafka.isolation.level"
@@ -128,7 +130,7 @@ SINK_OPTIONS: dict[str, tuple[str, ...]] = {
                        COMMIT_TIMEOUT_MS),
     "exactly.kafka": (*SINK_COMMON, KAFKA_BOOTSTRAP, TOPIC, TRANSACTIONAL_ID_PREFIX,
                       KAFKA_TRANSACTION_TIMEOUT_MS, KAFKA_MARKER_TOPIC,
-                      KAFKA_PUBLISH_TIMEOUT_MS),
+                      KAFKA_PUBLISH_TIMEOUT_MS, KAFKA_CALL_TIMEOUT_MS),
     "exactly.delta": (*SINK_COMMON, PATH, COMPRESSION),
 }
 #: name prefixes a format passes on to a client library whole (``kafka.<client option>``)

@@ -148,7 +148,7 @@ def test_the_answer_to_a_chosen_request_is_cut_after_the_server_applied_it(proxy
 
 
 def test_a_late_request_reaches_the_server_after_the_client_gave_up(proxy, server):
-    proxy.on_request(contains(b"END"), Answer.LATE_REQUEST, delay=0.6)
+    trigger = proxy.on_request(contains(b"END"), Answer.LATE_REQUEST, delay=0.6)
     c = socket.create_connection(("127.0.0.1", proxy.port), timeout=0.2)
     sent = time.monotonic()
     c.sendall(b"END 1\n")
@@ -161,6 +161,8 @@ def test_a_late_request_reaches_the_server_after_the_client_gave_up(proxy, serve
         time.sleep(0.05)
     assert server.lines() == [b"END 1"]
     assert server.received[0][0] - sent >= 0.6
+    assert trigger.delivered.wait(5)
+    assert trigger.answered.wait(5)  # the server answered (to a client no longer there)
 
 
 def test_a_late_answer_arrives_after_its_delay(proxy):

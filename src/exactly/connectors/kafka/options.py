@@ -14,6 +14,10 @@ Options (``df.writeStream.format("exactly.kafka")``, keys named in :mod:`exactly
                               ``topic``); must exist, is never written to
 ``exactly.checkpointIntervalMs``  the trigger interval, for the timeout check
 ``exactly.kafka.publishTimeoutMs``  give up publishing one epoch after this (default 300000)
+``exactly.kafka.callTimeoutMs``  the longest one transactional call (``init_transactions``,
+                              sending the epoch marker, ``commit_transaction``) may wait
+                              before the producer is replaced and the publish tried again
+                              (default 30000; at most the publish timeout)
 ``exactly.fault``             a fault to inject (:mod:`exactly.protocol.faults`), e.g. the
                               sink's own ``kafka.in_transaction@EPOCH``
 
@@ -67,6 +71,8 @@ class KafkaSinkOptions:
     marker_topic: str | None
     checkpoint_interval_ms: int | None
     publish_timeout_ms: int
+    #: bound of one transactional call (see the module docstring)
+    call_timeout_ms: int = opt.DEFAULT_KAFKA_CALL_TIMEOUT_MS
     #: the armed fault (options ``exactly.fault``, ``exactly.faultMarker``, ...), for the sink's
     #: own point ``kafka.in_transaction``
     fault: FaultSpec | None = None
@@ -101,7 +107,14 @@ class KafkaSinkOptions:
             checkpoint_interval_ms=int(float(interval)) if interval else None,
             publish_timeout_ms=int(options.get(opt.KAFKA_PUBLISH_TIMEOUT_MS,
                                                opt.DEFAULT_PUBLISH_TIMEOUT_MS)),
+            call_timeout_ms=_positive_ms(options, opt.KAFKA_CALL_TIMEOUT_MS,
+                                         opt.DEFAULT_KAFKA_CALL_TIMEOUT_MS),
             fault=fault_from(options))
+
+    @property
+    def call_timeout_s(self) -> float:
+        """:attr:`call_timeout_ms` in seconds, never more than the publish timeout."""
+        return min(self.call_timeout_ms, self.publish_timeout_ms) / 1000
 
     def client_conf(self) -> dict[str, Any]:
         """The producers' settings: the bootstrap servers and every ``kafka.*`` option."""
@@ -194,3 +207,17 @@ def check_schema(schema: Any, topic: str | None) -> None:
     if "headers" in fields and not isinstance(fields["headers"], ArrayType):
         raise ConfigError("exactly.kafka sink: column 'headers' must be "
                           "array<struct<key: string, value: binary>>")
+
+
+def _positive_ms(options: Mapping[str, str], key: str, default: int) -> int:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"exactly.kafka sink: option {key}={raw!r} must be a positive number "
+                          f"of milliseconds (default {default})")
+    return value

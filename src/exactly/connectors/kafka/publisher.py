@@ -55,6 +55,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from exactly import options as opt
 from exactly.connectors.kafka.broker import is_transient
 from exactly.connectors.kafka.options import KafkaSinkError, KafkaSinkOptions
 from exactly.errors import ConfigError, DataLossError, FencedError
@@ -72,6 +73,9 @@ IN_TRANSACTION = register_point(
     description="the epoch's records produced into the open Kafka transaction and "
                 "flushed, before the epoch marker and the commit")
 
+#: how much longer than ``callTimeoutMs`` a transactional call may take before its producer
+#: is abandoned (librdkafka's own timeout fires first when it works)
+CALL_GRACE_S = 2.0
 #: attempts of one client call on retriable errors (:func:`kafka_call`)
 CALL_ATTEMPTS = 20
 #: one attempt at reading the epoch marker (retried with a new consumer until the publish
@@ -133,11 +137,27 @@ def is_retriable_call(exc: BaseException) -> bool:
             and not err.fatal() and not err.txn_requires_abort())
 
 
-def kafka_call(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+def is_timeout(exc: BaseException) -> bool:
+    """The call gave up waiting (librdkafka's ``_TIMED_OUT``)."""
+    from confluent_kafka import KafkaError
+
+    err = _kafka_error(exc)
+    return err is not None and err.code() == KafkaError._TIMED_OUT
+
+
+def kafka_call(fn: Callable[..., Any], *args: Any, what: str,
+               retry_timeouts: bool = True, seconds: float | None = None,
+               **kwargs: Any) -> Any:
     """Call a confluent-kafka API, retrying the errors :func:`is_retriable_call` accepts
-    (at most :data:`CALL_ATTEMPTS` attempts, logged at INFO)."""
-    return retry_call(lambda: fn(*args, **kwargs), what=what, transient=is_retriable_call,
-                      attempts=CALL_ATTEMPTS, maximum=1.0, level=logging.INFO, log=logger)
+    (at most :data:`CALL_ATTEMPTS` attempts, logged at INFO). ``retry_timeouts=False``: a
+    call that timed out is not made again on the same client (a transactional producer
+    that waited out a call is replaced instead); ``seconds`` bounds the retries too."""
+    def transient(exc: BaseException) -> bool:
+        return is_retriable_call(exc) and (retry_timeouts or not is_timeout(exc))
+
+    return retry_call(lambda: fn(*args, **kwargs), what=what, transient=transient,
+                      attempts=CALL_ATTEMPTS, seconds=seconds, maximum=1.0,
+                      level=logging.INFO, log=logger)
 
 
 # -- producing --------------------------------------------------------------------------
@@ -301,7 +321,7 @@ class PublishSession:
             "log_level": max(user_level, _MIN_CLIENT_LOG_LEVEL)})
         # fences older producers of this transactional id and completes or aborts the
         # transaction a crashed predecessor left open: afterwards nothing is in doubt
-        kafka_call(self.producer.init_transactions, self.timeout_s, what="init_transactions")
+        self._txn_call(self.producer.init_transactions, what="init_transactions")
         # what this producer saw before its init_transactions (an outage it waited out)
         # cannot reach a transaction of its new epoch
         self.producer.poll(0)
@@ -453,12 +473,56 @@ class PublishSession:
                     before=lambda: producer.flush(30))
         marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
                                 metadata=json.dumps({"epoch": epoch, "rows": rows}))
-        kafka_call(producer.send_offsets_to_transaction, [marker], self._marker_group(),
-                   self.timeout_s, what="send epoch marker")
-        kafka_call(producer.commit_transaction, self.timeout_s, what="commit_transaction")
+        self._txn_call(producer.send_offsets_to_transaction, [marker], self._marker_group(),
+                       what="send epoch marker")
+        self._txn_call(producer.commit_transaction, what="commit_transaction")
         self.in_transaction = False
         log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
                   publish_ms=round((time.perf_counter() - started) * 1000, 1))
+
+    def _txn_call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
+        """One transactional call of the producer, bounded by ``callTimeoutMs`` even when
+        librdkafka does not return: measured with 2.16, ``send_offsets_to_transaction``
+        blocked for minutes past its own timeout once every connection of the producer had
+        been reset inside the transaction. The call runs in a thread; when it has not
+        returned in time the producer is abandoned (never used or closed again: its call
+        may still be running) and a ``_TIMED_OUT`` KafkaException is raised, so the publish
+        goes on with a new producer, whose ``init_transactions`` fences the old one and
+        settles its transaction."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        seconds = self.options.call_timeout_s
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                outcome["value"] = kafka_call(fn, *args, seconds, what=what,
+                                              retry_timeouts=False, seconds=seconds)
+            except BaseException as exc:  # handed to the caller below
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"exactly-kafka-{what}", daemon=True).start()
+        if not done.wait(seconds + CALL_GRACE_S):
+            self._abandon(what)
+            raise KafkaException(KafkaError(
+                KafkaError._TIMED_OUT, f"{what} did not return within {seconds:.0f}s "
+                f"({opt.KAFKA_CALL_TIMEOUT_MS}); the producer was replaced", retriable=True))
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    def _abandon(self, what: str) -> None:
+        """Drop a producer whose call did not return: kept referenced, never closed here
+        (closing it while librdkafka still runs its call can block for good)."""
+        producer, self.producer = self.producer, None
+        self.in_transaction = False
+        if producer is not None:
+            _abandoned.append(producer)
+        log_event(logger, "producer_abandoned", logging.WARNING, call=what,
+                  transactional_id=self.options.transactional_id(self.query_id))
 
     def _raise_if_final(self, epoch: int, exc: BaseException) -> None:
         """Fenced or fatal: no retry can help; raise the error that says so."""
@@ -492,6 +556,9 @@ class PublishSession:
 # -- sessions kept across epochs ----------------------------------------------------------
 #: (transactional id, driver run, client settings) -> the session of that run in this process
 _kept: dict[tuple[str, str | None, str], PublishSession] = {}
+#: producers whose transactional call never returned (:meth:`PublishSession._txn_call`):
+#: referenced for the process's life, fenced by their successors
+_abandoned: list[Any] = []
 _kept_lock = threading.Lock()
 #: a kept session unused this long is closed: its query ended (Spark tells a sink nothing
 #: when a query stops), or its epochs are further apart, and the next publish opens a new

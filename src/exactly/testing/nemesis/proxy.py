@@ -39,6 +39,8 @@ from typing import Any
 
 from exactly.testing.nemesis.faultlog import FaultLog
 
+#: how long a connection whose client left waits for the answer to its late request
+LATE_ANSWER_WAIT_S = 10.0
 #: a per-connection matcher: fed every chunk the client sends, True when the request is seen
 Matcher = Callable[[bytes], bool]
 #: makes a fresh matcher for each connection (matchers keep state across chunks)
@@ -141,6 +143,10 @@ class Trigger:
     delay: float
     times: int
     fired: threading.Event = field(default_factory=threading.Event)
+    #: set when a request held by :attr:`Answer.LATE_REQUEST` has been handed to the server
+    delivered: threading.Event = field(default_factory=threading.Event)
+    #: set when the server answered a request delivered late (it handled it)
+    answered: threading.Event = field(default_factory=threading.Event)
     count: int = 0
 
     def take(self) -> bool:
@@ -169,6 +175,8 @@ class _Conn:
         self.answer: Answer | None = None  # an answer fault this connection carries
         self.up_hold_until = 0.0
         self.down_hold_until = 0.0
+        self.late_request: Trigger | None = None  # a held request not yet delivered
+        self.delivered: Trigger | None = None  # a held request delivered, its answer awaited
         self.closed = False
 
     def matcher(self, trigger: Trigger) -> Matcher:
@@ -380,6 +388,9 @@ class FaultProxy:
                     self._check_triggers(conn, data, now)
                     hold = conn.up_hold_until
                 else:
+                    if conn.delivered is not None:
+                        conn.delivered.answered.set()
+                        conn.delivered = None
                     if conn.answer is Answer.CUT:
                         self._record("answer_cut", connection=conn.number)
                         conn.reset()
@@ -408,6 +419,7 @@ class FaultProxy:
                 conn.down_hold_until = now + trigger.delay
             elif trigger.answer is Answer.LATE_REQUEST:
                 conn.up_hold_until = now + trigger.delay
+                conn.late_request = trigger
             self._record("answer_fault", answer=trigger.answer.value, delay=trigger.delay,
                          connection=conn.number)
 
@@ -418,6 +430,13 @@ class FaultProxy:
             while True:
                 item = await queue.get()
                 if item is None:
+                    pending = conn.delivered
+                    if pending is not None and writer is conn.server_writer:
+                        # a late request's client is gone: give the server time to answer
+                        # it before it sees the end of the stream (it may drop the request)
+                        deadline = loop.time() + LATE_ANSWER_WAIT_S
+                        while not pending.answered.is_set() and loop.time() < deadline:
+                            await asyncio.sleep(0.05)
                     if not conn.closed and writer.can_write_eof():
                         writer.write_eof()
                     return
@@ -429,6 +448,13 @@ class FaultProxy:
                     return
                 writer.write(data)
                 await writer.drain()
+                late = conn.late_request
+                if (late is not None and writer is conn.server_writer
+                        and loop.time() >= conn.up_hold_until):
+                    conn.late_request = None
+                    conn.delivered = late
+                    late.delivered.set()
+                    self._record("late_request_delivered", connection=conn.number)
         except (ConnectionError, OSError, RuntimeError):
             # the peer is gone: drain the queue so the reader is never blocked
             while not queue.empty():
