@@ -1,0 +1,73 @@
+"""Pause and resume processes (SIGSTOP / SIGCONT): a hung driver, executor or server.
+
+A paused process keeps its sockets, locks and leases but does nothing, then wakes up and
+goes on as if no time had passed -- the fault behind zombie writers and expired leases.
+:func:`paused` always resumes what it paused (even when the body raises); a process that
+died meanwhile is skipped. Finders pick a job's processes by role from its job token
+(:func:`exactly.procs.job_processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterable, Iterator
+
+import psutil
+
+from exactly.procs import job_processes
+from exactly.testing.nemesis.faultlog import FaultLog
+
+
+def _signal(pids: Iterable[int], sig: signal.Signals) -> list[int]:
+    done = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).send_signal(sig)
+            done.append(pid)
+    return done
+
+
+@contextlib.contextmanager
+def paused(pids: Iterable[int], *, target: str = "processes",
+           log: FaultLog | None = None) -> Iterator[list[int]]:
+    """SIGSTOP ``pids`` for the body of the ``with``, then SIGCONT them; yields the pids
+    that were stopped."""
+    stopped = _signal(list(pids), signal.SIGSTOP)
+    if log is not None:
+        log.record("pause", target, phase="start", pids=stopped)
+    try:
+        yield stopped
+    finally:
+        _signal(stopped, signal.SIGCONT)
+        if log is not None:
+            log.record("pause", target, phase="end", pids=stopped)
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def driver_pids(token: str) -> list[int]:
+    """The job's driver: its Python driver process(es) and the driver JVM."""
+    return [p.pid for p in job_processes(token)
+            if "pyspark.daemon" not in _cmdline(p) and "pyspark.worker" not in _cmdline(p)]
+
+
+def executor_pids(token: str) -> list[int]:
+    """The job's Python workers (the executors' side of a ``local[N]`` job): the worker
+    daemons and the workers they forked."""
+    return [p.pid for p in job_processes(token)
+            if "pyspark.daemon" in _cmdline(p) or "pyspark.worker" in _cmdline(p)]
+
+
+def tree_pids(root_pid: int) -> list[int]:
+    """A server's process and every descendant (PostgreSQL's postmaster and backends)."""
+    try:
+        root = psutil.Process(root_pid)
+        return [root.pid, *(c.pid for c in root.children(recursive=True))]
+    except psutil.Error:
+        return []
