@@ -66,3 +66,24 @@ def root_cause(text: str) -> str:
 
 def _clean(message: str) -> str:
     return _SQLSTATE.sub("", _SPARK_PREFIX.sub("", message.strip())).strip()
+
+
+#: a full disk, as Python (``[Errno 28]``) and the JVM (``IOException``) report it
+_DISK_FULL = re.compile(r"\[Errno 28\]|No space left on device|ENOSPC")
+_QUOTED_PATH = re.compile(r"""['"](/[^'"]+)['"]""")
+
+
+def remedy(cause: str) -> str | None:
+    """What to do about a root cause (a line of :func:`root_cause`), when exactly knows:
+    today a full disk (``ENOSPC``, from the Python workers, our staging and commit-log writes
+    or Spark's checkpoint writes). None otherwise."""
+    if not _DISK_FULL.search(cause):
+        return None
+    path = _QUOTED_PATH.search(cause)
+    where = (f"the disk holding {path.group(1)}" if path else
+             "a disk the job writes to (the checkpoint, the sink's staging or commit log under "
+             "exactly.logDir or the output path, or Spark's local dirs)")
+    return (f"{where} is full (no space left on device). Free space there, or move that "
+            "location to a larger volume, then restart the job on the same checkpoint: no "
+            "epoch is left partly visible (recovery finishes an epoch whose intent was written "
+            "and aborts the other pre-commits) and the restart runs the failed epoch again.")

@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from exactly.causes import root_cause
+from exactly.causes import remedy, root_cause
 from exactly.ops.doctor import RefusedError
 
 if TYPE_CHECKING:
@@ -109,7 +109,11 @@ def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
                 sys.stdout.flush()
                 if _verbose():
                     sys.stderr.write(text if text.endswith("\n") else text + "\n")
-                sys.stderr.write(f"{command} failed: {root_cause(text)}\n")
+                cause = root_cause(text)
+                sys.stderr.write(f"{command} failed: {cause}\n")
+                fix = remedy(cause)
+                if fix is not None:
+                    sys.stderr.write(f"  {fix}\n")
                 sys.stderr.flush()
                 sys.exit(1 if isinstance(exc, refused) else FAILED)
 

@@ -63,6 +63,10 @@ RETRY_SECONDS = "retrySeconds"
 DEFAULT_RETRY_SECONDS = 60.0
 LOCK_TIMEOUT_MS = "lockTimeoutMs"
 DEFAULT_LOCK_TIMEOUT_MS = 60_000
+#: the longest wait for PostgreSQL's answer to a commit statement (PREPARE TRANSACTION,
+#: COMMIT PREPARED, a load's or an upsert task's COMMIT) and to the driver's bookkeeping
+COMMIT_TIMEOUT_MS = "commitTimeoutMs"
+DEFAULT_COMMIT_TIMEOUT_MS = 30_000
 EPOCH_COLUMN = "epochColumn"
 DEFAULT_EPOCH_COLUMN = "exactly_epoch"
 EPOCHS_TABLE = "epochsTable"
@@ -117,9 +121,11 @@ SINK_OPTIONS: dict[str, tuple[str, ...]] = {
     "exactly.files": (*SINK_COMMON, PATH, FORMAT, COMPRESSION),
     "exactly.postgres": (*SINK_COMMON, *_CONNECTION, WRITE_MODE, KEY_COLUMNS, MARKER_TABLE,
                          PARTITIONS, RETRY_SECONDS, LOCK_TIMEOUT_MS, EPOCH_COLUMN,
-                         EPOCHS_TABLE, VIEW_NAME),
-    "exactly.wal": (*SINK_COMMON, *_CONNECTION, PATH, MARKER_TABLE, RETRY_SECONDS),
-    "exactly.upsert": (*SINK_COMMON, *_CONNECTION, KEY_COLUMNS, EPOCH_COLUMN, LOCK_TIMEOUT_MS),
+                         EPOCHS_TABLE, VIEW_NAME, COMMIT_TIMEOUT_MS),
+    "exactly.wal": (*SINK_COMMON, *_CONNECTION, PATH, MARKER_TABLE, RETRY_SECONDS,
+                    COMMIT_TIMEOUT_MS),
+    "exactly.upsert": (*SINK_COMMON, *_CONNECTION, KEY_COLUMNS, EPOCH_COLUMN, LOCK_TIMEOUT_MS,
+                       COMMIT_TIMEOUT_MS),
     "exactly.kafka": (*SINK_COMMON, KAFKA_BOOTSTRAP, TOPIC, TRANSACTIONAL_ID_PREFIX,
                       KAFKA_TRANSACTION_TIMEOUT_MS, KAFKA_MARKER_TOPIC,
                       KAFKA_PUBLISH_TIMEOUT_MS),

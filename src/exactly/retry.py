@@ -100,3 +100,10 @@ def retry_call(fn: Callable[[], T], *, what: str,
                         retry=retry_if_exception(retriable), before_sleep=before_sleep,
                         reraise=True)
     return retrying(fn)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """The disk (or the user's quota) is full: an error that goes away once space is freed."""
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

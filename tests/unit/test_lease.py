@@ -6,14 +6,7 @@ import pytest
 from exactly.errors import FencedError
 from exactly.procs import ProcessId, driver_identity
 from exactly.protocol.lease import Lease
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from exactly.testing.nemesis.clock import JumpingClock
 
 
 def test_a_run_keeps_its_lease_and_a_new_run_of_the_same_driver_takes_it_over(tmp_path):
@@ -29,13 +22,13 @@ def test_a_run_keeps_its_lease_and_a_new_run_of_the_same_driver_takes_it_over(tm
 
 
 def test_a_holder_on_another_host_counts_as_alive_until_the_lease_goes_stale(tmp_path):
-    clock = Clock()
+    clock = JumpingClock()  # the age runs from the store's write time: real time plus jumps
     lease = Lease(tmp_path, stale_after=60, clock=clock)
     lease.acquire("run-a", ProcessId("other-host", 42, 7))
-    clock.now += 59
+    clock.jump(58)
     with pytest.raises(FencedError, match="run-a holds it"):
         lease.acquire("run-b", ProcessId(socket.gethostname(), os.getpid(), 1))
-    clock.now += 2
+    clock.jump(3)
     assert lease.acquire("run-b", ProcessId(socket.gethostname(), os.getpid(), 1)) is True
 
 

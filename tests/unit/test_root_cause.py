@@ -84,3 +84,18 @@ def test_verbose_prints_the_traceback_above_the_root_cause():
     lines = result.stderr.strip().splitlines()
     assert "Traceback (most recent call last):" in result.stderr
     assert lines[-1].startswith("verify failed: ") and result.exit_code == 3
+
+
+def test_a_full_disk_gets_its_cause_and_fix_on_the_command_line():
+    """The Python side names the file (staging, commit log), the JVM side (Spark's checkpoint
+    writes) does not: both get the cause and the fix after the root cause line."""
+    from exactly.causes import remedy
+
+    python_side = root_cause((DATA / "enospc.txt").read_text())
+    assert "is full" in (remedy(python_side) or "")
+    jvm_side = "IOException: No space left on device"
+    assert "the checkpoint" in (remedy(jvm_side) or "")
+    staged = "OSError: [Errno 28] No space left on device: '/d/out/_exactly/query.json'"
+    fix = remedy(staged) or ""
+    assert "/d/out/_exactly/query.json" in fix and "restart" in fix
+    assert remedy("FencedError: this instance is fenced off") is None

@@ -28,8 +28,9 @@ from typing import Any
 
 from exactly.checkpoint import layout
 from exactly.checkpoint.location import as_store
+from exactly.checkpoint.space import when_space
 from exactly.checkpoint.store import LocalLogStore, LogStore
-from exactly.fsutil import file_lock, fsync_file
+from exactly.fsutil import file_lock
 
 #: failure kinds that count against the restart strategy (tolerated ones do not)
 COUNTED = "restart"
@@ -67,15 +68,33 @@ class RestartHistory:
         entry = {"event": event, "run": self.run_id, "at": time.time(), **fields}
         line = json.dumps(entry, default=str)
         if isinstance(self.store, LocalLogStore):
-            self.store.root.mkdir(parents=True, exist_ok=True)
-            with file_lock(self.store.root / "restarts.lock"):
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(line + "\n")
-                fsync_file(self.path)
+            when_space(lambda: self._append_line(line), what="append to the restart log")
         else:  # one object per entry: sortable by time, never rewritten
             name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
             self.store.write(f"{layout.RESTART_OBJECTS}/{name}", line.encode())
         return entry
+
+    def _append_line(self, line: str) -> None:
+        """Append one whole line; a write that fails part-way (a full disk) is cut back,
+        so the log never holds a torn line and the append can be made again."""
+        assert isinstance(self.store, LocalLogStore)
+        root = self.store.root
+        root.mkdir(parents=True, exist_ok=True)
+        data = (line + "\n").encode("utf-8")
+        with file_lock(root / "restarts.lock"):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                try:
+                    written = 0
+                    while written < len(data):
+                        written += os.write(fd, data[written:])
+                    os.fsync(fd)
+                except OSError:
+                    os.ftruncate(fd, size)
+                    raise
+            finally:
+                os.close(fd)
 
     def _lines(self) -> list[str]:
         if isinstance(self.store, LocalLogStore):

@@ -18,6 +18,7 @@ from typing import Any
 
 from exactly.checkpoint import layout
 from exactly.checkpoint.location import as_store, job_store
+from exactly.checkpoint.space import when_space
 from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError, FencedError
 from exactly.fsutil import parse_json
@@ -76,7 +77,9 @@ class JobStatus:
     def write(self, where: Where) -> None:
         """Write this status (with a fresh heartbeat) whole."""
         self.heartbeat = time.time()
-        as_store(where).write(layout.JOB_STATUS, _encode(self))
+        store = as_store(where)
+        when_space(lambda: store.write(layout.JOB_STATUS, _encode(self)),
+                   what="write the job status")
 
     def alive(self) -> bool:
         """Whether the ``exactly run`` that wrote this is still running: its launcher, or

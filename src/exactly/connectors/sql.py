@@ -31,7 +31,10 @@ URL form (``postgresql://user:secret@host/db``) and the key/value form (``passwo
 from __future__ import annotations
 
 import io
+import os
 import re
+import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,10 +97,72 @@ def pg_connect(dsn: str, *, application: str, autocommit: bool = False,
     return conn
 
 
+class NoAnswerError(DatabaseError):
+    """PostgreSQL did not answer a statement within the sink's ``commitTimeoutMs``; the
+    connection was closed. The statement may or may not have taken effect: the caller
+    resolves that from the target's own record (a retry does, and so does recovery)."""
+
+
+@contextmanager
+def answer_deadline(conn, seconds: float | None, *, what: str) -> Iterator[None]:
+    """Bound how long the statements run inside the block wait for PostgreSQL's answer.
+
+    libpq has no client-side statement timeout, and nothing else bounds a wait for an answer
+    that was lost on the way (measured through a proxy that swallows it: psycopg waits until
+    the connection is reset, however long): ``statement_timeout`` runs in the server, which
+    already answered; ``connect_timeout`` covers only connecting; TCP keepalives and
+    ``tcp_user_timeout`` notice a peer that stops acknowledging, not a path that drops one
+    answer. When ``seconds`` pass, the connection's socket is shut down -- the waiting call
+    fails at once -- and :class:`NoAnswerError` names ``what`` went unanswered. The
+    connection is unusable afterwards: close it. ``seconds`` None or 0: no bound.
+    """
+    if not seconds:
+        yield
+        return
+    fd = conn.fileno()
+    lock = threading.Lock()
+    state = {"open": True, "expired": False}
+
+    def expire() -> None:
+        with lock:
+            if not state["open"]:
+                return
+            state["expired"] = True
+            try:
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)  # the waiting recv() returns at once
+            except OSError:
+                pass  # already closed: the statement's own error stands
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except Exception:
+        with lock:
+            state["open"] = False
+        if state["expired"]:
+            raise NoAnswerError(
+                f"{what}: no answer from PostgreSQL within {seconds:g} s (option "
+                "commitTimeoutMs); the connection was closed. The answer was lost or the "
+                "server or the network hung; whether the statement took effect is resolved "
+                "from the target's own record by the retry or, failing that, by the recovery "
+                "of the next run. Raise commitTimeoutMs if the server is only slow to "
+                "answer.") from None
+        raise
+    finally:
+        timer.cancel()
+        with lock:
+            state["open"] = False
+
+
 def is_transient(exc: BaseException) -> bool:
     """A lost connection or a server restart: retrying an idempotent step is safe."""
     import psycopg
 
+    if isinstance(exc, NoAnswerError):
+        return True
     if isinstance(exc, DatabaseError):
         return "OperationalError" in str(exc) or "connecting to PostgreSQL" in str(exc)
     return isinstance(exc, (psycopg.OperationalError, psycopg.errors.AdminShutdown,

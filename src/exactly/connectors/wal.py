@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 from exactly import options as opt
 from exactly.connectors.sql import (
     TableName,
+    answer_deadline,
     clean_error,
     copy_into,
     create_pg_table,
@@ -121,12 +122,15 @@ class WalTarget(ABC):
 
 class PostgresWalTarget(WalTarget):
     def __init__(self, dsn: str, table: str, marker_table: str = DEFAULT_MARKER_TABLE,
-                 retry_seconds: float = 60.0) -> None:
+                 retry_seconds: float = 60.0,
+                 commit_timeout_ms: int = opt.DEFAULT_COMMIT_TIMEOUT_MS) -> None:
         self.dsn = dsn
         self.table = TableName.parse(table)
         self.markers = TableName.parse(marker_table) if "." in marker_table else \
             self.table.with_name(marker_table)
         self.retry_seconds = retry_seconds
+        #: seconds to wait for the answer to a load's COMMIT or a marker lookup (0: no bound)
+        self.commit_timeout = commit_timeout_ms / 1000
 
     def describe(self) -> str:
         return f"PostgreSQL {redact_dsn(self.dsn)} table {self.table}"
@@ -147,7 +151,8 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         def step() -> bool:
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
+                    answer_deadline(conn, self.commit_timeout, what="reading a marker"):
                 return conn.execute(sql.SQL(
                     "SELECT 1 FROM {} WHERE query_id = %s AND target = %s AND epoch = %s").format(
                     self.markers.sql()), (query_id, str(self.table), epoch)).fetchone() is not None
@@ -172,7 +177,10 @@ class PostgresWalTarget(WalTarget):
                         return False  # loaded before: the marker committed with the rows
                     for table in tables:
                         copy_into(cur, self.table, table)
-                conn.commit()
+                # the ambiguous commit: applied, answer lost -> the retry meets the marker
+                with answer_deadline(conn, self.commit_timeout,
+                                     what=f"COMMIT of epoch {epoch}'s load"):
+                    conn.commit()
                 return True
 
         return retrying(step, seconds=self.retry_seconds, dsn=self.dsn,
@@ -345,8 +353,10 @@ def target_from_options(options: Mapping[str, str], dsn: str | None) -> WalTarge
     if dsn and dsn.startswith("sqlite:"):
         return SqliteWalTarget(dsn.removeprefix("sqlite:").removeprefix("//"), table, marker)
     if dsn:
-        return PostgresWalTarget(dsn, table, marker,
-                                 float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)))
+        return PostgresWalTarget(
+            dsn, table, marker,
+            float(options.get(opt.RETRY_SECONDS, opt.DEFAULT_RETRY_SECONDS)),
+            int(options.get(opt.COMMIT_TIMEOUT_MS, opt.DEFAULT_COMMIT_TIMEOUT_MS)))
     path = options.get(opt.PATH)
     if not path:
         raise ConfigError("wal sink: set option dsn (PostgreSQL) or path (a SQLite database "

@@ -358,7 +358,7 @@ def holder_alive(log: Path) -> tuple[LeaseState | None, bool]:
     if state is None:
         return None, False
     if alive is None:
-        return state, time.time() - state.renewed_at < Lease(log).stale_after
+        return state, not Lease(log).is_stale()
     return state, alive
 
 

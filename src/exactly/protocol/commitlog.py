@@ -113,15 +113,25 @@ class CommitLog:
                                    repair) from None
         return Intent(int(data["epoch"]), data["run_id"], handles, data.get("input"))
 
+    @staticmethod
+    def intent_record(epoch: int, run_id: str, handles: list[Handle],
+                      input: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The intent file's content: what :meth:`write_intent` writes (and
+        :meth:`exactly.protocol.lease.Lease.verify` records in the lease)."""
+        return {"epoch": epoch, "run_id": run_id, "written_at": time.time(),
+                "handles": [h.to_json() for h in handles], "input": input}
+
     def write_intent(self, epoch: int, run_id: str, handles: list[Handle],
-                     input: dict[str, Any] | None = None) -> Intent:
+                     input: dict[str, Any] | None = None,
+                     record: dict[str, Any] | None = None) -> Intent:
         """Record that ``epoch`` commits exactly ``handles`` -- only if no intent for it
-        exists: the first intent of an epoch decides it.
+        exists: the first intent of an epoch decides it. ``record`` is the content when it
+        was made already (:meth:`intent_record`, the one the lease admitted).
 
         Raises FencedError when another run wrote the epoch's intent first (a driver that
         took over while this one was paused or partitioned away)."""
-        record = {"epoch": epoch, "run_id": run_id, "written_at": time.time(),
-                  "handles": [h.to_json() for h in handles], "input": input}
+        if record is None:
+            record = self.intent_record(epoch, run_id, handles, input)
         if not self.store.create(f"intents/{_name(epoch)}", self._encode(record)):
             other = self.read_intent(epoch)
             if other is None or other.run_id != run_id:
@@ -132,6 +142,28 @@ class CommitLog:
                     "over; this instance committed nothing of the epoch.")
             return other
         return Intent(epoch, run_id, tuple(handles), input)
+
+    def adopt_intent(self, record: dict[str, Any], query_id: str) -> bool:
+        """Write the intent ``record`` a previous holder of the lease was admitted to write
+        (:meth:`exactly.protocol.lease.Lease.pending_intent`) when its file is missing and
+        it can still be undecided: its handles belong to ``query_id`` and its epoch is later
+        than every completed epoch. True when this call wrote it.
+
+        A holder that passed its lease check and was then paused (or lost the lease to a
+        clock that ran ahead) may write that intent file at any later time: writing it now,
+        before recovery aborts orphans, makes recovery finish the epoch the holder decided
+        instead of aborting its pre-commits under it."""
+        try:
+            epoch = int(record["epoch"])
+            queries = {h["query_id"] for h in record["handles"]}
+        except (KeyError, TypeError, ValueError):
+            return False  # not an intent record: nothing was admitted
+        if queries != {query_id}:
+            return False
+        done = self.completed_epochs()
+        if (done and epoch <= done[-1]) or self.store.exists(f"intents/{_name(epoch)}"):
+            return False
+        return self.store.create(f"intents/{_name(epoch)}", self._encode(record))
 
     def intent_path(self, epoch: int) -> Path | str:
         return self._local(f"intents/{_name(epoch)}")

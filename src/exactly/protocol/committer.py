@@ -23,6 +23,11 @@ Races, case by case:
 * crash after "complete", before Spark's commit log: the replay finds it complete.
 * a second live instance: it fails to take the lease and raises FencedError before it
   writes an intent; its handles are aborted by Spark's abort call or by later recovery.
+* a holder that passed its lease check (2b) and stopped before writing the intent, then
+  lost the lease (paused past ``stale_after``, or the new holder's clock ran ahead): the
+  check recorded the intent in the lease, and the new holder's recovery writes the intent
+  file before it aborts orphans, so the epoch commits the handles the old holder decided;
+  if the old holder resumes, its intent write finds that same intent (or a later holder's).
 * Spark's ``abort`` for an epoch that has an intent does nothing: the intent wins.
 * Spark re-planned a completed epoch over other input (offsets/N deleted or rewritten):
   the new handles are aborted and ReplannedEpochError names both inputs; an intent of
@@ -122,8 +127,9 @@ class Committer:
         intent = self.log.read_intent(epoch)
         if intent is None:
             maybe_crash(self.fault, FaultPoint.BEFORE_INTENT, epoch)
-            self._verify_lease(run_id)  # fencing at 2b
-            intent = self.log.write_intent(epoch, run_id, list(handles), current)
+            record = self.log.intent_record(epoch, run_id, list(handles), current)
+            self._verify_lease(run_id, record)  # fencing at 2b, the intent admitted with it
+            intent = self.log.write_intent(epoch, run_id, list(handles), current, record)
             maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
         else:  # written by this run before a failed commit call: the intent wins
             new = [h for h in handles if h.key not in intent.keys]
@@ -155,9 +161,9 @@ class Committer:
                   epoch=epoch, aborted=len(handles), detail=str(error))
         raise error
 
-    def _verify_lease(self, run_id: str) -> None:
+    def _verify_lease(self, run_id: str, intent: dict[str, Any]) -> None:
         try:
-            self.lease.verify(run_id)
+            self.lease.verify(run_id, intent)
         except FencedError as exc:
             log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
                       detail=str(exc))
@@ -206,6 +212,12 @@ class Committer:
 
         ``keep`` are the handles of the commit call in progress: they are not orphans.
         """
+        pending = self.lease.pending_intent()
+        if pending is not None and self.log.adopt_intent(pending, query_id):
+            # the previous holder passed its lease check for this intent, then stopped (or
+            # was fenced) before writing it: the epoch is decided, finish it below
+            log_event(logger, "adopted_admitted_intent", logging.WARNING, sink=self.sink.name,
+                      epoch=pending.get("epoch"), run_id=pending.get("run_id"))
         finished = self.log.incomplete_intents()
         for intent in finished:
             log_event(logger, "recover_intent", logging.WARNING, sink=self.sink.name,

@@ -18,8 +18,23 @@ driver ``stale_after`` seconds after its last renewal, and when it comes back it
 at its next commit or intent: it commits nothing after the takeover. Two guards close the
 remaining windows: a renewal or intent check finds another run's lease and fails, and
 each epoch's intent is created only if absent (:meth:`CommitLog.write_intent`), so a
-resumed zombie cannot replace the intent of the driver that took over. Hosts' clocks must
-agree to well within ``stale_after`` (NTP).
+resumed zombie cannot replace the intent of the driver that took over.
+
+The intent check (step 2b) and the intent are one decision: :meth:`Lease.verify` writes the
+intent it admits into the lease (``pending``) by the same compare-and-swap that checks the
+holder, and the intent file is written after. A run that takes the lease over finds there the
+last intent its predecessor was admitted to write, and recovery writes that intent file if the
+predecessor did not get to it (:meth:`Lease.pending_intent`), before it aborts orphans. So a
+holder paused (or whose lease expired early) between its check and its intent file can never
+decide an epoch whose pre-commits the new holder already aborted.
+
+Clocks: the age of a lease is measured from when the store last wrote ``lease.json`` (the
+file's modification time; S3's ``LastModified``), never from a time the holder wrote into it,
+so a holder's clock that jumps forward cannot keep its lease alive past ``stale_after`` and one
+that jumps back cannot age it early. The clock of the driver judging the lease (``clock``)
+counts: one ahead takes over early -- safe, the holder is fenced at its next check -- and one
+behind waits that much longer. Hosts' clocks must agree with the store's to well within
+``stale_after`` (NTP).
 """
 
 from __future__ import annotations
@@ -30,7 +45,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,16 +75,25 @@ class LeaseState:
     holder: ProcessId
     acquired_at: float
     renewed_at: float
+    #: the last intent a holder was admitted to write (a commit-log intent record), kept
+    #: across takeovers until the next admitted intent replaces it
+    pending: dict | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> LeaseState:
+        pending = data.get("pending")
+        if pending is not None and not isinstance(pending, dict):
+            raise TypeError(f"pending is {type(pending).__name__}, not an intent record")
         return cls(data["run_id"], int(data["generation"]), ProcessId.from_json(data["holder"]),
-                   float(data["acquired_at"]), float(data["renewed_at"]))
+                   float(data["acquired_at"]), float(data["renewed_at"]), pending)
 
     def to_json(self) -> dict:
-        return {"run_id": self.run_id, "generation": self.generation,
-                "holder": self.holder.to_json(), "acquired_at": self.acquired_at,
-                "renewed_at": self.renewed_at, "token": uuid.uuid4().hex}
+        value = {"run_id": self.run_id, "generation": self.generation,
+                 "holder": self.holder.to_json(), "acquired_at": self.acquired_at,
+                 "renewed_at": self.renewed_at, "token": uuid.uuid4().hex}
+        if self.pending is not None:
+            value["pending"] = self.pending
+        return value
 
 
 def _encode(state: LeaseState) -> bytes:
@@ -147,7 +171,9 @@ class Lease:
             if cur is not None and cur.holder != me and self._alive(cur, now):
                 raise self._fenced(run_id, cur)
             generation = cur.generation + 1 if cur else 1
-            return True, LeaseState(run_id, generation, me, now, now)
+            # the predecessor's admitted intent stays: recovery writes it if it is missing
+            return True, LeaseState(run_id, generation, me, now, now,
+                                    cur.pending if cur else None)
 
         return self._change(decide)
 
@@ -158,16 +184,30 @@ class Lease:
         if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
             raise self._fenced("not started yet", cur)
 
-    def verify(self, run_id: str) -> int:
+    def verify(self, run_id: str, intent: dict | None = None) -> int:
         """Check that ``run_id`` still holds the lease (step 2b), renewing it when it is
         older than ``stale_after / 10``; returns the generation. Raises FencedError when
-        another run holds it or nobody does."""
+        another run holds it or nobody does.
+
+        With ``intent`` (the intent record about to be written), the check also records it
+        in the lease, in the same compare-and-swap: a run that takes the lease over later
+        finds it (:meth:`pending_intent`) even if this holder never writes the intent file.
+        """
         def decide(cur: LeaseState | None, now: float) -> tuple[int, LeaseState | None]:
             if cur is None or cur.run_id != run_id:
                 raise self._fenced(run_id, cur)
+            if intent is not None:
+                return cur.generation, replace(cur, renewed_at=now, pending=intent)
             return cur.generation, self._renewed(cur, now)
 
         return self._change(decide)
+
+    def pending_intent(self) -> dict | None:
+        """The last intent record a holder of this lease was admitted to write (see
+        :meth:`verify`), or None. Its file may be missing when that holder stopped (or was
+        fenced) between its check and writing it: recovery writes it then."""
+        cur = self.current()
+        return None if cur is None else cur.pending
 
     def renew(self, run_id: str) -> bool:
         """Heartbeat: renew the lease if ``run_id`` still holds it; False when it does not
@@ -175,22 +215,32 @@ class Lease:
         def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
             if cur is None or cur.run_id != run_id:
                 return False, None  # never recreate a removed lease (or its directory)
-            return True, LeaseState(run_id, cur.generation, cur.holder, cur.acquired_at, now)
+            return True, replace(cur, renewed_at=now)
 
         return self._change(decide)
 
     def _renewed(self, cur: LeaseState, now: float) -> LeaseState | None:
-        """``cur`` renewed at ``now`` when it is older than ``stale_after / 10`` (rarely a
-        write), else None."""
-        if now - cur.renewed_at > self.stale_after / 10:
-            return LeaseState(cur.run_id, cur.generation, cur.holder, cur.acquired_at, now)
+        """``cur`` renewed at ``now`` when it was renewed more than ``stale_after / 10`` ago
+        (rarely a write), or ``now`` is before its renewal (this clock jumped back: the lease
+        would otherwise go unrenewed for as long as the jump), else None."""
+        if abs(now - cur.renewed_at) > self.stale_after / 10:
+            return replace(cur, renewed_at=now)
         return None
 
     def _alive(self, state: LeaseState, now: float) -> bool:
         alive = state.holder.is_alive()
         if alive is None:  # another host: trust the lease until it goes stale
-            return now - state.renewed_at < self.stale_after
+            return not self.is_stale(now)
         return alive
+
+    def is_stale(self, now: float | None = None) -> bool:
+        """True when ``lease.json`` was last written ``stale_after`` seconds or more before
+        ``now`` (default: this lease's clock), or is gone. The store's write time is used,
+        not the holder's ``renewed_at``: a holder's clock has no say in its lease's age."""
+        written = self.store.modified(LEASE_FILE)
+        if written is None:
+            return True
+        return (self._clock() if now is None else now) - written >= self.stale_after
 
     def keep(self, run_id: str) -> None:
         """Renew the lease of ``run_id`` from a heartbeat thread of this process until the

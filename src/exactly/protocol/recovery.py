@@ -60,8 +60,7 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
         holder = lease.current()
         if holder is not None and holder.holder != me:
             alive = holder.holder.is_alive()
-            if alive or (alive is None
-                         and time.time() - holder.renewed_at < settings.lease_stale_after):
+            if alive or (alive is None and not lease.is_stale()):
                 return False  # a live instance owns the sink; it is not ours to touch
         Committer(sink, settings, fault).recover(owner["query_id"])
         store.write(MARKER_NAME, json.dumps({"driver": me.to_json(), "at": time.time()},

@@ -274,7 +274,8 @@ def _postgres_sink(options: Mapping[str, str], settings: SinkSettings,
         lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)),
         epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
         epochs_table=options.get(opt.EPOCHS_TABLE, opt.DEFAULT_EPOCHS_TABLE),
-        view_name=options.get(opt.VIEW_NAME) or None)
+        view_name=options.get(opt.VIEW_NAME) or None,
+        commit_timeout_ms=int(options.get(opt.COMMIT_TIMEOUT_MS, opt.DEFAULT_COMMIT_TIMEOUT_MS)))
 
 
 def _wal_sink(options: Mapping[str, str], settings: SinkSettings,
@@ -293,7 +294,8 @@ def _upsert_sink(options: Mapping[str, str], settings: SinkSettings,
         resolve_dsn(options, what="exactly.upsert sink"), options.get(opt.TABLE, ""),
         _key_columns(options), settings.require_log_location("exactly.upsert"),
         epoch_column=options.get(opt.EPOCH_COLUMN, opt.DEFAULT_EPOCH_COLUMN),
-        lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)))
+        lock_timeout_ms=int(options.get(opt.LOCK_TIMEOUT_MS, opt.DEFAULT_LOCK_TIMEOUT_MS)),
+        commit_timeout_ms=int(options.get(opt.COMMIT_TIMEOUT_MS, opt.DEFAULT_COMMIT_TIMEOUT_MS)))
 
 
 def _kafka_sink(options: Mapping[str, str], settings: SinkSettings,

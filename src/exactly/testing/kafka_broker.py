@@ -8,6 +8,14 @@ offsets topic have replication factor 1 and min ISR 1, so transactions work on o
 Nothing listens on anything but 127.0.0.1. :meth:`KafkaBroker.stop` and
 :meth:`KafkaBroker.kill` stop it; :meth:`KafkaBroker.start` after either restarts it on the
 same port and data.
+
+A broker made with ``proxy_port`` has a second listener, ``PROXIED``, that advertises that
+port instead of its own: a client that bootstraps from :attr:`KafkaBroker.proxied_bootstrap`
+is told to reach the broker (as coordinator and as partition leader) at ``proxy_port``, so
+every connection it opens goes through whatever listens there -- the test kit's fault proxy
+(:mod:`exactly.testing.nemesis.proxy`), forwarding to :attr:`KafkaBroker.proxied_port`.
+Clients of :attr:`KafkaBroker.bootstrap` are not affected: Kafka answers each client with the
+addresses of the listener it connected to.
 """
 
 from __future__ import annotations
@@ -67,16 +75,23 @@ class KafkaBroker(ServerProcess):
         The broker's ``transaction.max.timeout.ms`` (Kafka's default is 15 minutes).
     heap:
         JVM heap, e.g. ``"512m"``.
+    proxy_port:
+        The port the ``PROXIED`` listener advertises (a proxy listens there, forwarding to
+        :attr:`proxied_port`); None: no such listener.
     """
 
     def __init__(self, workdir: str | Path | None = None, *, port: int | None = None,
                  transaction_max_timeout_ms: int = 900_000, heap: str = "512m",
-                 extra: dict[str, str] | None = None) -> None:
+                 extra: dict[str, str] | None = None,
+                 proxy_port: int | None = None) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="exactly-kafka-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.controller_port = free_port()
+        self.proxy_port = proxy_port
+        #: where the ``PROXIED`` listener really listens (the proxy's upstream)
+        self.proxied_port = free_port() if proxy_port is not None else None
         self.transaction_max_timeout_ms = transaction_max_timeout_ms
         self.heap = heap
         self.extra = dict(extra or {})
@@ -88,20 +103,38 @@ class KafkaBroker(ServerProcess):
         return f"127.0.0.1:{self.port}"
 
     @property
+    def proxied_bootstrap(self) -> str:
+        """The bootstrap address whose clients reach the broker only through ``proxy_port``."""
+        if self.proxy_port is None:
+            raise ValueError("this broker has no proxied listener: make it with proxy_port")
+        return f"127.0.0.1:{self.proxy_port}"
+
+    @property
     def log_file(self) -> Path:
         return self.workdir / "broker.log"
+
+    def _listeners(self) -> dict[str, str]:
+        """``listeners``, ``advertised.listeners`` and their protocol map."""
+        listeners = [f"PLAINTEXT://127.0.0.1:{self.port}",
+                     f"CONTROLLER://127.0.0.1:{self.controller_port}"]
+        advertised = [f"PLAINTEXT://127.0.0.1:{self.port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        if self.proxy_port is not None:
+            listeners.append(f"PROXIED://127.0.0.1:{self.proxied_port}")
+            advertised.append(f"PROXIED://127.0.0.1:{self.proxy_port}")
+            protocols.append("PROXIED:PLAINTEXT")
+        return {"listeners": ",".join(listeners),
+                "advertised.listeners": ",".join(advertised),
+                "listener.security.protocol.map": ",".join(protocols)}
 
     def _properties(self) -> str:
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
-                          f"CONTROLLER://127.0.0.1:{self.controller_port}"),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            **self._listeners(),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.workdir / "data"),
             "num.partitions": "2",
             "offsets.topic.replication.factor": "1",

@@ -111,6 +111,14 @@ class TempPostgres:
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid (None while the server is down)."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     # -- connection ------------------------------------------------------------------
     @property
     def dsn(self) -> str:

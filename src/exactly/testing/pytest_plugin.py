@@ -21,8 +21,11 @@ Fixtures
 ``kafka_jars``  session: the directory of the broker jars
 ``broker``      session: a :class:`~exactly.testing.kafka_broker.KafkaBroker`
                 (``transaction.max.timeout.ms`` = 300000); a test that restarts it leaves it
-                running
+                running. It also has a ``PROXIED`` listener for ``kafka_proxy``
 ``topic``       a fresh 2-partition topic on ``broker``
+``kafka_proxy`` a :class:`~exactly.testing.nemesis.proxy.FaultProxy` in front of ``broker``'s
+                proxied listener, for this test only: clients of
+                ``broker.proxied_bootstrap`` reach the broker through it and nothing else
 ``s3_server``   session: a started :class:`~exactly.testing.s3_server.S3Server` (S3Proxy);
                 a test that restarts it leaves it running; tests share it, so each uses
                 buckets of its own
@@ -96,8 +99,10 @@ def kafka_jars() -> Path:
 def broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One single-node Kafka broker (KRaft) for the session."""
     from exactly.testing.kafka_broker import KafkaBroker
+    from exactly.testing.ports import free_port
 
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka-broker"), transaction_max_timeout_ms=300_000)
+    b = KafkaBroker(tmp_path_factory.mktemp("kafka-broker"), transaction_max_timeout_ms=300_000,
+                    proxy_port=free_port())
     b.start()
     yield b
     b.close()
@@ -109,6 +114,18 @@ def topic(broker: Any) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     broker.create_topic(name, 2)
     return name
+
+
+@pytest.fixture
+def kafka_proxy(broker: Any) -> Iterator[Any]:
+    """The fault proxy every connection of a ``broker.proxied_bootstrap`` client goes
+    through (the broker advertises its port to them); stopped, with its connections reset,
+    after the test."""
+    from exactly.testing.nemesis.proxy import FaultProxy
+
+    with FaultProxy("127.0.0.1", broker.proxied_port, name="kafka",
+                    listen_port=broker.proxy_port) as proxy:
+        yield proxy
 
 
 # -- S3 ----------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 ``JOB_SOURCE=kafka`` reads JSON records from ``JOB_SOURCE_TOPIC`` with exactly's Kafka
 reader instead of the generator. ``JOB_SINK`` picks the sink: ``files`` (default;
-``JOB_OUT``), ``postgres`` (the 2PC sink; ``JOB_DSN``, ``JOB_TABLE``) or ``kafka``
-(``JOB_BOOTSTRAP``, ``JOB_TOPIC``; JSON values).
+``JOB_OUT``), ``postgres`` (the 2PC sink; ``JOB_DSN``, ``JOB_TABLE``), ``wal`` (the
+write-ahead sink into PostgreSQL; ``JOB_DSN``, ``JOB_TABLE``), ``kafka`` (``JOB_BOOTSTRAP``,
+``JOB_TOPIC``; JSON values) or ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
+URI; S3 settings from the ``AWS_*`` environment).
 
 Configured by environment variables (the test sets them for ``exactly run``):
 ``JOB_OUT`` output directory, ``JOB_ROWS`` total rows, ``JOB_RATE`` rows per second (0: all
@@ -94,6 +96,13 @@ def build(spark):
         return Job(out, sink_format="exactly.postgres", checkpoint=checkpoint,
                    options={"dsn": _env("JOB_DSN"), "table": _env("JOB_TABLE"),
                             "retrySeconds": "5"})
+    if sink == "wal":
+        return Job(out, sink_format="exactly.wal", checkpoint=checkpoint,
+                   options={"dsn": _env("JOB_DSN"), "table": _env("JOB_TABLE"),
+                            "retrySeconds": "5"})
+    if sink == "delta":
+        return Job(out, sink_format="exactly.delta", path=_env("JOB_DELTA_PATH"),
+                   checkpoint=checkpoint)
     if sink == "kafka":
         values = out.select(F.to_json(F.struct("id", "key", "amount")).alias("value"))
         return Job(values, sink_format="exactly.kafka", checkpoint=checkpoint,

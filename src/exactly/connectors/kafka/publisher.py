@@ -26,6 +26,18 @@ Errors (the retry policy is :mod:`exactly.retry`):
 * single client calls (:func:`kafka_call`) retry what Kafka flags retriable and a group
   coordinator moving (:data:`COORDINATOR_MOVING`).
 
+A request that may arrive late (the ambiguous commit): librdkafka 2.x does not bump the
+producer epoch per transaction (KIP-890), and when a request's answer does not come within
+``socket.timeout.ms`` it closes the connection and sends the request again, without telling
+the application (the call succeeds, ``error_cb`` is not called; only its log says
+``REQTMOUT``). If the first copy was delayed rather than lost, it still reaches the broker,
+with the same producer id and epoch: an ``EndTxn(commit)`` of epoch n arriving inside epoch
+n+1's transaction commits epoch n+1's records before its marker (measured through the test
+kit's fault proxy). So the session watches the producer's log (:data:`SUSPECT_LOG_FACILITIES`:
+a request timed out, a connection failed) and its error callback, and before the next publish
+replaces a producer that saw either: the new producer's ``init_transactions`` bumps the
+epoch, which fences every request the old one may still have on the way.
+
 Crash point ``kafka.in_transaction`` (:data:`IN_TRANSACTION`): inside a publish, after the
 epoch's records were produced into the open transaction and flushed to the broker's log,
 before the marker and the commit.
@@ -52,6 +64,8 @@ from exactly.protocol.staging import StagedFile
 from exactly.retry import retry_call
 
 logger = logging.getLogger("exactly.connectors.kafka.publisher")
+#: where the publishing producers' own log lines go (event ``librdkafka``)
+client_logger = logging.getLogger("exactly.connectors.kafka.librdkafka")
 
 IN_TRANSACTION = register_point(
     "kafka.in_transaction", on_driver=True,
@@ -80,6 +94,18 @@ FENCED_CODES = _codes("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
 #: errors of offset fetches that librdkafka does not flag retriable but that pass
 COORDINATOR_MOVING = _codes("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
                             "COORDINATOR_NOT_AVAILABLE")
+#: errors the producer's error callback reports when it lost a broker or gave up on a request
+LOST_CODES = _codes("_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT")
+#: librdkafka log facilities saying that a request may reach the broker after the producer
+#: gave up on it and sent it again: a request timed out (``REQTMOUT``; librdkafka then closes
+#: the connection and retries), a broker connection failed (``FAIL``). librdkafka reports
+#: neither to the application otherwise (measured with 2.16: no ``error_cb``, the call
+#: succeeds)
+SUSPECT_LOG_FACILITIES = frozenset({"REQTMOUT", "FAIL"})
+#: the producer's ``log_level`` at least (syslog levels): ``FAIL`` lines are at 6 (info)
+_MIN_CLIENT_LOG_LEVEL = 6
+#: librdkafka's syslog levels as confluent-kafka hands them to a logger (Python levels)
+_PY_LEVEL = (50, 50, 50, 40, 30, 20, 20, 10)
 
 
 def _kafka_error(exc: BaseException) -> Any:
@@ -218,6 +244,27 @@ def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -
 
 
 # -- the publish session ----------------------------------------------------------------
+class ClientLog:
+    """The ``logger`` of a session's producer: confluent-kafka hands it librdkafka's log
+    lines (from ``poll``, in the calling thread) as ``log(level, fmt, facility, client,
+    message)``. Each line goes to :data:`client_logger` as a ``librdkafka`` event when it is
+    at least as severe as the user's ``log_level`` (``forward_from``, a syslog level); a line
+    of a :data:`SUSPECT_LOG_FACILITIES` facility calls ``on_suspect`` with a reason, whatever
+    its level."""
+
+    def __init__(self, on_suspect: Callable[[str], None], forward_from: int) -> None:
+        self.on_suspect = on_suspect
+        self.forward_from = _PY_LEVEL[max(0, min(forward_from, 7))]
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        facility, client, message = [*map(str, args), "", "", ""][:3]
+        if facility in SUSPECT_LOG_FACILITIES:
+            self.on_suspect(f"librdkafka {facility}: {message}")
+        if level >= self.forward_from:
+            log_event(client_logger, "librdkafka", level, facility=facility, client=client,
+                      message=message)
+
+
 class PublishSession:
     """The driver side's transactional producer of one query, fenced and recovered."""
 
@@ -225,7 +272,8 @@ class PublishSession:
         self.options = options
         self.query_id = query_id
         self.producer: Any = None
-        self.lost_broker = False
+        #: why the producer must not begin another transaction (None: it may)
+        self.suspect: str | None = None
         self.in_transaction = False
         #: held while the session talks to Kafka (the idle reaper never closes it then)
         self.busy = threading.RLock()
@@ -243,35 +291,44 @@ class PublishSession:
             return
         opts = self.options
         opts.require_marker_topic()
-        self.lost_broker = False
+        level = opts.producer_conf.get("log_level", "")
+        user_level = int(level) if level.isdigit() else _MIN_CLIENT_LOG_LEVEL
         self.producer = new_producer(opts, {
             "transactional.id": opts.transactional_id(self.query_id),
             "transaction.timeout.ms": opts.transaction_timeout_ms,
-            "error_cb": self._on_client_error})
+            "error_cb": self._on_client_error,
+            "logger": ClientLog(self._mark_suspect, user_level),
+            "log_level": max(user_level, _MIN_CLIENT_LOG_LEVEL)})
         # fences older producers of this transactional id and completes or aborts the
         # transaction a crashed predecessor left open: afterwards nothing is in doubt
         kafka_call(self.producer.init_transactions, self.timeout_s, what="init_transactions")
-        self.producer.poll(0)  # errors of an outage this producer waited out are no news
-        self.lost_broker = False
+        # what this producer saw before its init_transactions (an outage it waited out)
+        # cannot reach a transaction of its new epoch
+        self.producer.poll(0)
+        self.suspect = None
+
+    def _mark_suspect(self, reason: str) -> None:
+        if self.suspect is None:
+            self.suspect = reason
 
     def _on_client_error(self, err: Any) -> None:
-        """librdkafka's error callback (served by ``poll``): a lost broker connection makes
-        the kept producer suspect. A transactional producer kept across a broker restart was
-        measured here to hang in ``send_offsets_to_transaction`` until its timeout
-        (librdkafka 2.x), where a new one, after ``init_transactions``, goes on at once."""
-        from confluent_kafka import KafkaError
-
-        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN):
-            self.lost_broker = True
+        """librdkafka's error callback (served by ``poll``): a lost broker connection or a
+        timed-out request makes the kept producer suspect. (A transactional producer kept
+        across a broker restart was also measured here to hang in
+        ``send_offsets_to_transaction`` until its timeout, librdkafka 2.x, where a new one,
+        after ``init_transactions``, goes on at once.)"""
+        if err.code() in LOST_CODES:
+            self._mark_suspect(f"librdkafka error: {err.str()}")
 
     def _renew_if_suspect(self) -> None:
-        """Before a publish: serve the kept producer's callbacks; after a lost broker
-        connection, close it, so the publish opens a new one."""
+        """Before a publish: serve the kept producer's callbacks and log; when it gave up
+        on a request or lost a connection since its ``init_transactions``, close it, so the
+        publish opens a new one (whose epoch fences whatever the old one left on the way)."""
         if self.producer is None:
             return
         self.producer.poll(0)
-        if self.lost_broker:
-            log_event(logger, "producer_renewed", reason="lost broker connection")
+        if self.suspect is not None:
+            log_event(logger, "producer_renewed", reason=self.suspect)
             self.close()
 
     def _marker_consumer(self) -> Any:
@@ -425,6 +482,7 @@ class PublishSession:
         fails, the next ``init_transactions`` or the transaction timeout aborts it)."""
         producer = self.producer
         self.producer = None
+        self.suspect = None
         if producer is not None and self.in_transaction:
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)

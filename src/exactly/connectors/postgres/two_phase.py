@@ -58,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ from exactly.connectors.postgres.upsert_sql import dedup_last, upsert_rows, upse
 from exactly.connectors.sql import (
     CopyStream,
     TableName,
+    answer_deadline,
     clean_error,
     create_pg_table,
     ensure_pg_table,
@@ -181,7 +182,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
                  retry_seconds: float = opt.DEFAULT_RETRY_SECONDS,
                  lock_timeout_ms: int = opt.DEFAULT_LOCK_TIMEOUT_MS,
                  epoch_column: str = DEFAULT_EPOCH_COLUMN,
-                 epochs_table: str = DEFAULT_EPOCHS_TABLE, view_name: str | None = None) -> None:
+                 epochs_table: str = DEFAULT_EPOCHS_TABLE, view_name: str | None = None,
+                 commit_timeout_ms: int = opt.DEFAULT_COMMIT_TIMEOUT_MS) -> None:
         if not dsn:
             raise ConfigError("postgres sink: set option dsn (a libpq connection string or "
                               "postgresql:// URL)")
@@ -219,6 +221,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         self.key_columns = tuple(key_columns)
         self.retry_seconds = retry_seconds
         self.lock_timeout_ms = lock_timeout_ms
+        #: seconds to wait for the answer to a commit-path statement (0: no bound)
+        self.commit_timeout = commit_timeout_ms / 1000
         self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
                                      else Path(log_dir))
 
@@ -325,7 +329,10 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
                     "INSERT INTO {} (gid, query_id, epoch, partition, rows) "
                     "VALUES (%s, %s, %s, %s, %s)").format(self.markers.sql()),
                     (txn.gid, txn.task.query_id, txn.task.epoch, txn.task.partition, txn.rows))
-                cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(txn.gid)))
+                with answer_deadline(txn.conn, self.commit_timeout,
+                                     what=f"PREPARE TRANSACTION {txn.gid!r}"):
+                    cur.execute(sql.SQL("PREPARE TRANSACTION {}").format(
+                        sql.Literal(txn.gid)))
         except ConfigError:
             raise
         except Exception as exc:
@@ -367,14 +374,30 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         _close(txn.conn)  # closing an open transaction rolls it back
 
     # -- driver side -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _driver_connection(self, what: str) -> Iterator[Any]:
+        """An autocommit connection whose statements wait at most ``commitTimeoutMs`` for
+        their answers (:func:`answer_deadline`): every driver-side step is small and
+        idempotent, so a lost answer becomes a retry that reads the target's record."""
+        with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
+                answer_deadline(conn, self.commit_timeout, what=what):
+            yield conn
+
     def commit_handle(self, handle: Handle) -> CommitOutcome:
+        """``COMMIT PREPARED``; when the gid is not prepared (any more) the marker row that
+        committed with the data decides: already committed, or lost (DataLossError).
+
+        The ambiguous commit -- the server committed, the answer was lost (the connection
+        broke, or no answer within ``commitTimeoutMs``) -- is a transient failure: the retry
+        finds the gid gone and the marker there, ALREADY_COMMITTED. Without retries left the
+        error is raised and the epoch's intent is finished by the next run's recovery."""
         gid = handle.payload.gid
 
         def step() -> CommitOutcome:
             import psycopg
             from psycopg import sql
 
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+            with self._driver_connection(f"COMMIT PREPARED {gid!r}") as conn:
                 try:
                     conn.execute(sql.SQL("COMMIT PREPARED {}").format(sql.Literal(gid)))
                     return CommitOutcome.COMMITTED
@@ -406,7 +429,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         from psycopg import sql
 
         def record() -> int:
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+            with self._driver_connection(f"recording epoch {epoch} complete") as conn:
                 return conn.execute(sql.SQL(
                     "INSERT INTO {e} AS e (relid, query_id, epoch) VALUES ({t}::regclass, %s, %s) "
                     "ON CONFLICT (relid) DO UPDATE SET epoch = greatest(e.epoch, excluded.epoch), "
@@ -423,7 +446,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             return
 
         def prune() -> None:
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+            with self._driver_connection("pruning markers") as conn:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE query_id = %s AND epoch < %s").format(
                     self.markers.sql()), (query_id, epoch - MARKER_RETAIN_EPOCHS))
 
@@ -436,7 +459,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
             import psycopg
             from psycopg import sql
 
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
+            with self._driver_connection(f"ROLLBACK PREPARED {gid!r}") as conn, \
                     contextlib.suppress(psycopg.errors.UndefinedObject):  # already gone
                 conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
 
@@ -447,7 +470,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         prefix = f"{GID_TAG}:{query_id}:"
 
         def step() -> list[str]:
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn:
+            with self._driver_connection("listing prepared transactions") as conn:
                 rows = conn.execute(
                     "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                     "AND left(gid, %s) = %s ORDER BY gid", (len(prefix), prefix)).fetchall()

@@ -48,6 +48,7 @@ from exactly import options as opt
 from exactly.connectors.postgres.upsert_sql import copy_upsert, dedup_last
 from exactly.connectors.sql import (
     TableName,
+    answer_deadline,
     clean_error,
     ensure_pg_table,
     pg_connect,
@@ -84,7 +85,8 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
 
     def __init__(self, dsn: str, table: str, key_columns: Sequence[str], log_dir: str | Path,
                  *, epoch_column: str = DEFAULT_EPOCH_COLUMN,
-                 lock_timeout_ms: int = 60_000) -> None:
+                 lock_timeout_ms: int = 60_000,
+                 commit_timeout_ms: int = opt.DEFAULT_COMMIT_TIMEOUT_MS) -> None:
         if not dsn:
             raise ConfigError("upsert sink: set option dsn")
         if not table:
@@ -97,6 +99,8 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
         self.key_columns = tuple(key_columns)
         self.epoch_column = epoch_column
         self.lock_timeout_ms = lock_timeout_ms
+        #: seconds a task waits for the answer to its COMMIT (0: no bound)
+        self.commit_timeout = commit_timeout_ms / 1000
         self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
                                      else Path(log_dir))
 
@@ -141,9 +145,15 @@ class IdempotentUpsertSink(TwoPhaseCommitSink[UpsertTxn]):
         txn.rows += batch.num_rows
 
     def pre_commit(self, txn: UpsertTxn) -> Payload:
-        """Commit the task's upserts: idempotent writes need no second phase."""
+        """Commit the task's upserts: idempotent writes need no second phase.
+
+        The answer is awaited at most ``commitTimeoutMs``; a lost answer fails the task
+        (whether the upserts committed is unknown) and Spark's retry writes the same values
+        again, which the epoch guard makes harmless."""
         try:
-            txn.conn.commit()
+            with answer_deadline(txn.conn, self.commit_timeout,
+                                 what=f"COMMIT of task {txn.task.partition}'s upserts"):
+                txn.conn.commit()
         except Exception as exc:
             raise clean_error(exc, self.dsn, f"committing upserts into {self.table}") from None
         finally:

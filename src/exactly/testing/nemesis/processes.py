@@ -3,8 +3,7 @@
 A paused process keeps its sockets, locks and leases but does nothing, then wakes up and
 goes on as if no time had passed -- the fault behind zombie writers and expired leases.
 :func:`paused` always resumes what it paused (even when the body raises); a process that
-died meanwhile is skipped. Finders pick a job's processes by role from its job token
-(:func:`exactly.procs.job_processes`).
+died meanwhile is skipped. Finders pick a job's processes by role under its driver.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from collections.abc import Iterable, Iterator
 
 import psutil
 
-from exactly.procs import job_processes
 from exactly.testing.nemesis.faultlog import FaultLog
 
 
@@ -51,23 +49,31 @@ def _cmdline(proc: psutil.Process) -> str:
         return ""
 
 
-def driver_pids(token: str) -> list[int]:
-    """The job's driver: its Python driver process(es) and the driver JVM."""
-    return [p.pid for p in job_processes(token)
-            if "pyspark.daemon" not in _cmdline(p) and "pyspark.worker" not in _cmdline(p)]
+def _tree(root_pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(root_pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
-def executor_pids(token: str) -> list[int]:
-    """The job's Python workers (the executors' side of a ``local[N]`` job): the worker
-    daemons and the workers they forked."""
-    return [p.pid for p in job_processes(token)
-            if "pyspark.daemon" in _cmdline(p) or "pyspark.worker" in _cmdline(p)]
+def _is_python_worker(proc: psutil.Process) -> bool:
+    line = _cmdline(proc)
+    return "pyspark.daemon" in line or "pyspark.worker" in line
+
+
+def driver_pids(driver_pid: int) -> list[int]:
+    """A job's driver: the Python driver process ``driver_pid`` and its driver JVM (its
+    descendants that are not PySpark workers)."""
+    return [p.pid for p in _tree(driver_pid) if not _is_python_worker(p)]
+
+
+def executor_pids(driver_pid: int) -> list[int]:
+    """The Python workers under a ``local[N]`` driver (the executors' Python side): the
+    worker daemons and the workers they forked."""
+    return [p.pid for p in _tree(driver_pid) if _is_python_worker(p)]
 
 
 def tree_pids(root_pid: int) -> list[int]:
     """A server's process and every descendant (PostgreSQL's postmaster and backends)."""
-    try:
-        root = psutil.Process(root_pid)
-        return [root.pid, *(c.pid for c in root.children(recursive=True))]
-    except psutil.Error:
-        return []
+    return [p.pid for p in _tree(root_pid)]

@@ -234,6 +234,10 @@ class FaultProxy:
             if self._server is not None:
                 self._server.close()
             self._reset_all(gapped_only=False)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         self._call(close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)

@@ -1,0 +1,376 @@
+"""Every exactly-once sink under the nemesis: network faults between the job and its server,
+the ambiguous commit, paused processes, a full disk and kills, at random times from a seed,
+while readers watch the output; then a checker names every anomaly it saw.
+
+One ``exactly run`` per sink (the datagen job of tests/ops/jobs, a fixed-delay restart
+strategy), its checkpoint -- and with it the sink's staging log -- on a small tmpfs disk, its
+server (PostgreSQL, S3Proxy, the Kafka broker) behind a :class:`FaultProxy`. Once the job has
+committed its first epoch, a :class:`Nemesis` runs a schedule that holds every kind of fault
+the sink can meet at least once; then every fault is healed, the job drains its input, stops
+on command, and the checker compares what the readers saw and what the target finally holds
+with the input. The fault log goes with every failure (``fault_log`` in the message, and
+``faults.jsonl`` in the test's directory): ``EXACTLY_NEMESIS_SEED`` replays a run.
+
+Default lane: one short run per sink (each kind of fault once, a few more at random; no kill:
+every sink's default lane already kills its driver at every protocol point, and a restart
+costs a new driver JVM). Slow lane (``EXACTLY_SLOW=1``) / ``scripts/soak --nemesis``:
+``EXACTLY_NEMESIS_FAULTS`` faults per sink (default 200), kills included, with
+``EXACTLY_NEMESIS_REPORT`` naming a JSON-lines file for the summary table.
+Clock jumps are not in these runs: the job's leases take their clock in-process only, so they
+are proven by tests/unit/test_lease_clock_jumps.py (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exactly.procs import ProcessesSurvived
+from exactly.testing.nemesis import actions
+from exactly.testing.nemesis.checker import History, Row, check
+from exactly.testing.nemesis.disk import SmallDisk, why_unavailable
+from exactly.testing.nemesis.faultlog import FaultLog
+from exactly.testing.nemesis.observers import (
+    DeltaObserver,
+    FileOutputObserver,
+    KafkaObserver,
+    Observer,
+    PostgresObserver,
+    json_row,
+)
+from exactly.testing.nemesis.processes import driver_pids, executor_pids, tree_pids
+from exactly.testing.nemesis.proxy import FaultProxy, contains, http_request, kafka_request
+from exactly.testing.nemesis.schedule import Action, FaultSchedule, Nemesis
+from exactly.testing.supervised import SupervisedRun
+
+pytestmark = [pytest.mark.chaos,
+              pytest.mark.skipif(why_unavailable() is not None,
+                                 reason=f"the nemesis's full disk: {why_unavailable()}")]
+
+JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
+SLOW = os.environ.get("EXACTLY_SLOW") == "1"
+SEED = int(os.environ.get("EXACTLY_NEMESIS_SEED", "28"))
+#: faults per sink: the default lane holds each kind once and a few more
+FAULTS = int(os.environ.get("EXACTLY_NEMESIS_FAULTS", "200" if SLOW else "0"))
+EXTRA_FAULTS = 2
+ROWS_PER_EPOCH = 1000
+#: rows per second of the job's input
+RATE = 400
+
+
+@dataclass
+class Summary:
+    """One sink's nemesis run: one row of the soak's table."""
+
+    sink: str
+    seed: int
+    faults: dict[str, int] = field(default_factory=dict)
+    answer_faults_fired: int = 0
+    recoveries: int = 0
+    epochs: int = 0
+    records_audited: int = 0
+    missing: int = 0
+    duplicated: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    processes_left: int = 0
+    leftovers: int = 0
+    wall_s: float = 0.0
+
+    def record(self) -> None:
+        row = {**self.__dict__, "wall_s": round(self.wall_s, 1)}
+        print(f"\nNEMESIS SUMMARY {self.sink}: {json.dumps(row)}", flush=True)
+        report = os.environ.get("EXACTLY_NEMESIS_REPORT")
+        if report:
+            with open(report, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+@dataclass
+class Target:
+    """What a sink's run needs: the job's settings, its server's faults, the output."""
+
+    sink: str
+    env: dict[str, str]
+    rows: int
+    #: the target's committed rows, read after the job (``Row(id, epoch, ...)``)
+    final_rows: Callable[[], list[Row]]
+    #: readers that watch the output while the job runs
+    observers: Callable[[History], list[Observer]]
+    #: the readers of a target that promises whole epochs (see the checker's table)
+    whole_epochs: set[str] = field(default_factory=set)
+    #: the faults of the sink's server, given the run's fault log
+    server_actions: Callable[[FaultLog], dict[str, Action]] = lambda log: {}
+    #: prepared transactions or staged files the run left behind
+    leftovers: Callable[[], int] = lambda: 0
+
+
+def schedule_for(kinds: list[str]) -> FaultSchedule:
+    """The default lane: each kind once and a few more, short; the soak: ``FAULTS``."""
+    count = FAULTS or len(kinds) + EXTRA_FAULTS
+    gap, duration = ((0.3, 1.5), (0.5, 2.5)) if SLOW else ((0.2, 0.8), (0.3, 1.2))
+    return FaultSchedule.random(SEED, kinds, count, gap=gap, duration=duration,
+                                durations={actions.KILL: (0.0, 0.0),
+                                           "net.cut": (0.0, 0.0),
+                                           actions.ANSWER: (2.0, 4.0)})
+
+
+def epochs_of_input(checkpoint: Path) -> dict[int, int]:
+    """Each input id's epoch, from Spark's offset log (the datagen source's offset is the
+    number of rows generated before an epoch): what the checker needs for targets whose
+    rows do not carry their epoch (Kafka, the write-ahead sink)."""
+    ends = {}
+    for entry in (checkpoint / "offsets").iterdir():
+        if entry.name.isdigit():
+            ends[int(entry.name)] = json.loads(entry.read_text().splitlines()[-1])["rows"]
+    epoch_of, start = {}, 0
+    for epoch in sorted(ends):
+        if epoch - 1 not in ends and epoch != min(ends):
+            start = ends[epoch]  # an epoch before it was purged: skip the gap
+            continue
+        start = ends.get(epoch - 1, 0 if epoch == 0 else start)
+        for i in range(start, ends[epoch]):
+            epoch_of[i] = epoch
+    return epoch_of
+
+
+def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
+    summary = Summary(target.sink, SEED)
+    started = time.monotonic()
+    log = FaultLog(tmp_path / "faults.jsonl", seed=SEED)
+    disk = SmallDisk(tmp_path / "disk", 256 << 20).mount()
+    checkpoint = disk.path / "ck"
+    kinds_known = sorted([*([actions.KILL] if SLOW else []), "pause.driver",
+                          "pause.executor", actions.DISK, *target.server_actions(FaultLog())])
+    schedule = schedule_for(kinds_known)
+    # the input lasts as long as the faults do: every fault meets a job at work
+    rows = max(target.rows, int(RATE * (schedule.faults[-1].at + 10)))
+    target.rows = rows
+    env = {"JOB_ROWS": str(rows), "JOB_RATE": str(RATE),
+           "JOB_MAX_ROWS": str(ROWS_PER_EPOCH), "JOB_INTERVAL": "500ms",
+           "PYSPARK_PYTHON": sys.executable, **target.env}
+    run = SupervisedRun(JOB, checkpoint, env, "--restart-strategy", "fixed-delay",
+                        "--restart-option", "attempts=1000", "--restart-option", "delay=1s",
+                        log=tmp_path / "run.log")
+    history = History()
+    readers = target.observers(history)
+    nemesis = None
+    epoch_of: dict[int, int] = {}
+    try:
+        for reader in readers:
+            reader.__enter__()
+        run.wait_for(lambda: len(run.committed_epochs()) >= 1, "the first epoch", timeout=180)
+
+        def driver() -> int | None:
+            status = run.status()
+            return status.driver.pid if status is not None and status.driver else None
+
+        kinds: dict[str, Action] = {
+            **({actions.KILL: actions.kill_action(driver)} if SLOW else {}),
+            "pause.driver": actions.pause_action(
+                lambda: driver_pids(driver() or 0), "driver", log),
+            "pause.executor": actions.pause_action(
+                lambda: executor_pids(driver() or 0), "executor", log),
+            actions.DISK: actions.disk_action(lambda: disk.fill(), disk.free),
+            **target.server_actions(log)}
+        assert sorted(kinds) == kinds_known
+        nemesis = Nemesis(schedule, kinds, log).start()
+        assert nemesis.wait(3600), "the nemesis did not finish its schedule"
+        assert not nemesis.errors, nemesis.errors
+        summary.faults = nemesis.counts()
+        summary.answer_faults_fired = sum(
+            1 for e in log.entries if e["kind"] == "net.answer_fault")
+
+        def drained() -> bool:
+            return len({r.id for r in target.final_rows()}) >= rows
+        run.wait_for(drained, "every row in the target after the faults", timeout=300)
+        stopped = run.command("stop", str(checkpoint))
+        assert stopped.returncode == 0, stopped.stderr
+        assert run.wait() == 0, run.output()[-3000:]
+        epoch_of = epochs_of_input(checkpoint)
+    except BaseException:
+        print(f"fault log ({tmp_path / 'faults.jsonl'}):\n{log.text()}")
+        raise
+    finally:
+        if nemesis is not None:
+            nemesis.stop()
+        for reader in readers:
+            reader.__exit__(None, None, None)
+        try:
+            run.close()
+        except ProcessesSurvived as exc:
+            summary.processes_left = len(exc.args)
+            raise
+        finally:
+            summary.wall_s = time.monotonic() - started
+            summary.epochs = len(run.committed_epochs()) if checkpoint.exists() else 0
+            summary.recoveries = sum(1 for e in run.history() if e["event"] == "recovered")
+            disk.unmount()
+    final = target.final_rows()
+    report = check(history, expected_ids=range(rows), final_rows=final,
+                   whole_epochs=target.whole_epochs, epoch_of=epoch_of)
+    summary.records_audited = len(final)
+    summary.missing = rows - len({r.id for r in final} & set(range(rows)))
+    summary.duplicated = len(final) - len({r.id for r in final})
+    summary.anomalies = {k.label: n for k, n in report.counts.items() if n}
+    summary.leftovers = target.leftovers()
+    summary.record()
+    print(f"fault log: {tmp_path / 'faults.jsonl'}")
+    assert report.ok, f"{report.render()}\nfault log:\n{log.text()}"
+    assert summary.leftovers == 0
+    assert set(summary.faults) == set(kinds), "a kind of fault never ran"
+    return summary
+
+
+# -- the file sink ----------------------------------------------------------------------------
+def test_the_file_sink_under_pauses_a_full_disk_and_kills_commits_every_row_once(tmp_path):
+    out = tmp_path / "out"
+
+    def final_rows() -> list[Row]:
+        history = History()
+        FileOutputObserver(history, out, name="final").poll()
+        last = history.last("final")
+        return list(last) if last else []
+
+    target = Target("files", {"JOB_SINK": "files", "JOB_OUT": str(out)}, 3000, final_rows,
+                    lambda h: [FileOutputObserver(h, out)], whole_epochs={"files"})
+    summary = run_under_nemesis(tmp_path, target)
+    assert summary.faults.keys() >= {"pause.driver", "pause.executor", "disk.full"}
+
+
+# -- PostgreSQL: the 2PC sink and the write-ahead sink ----------------------------------------
+def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy) -> Target:
+    epoch_column = "exactly_epoch" if sink == "postgres" else None
+
+    def final_rows() -> list[Row]:
+        try:
+            rows = conn.execute(f'SELECT id{", " + epoch_column if epoch_column else ""} '
+                                f'FROM "{table}"').fetchall()
+        except Exception:  # not created yet
+            return []
+        return [Row(r[0], r[1] if epoch_column else None, None, None) for r in rows]
+
+    def leftovers() -> int:
+        return conn.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0]
+
+    def observers(history: History) -> list[Observer]:
+        found = [PostgresObserver(history, pg.dsn, table, name="table",
+                                  epoch_column=epoch_column)]
+        if sink == "postgres":  # the view shows whole epochs; the table, whole tasks
+            found.append(PostgresObserver(history, pg.dsn, f"{table}_committed",
+                                          name="view", epoch_column=epoch_column))
+        return found
+
+    def server(log: FaultLog) -> dict[str, Action]:
+        proxy.log = log
+        commit = contains(b"COMMIT PREPARED" if sink == "postgres" else b"COMMIT")
+        return {**actions.network_actions(proxy, commit),
+                actions.SERVER_PAUSE: actions.pause_action(lambda: tree_pids(pg.pid or 0),
+                                                           "postgres", log)}
+
+    dsn = pg.dsn.replace(f":{pg.port}/", f":{proxy.port}/")
+    return Target(sink, {"JOB_SINK": sink, "JOB_DSN": dsn, "JOB_TABLE": table}, 3000,
+                  final_rows, observers, {"view"} if sink == "postgres" else {"table"},
+                  server, leftovers)
+
+
+@pytest.fixture
+def pg_proxy(pg):
+    with FaultProxy("127.0.0.1", pg.port, name="postgres") as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("sink", ["postgres", "wal"])
+def test_a_postgres_sink_under_network_faults_pauses_a_full_disk_and_kills_commits_every_row_once(
+        tmp_path, pg, conn, table_name, pg_proxy, sink):
+    target = _pg_target(sink, pg, conn, table_name, pg_proxy)
+    summary = run_under_nemesis(tmp_path, target)
+    assert summary.faults.keys() >= {"net.answer", "pause.server", "net.blackhole"}
+
+
+# -- Delta on S3 ------------------------------------------------------------------------------
+@pytest.fixture
+def s3_proxy(s3_server):
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    with FaultProxy("127.0.0.1", port, name="s3") as proxy:
+        yield proxy
+
+
+def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_commits_once(
+        tmp_path, s3_server, s3_bucket, s3_proxy):
+    uri = f"s3://{s3_bucket}/events"
+    options = s3_server.storage_options()
+
+    def final_rows() -> list[Row]:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            newest = DeltaTable(uri, storage_options=options).version()
+        except TableNotFoundError:
+            return []
+        history = History()
+        final = DeltaObserver(history, uri, name="final", storage_options=options)
+        final.version = newest - 1  # the newest version only, its files' epochs from the log
+        final.poll()
+        last = history.last("final")
+        return list(last) if last else []
+
+    def server(log: FaultLog) -> dict[str, Action]:
+        s3_proxy.log = log
+        return {**actions.network_actions(s3_proxy, http_request("PUT", b"_delta_log/")),
+                actions.SERVER_PAUSE: actions.pause_action(
+                    lambda: tree_pids(s3_server.proc.pid), "s3proxy", log)}
+
+    env = {"JOB_SINK": "delta", "JOB_DELTA_PATH": uri,
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_proxy.port}"}
+    target = Target("delta-s3", env, 3000, final_rows,
+                    lambda h: [DeltaObserver(h, uri, storage_options=options)], {"delta"},
+                    server)
+    summary = run_under_nemesis(tmp_path, target)
+    assert summary.faults.keys() >= {"net.answer", "pause.server", "net.drop"}
+
+
+# -- Kafka ------------------------------------------------------------------------------------
+def test_the_kafka_sink_under_network_faults_pauses_a_full_disk_and_kills_commits_once(
+        tmp_path, broker, topic, kafka_proxy):
+    from exactly.testing.kafka_broker import consume_all
+
+    read = json_row("id")
+
+    def final_rows() -> list[Row]:
+        rows = [read(_Message(value)) for _, _, _, value in consume_all(broker.bootstrap, topic)]
+        return [r for r in rows if r is not None]
+
+    def observers(history: History) -> list[Observer]:
+        return [KafkaObserver(history, broker.bootstrap, topic, isolation=isolation, row=read)
+                for isolation in ("read_committed", "read_uncommitted")]
+
+    def server(log: FaultLog) -> dict[str, Action]:
+        kafka_proxy.log = log
+        return {**actions.network_actions(kafka_proxy, kafka_request(26)),  # EndTxn
+                actions.SERVER_PAUSE: actions.pause_action(
+                    lambda: tree_pids(broker.proc.pid), "kafka", log)}
+
+    env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic}
+    target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
+                    server)
+    summary = run_under_nemesis(tmp_path, target)
+    assert summary.faults.keys() >= {"net.answer", "pause.server", "net.cut"}
+
+
+class _Message:
+    """A consumed record's value in the shape ``json_row`` reads."""
+
+    def __init__(self, value: bytes | None) -> None:
+        self._value = value
+
+    def value(self) -> bytes | None:
+        return self._value
