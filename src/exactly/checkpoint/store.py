@@ -23,6 +23,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 from abc import ABC, abstractmethod
@@ -31,6 +32,9 @@ from typing import Any
 
 from exactly.errors import ConfigError
 from exactly.fsutil import atomic_write_bytes, create_exclusive_bytes, file_lock
+from exactly.logs import log_event
+
+logger = logging.getLogger("exactly.store")
 
 
 class LogStore(ABC):
@@ -54,12 +58,15 @@ class LogStore(ABC):
 
     @abstractmethod
     def create(self, name: str, data: bytes) -> bool:
-        """Create the file only if it does not exist; False when it does."""
+        """Create the file only if it does not exist; False when it does. On S3, a create
+        whose answer was lost and that was sent again is True when the object holds
+        ``data``: a refusal is checked against the object, never trusted blind."""
 
     @abstractmethod
     def swap(self, name: str, data: bytes, token: str | None) -> bool:
         """Replace the file only if its version is still ``token`` (``None``: only if it
-        does not exist); False when someone changed it since."""
+        does not exist); False when someone changed it since (on S3: unless the object
+        holds ``data``, this swap's own write whose answer was lost)."""
 
     @abstractmethod
     def list(self, folder: str) -> list[str]:
@@ -214,9 +221,12 @@ class LocalLogStore(LogStore):
 
 
 class S3LogStore(LogStore):
-    """An S3 prefix through boto3, with conditional PUTs for create-if-absent and swaps."""
+    """An S3 prefix through boto3, with conditional PUTs for create-if-absent and swaps.
 
-    def __init__(self, uri: str) -> None:
+    ``read_timeout``: seconds a request waits for the store's answer before boto3 gives
+    up on it and sends it again (up to 5 attempts in all); botocore's 60 s when None."""
+
+    def __init__(self, uri: str, *, read_timeout: float | None = None) -> None:
         self.scheme, _, rest = uri.partition("://")
         rest = rest.strip("/")
         bucket, _, prefix = rest.partition("/")
@@ -224,6 +234,7 @@ class S3LogStore(LogStore):
             raise ConfigError(f"{uri}: name a bucket, s3://BUCKET/PREFIX")
         self.bucket = bucket
         self.prefix = prefix
+        self.read_timeout = read_timeout
         self._client: Any = None
 
     def __getstate__(self) -> dict[str, Any]:  # a client does not travel to other processes
@@ -235,10 +246,11 @@ class S3LogStore(LogStore):
             import boto3
             from botocore.config import Config
 
+            timeouts = {} if self.read_timeout is None else {"read_timeout": self.read_timeout}
             self._client = boto3.client(
                 "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
                 config=Config(s3={"addressing_style": "path"},
-                              retries={"max_attempts": 5, "mode": "standard"}))
+                              retries={"max_attempts": 5, "mode": "standard"}, **timeouts))
         return self._client
 
     def key(self, name: str) -> str:
@@ -269,6 +281,14 @@ class S3LogStore(LogStore):
         self.client.put_object(Bucket=self.bucket, Key=self.key(name), Body=data)
 
     def _put_if(self, name: str, data: bytes, **condition: str) -> bool:
+        """PUT ``data`` under ``condition``; True when the object holds ``data`` after it.
+
+        The ambiguous commit: a conditional PUT whose answer was lost (a reset connection,
+        a read timeout) after the store applied it is sent again by boto3's retries, and
+        the repeat is refused (412: the object is no longer absent, its ETag no longer the
+        one named). A refusal is therefore never taken as "someone else won" before the
+        object is read back: holding exactly ``data``, it is this call's write (or one
+        with the same bytes: the same outcome), and the answer is True."""
         from botocore.exceptions import ClientError
 
         try:
@@ -280,7 +300,7 @@ class S3LogStore(LogStore):
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409,
                                                                                            412):
-                return False
+                return self._holds(name, data, exc)
             if code == "NoSuchKey" and "IfMatch" in condition:
                 return False  # swapped against a version that was deleted since
             if code == "NotImplemented" or status == 501:
@@ -290,6 +310,20 @@ class S3LogStore(LogStore):
                     "safe with two drivers; use a store that has them (AWS S3, MinIO, "
                     "S3Proxy >= 3) or keep exactly.logDir on a shared POSIX directory") from None
             raise
+
+    def _holds(self, name: str, data: bytes, refusal: Exception) -> bool:
+        """After a refused conditional PUT: whether the object holds ``data`` (an earlier
+        attempt of the same PUT stored it); logged when it does."""
+        found = self.read(name)
+        if found != data:
+            return False
+        attempts = getattr(refusal, "response", {}).get("ResponseMetadata", {}).get(
+            "RetryAttempts")
+        log_event(logger, "conditional_put_resolved", logging.WARNING,
+                  object=self.describe(name), retries=attempts,
+                  detail="the store refused the PUT but holds its bytes: an earlier attempt "
+                         "whose answer was lost stored it")
+        return True
 
     def create(self, name: str, data: bytes) -> bool:
         return self._put_if(name, data, IfNoneMatch="*")

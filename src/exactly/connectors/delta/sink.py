@@ -301,23 +301,61 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         done = table.transaction_version(app_id(query_id))
         adds = [_add(h) for h in handles if h.payload.file]
         if adds and (done is None or done < epoch):
-            from deltalake.exceptions import CommitFailedError
+            from deltalake.exceptions import CommitFailedError, DeltaError
 
             try:
                 table.create_write_transaction(
                     adds, "append", table.schema(),
                     commit_properties=_commit_properties(app_id(query_id), epoch, query_id))
-            except CommitFailedError as exc:
-                # the table's own fencing: another writer set this query's transaction
-                # version between our read and our commit
-                raise FencedError(
-                    f"epoch {epoch} of query {query_id} was committed to {self.uri} by another "
-                    f"writer at the same time ({exc}); another instance of the query is live. "
-                    "This instance committed nothing of the epoch.") from exc
-            log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
-                      rows=sum(h.rows for h in handles), table_version=table.version())
+            except (DeltaError, OSError) as exc:
+                # the ambiguous commit: the table's own record decides (docstring)
+                if not self._holds_epoch(query_id, epoch, [a.path for a in adds], exc):
+                    if not isinstance(exc, CommitFailedError):
+                        raise
+                    # the table's own fencing: another writer set this query's transaction
+                    # version between our read and our commit
+                    raise FencedError(
+                        f"epoch {epoch} of query {query_id} was committed to {self.uri} by "
+                        f"another writer at the same time ({exc}); another instance of the "
+                        "query is live. This instance committed nothing of the epoch."
+                    ) from exc
+            else:
+                log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
+                          rows=sum(h.rows for h in handles), table_version=table.version())
         for handle in handles:
             self._delete_marker(handle.task)
+
+    def _holds_epoch(self, query_id: str, epoch: int, files: Sequence[str],
+                     error: Exception) -> bool:
+        """After a failed Delta commit of ``epoch``: whether the table holds it with exactly
+        this commit's ``files`` (the commit happened). Cases, one by one:
+
+        * the answer to the PUT of ``_delta_log/N.json`` was lost after the store created it
+          (a reset, a timeout): the object store sends the PUT again, it is refused (the
+          version exists), and ``deltalake`` checks the winning commit for conflicts -- the
+          winner is this very commit, whose ``txn`` for the query's app id makes it a
+          "concurrent transaction" (CommitFailedError), or the retries end in a transport
+          error. The table's ``txn`` version reached the epoch and holds these files: True.
+        * another instance of the query committed the epoch meanwhile: the ``txn`` version
+          reached it with other files: False (the caller raises FencedError).
+        * nothing was committed (the version is below the epoch): False. A PUT delayed on
+          the wire that reaches the store later can only create the version it was sent
+          for, and only if nothing else took it: the epoch is never committed twice.
+
+        Raises the store's error when the table cannot be read either."""
+        table = self._delta()  # read again: the version the failed call saw is stale
+        done = table.transaction_version(app_id(query_id))
+        if done is None or done < epoch:
+            return False
+        present = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+        if not set(files) <= present:
+            return False
+        log_event(logger, "delta_commit_resolved", logging.WARNING, epoch=epoch,
+                  files=len(files), table_version=table.version(),
+                  detail=f"the commit call failed ({type(error).__name__}: {error}) but the "
+                         "table holds the epoch with these files: the answer to the commit was "
+                         "lost after the store applied it")
+        return True
 
     def abort(self, handle: Handle) -> None:
         if handle.payload.file:
