@@ -3,6 +3,7 @@ the system under test; the server only records what reached it)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -228,3 +229,33 @@ def test_a_schedule_is_drawn_from_its_seed_holds_every_kind_and_replays_from_its
     replay = FaultSchedule.from_log(tmp_path / "faults.jsonl")
     assert replay == one
     assert log.counts()["a"] == nemesis.counts()["a"]
+
+
+def test_an_answer_fault_lets_an_interim_100_continue_through_and_hits_the_final_answer():
+    """boto3 sends PUTs with ``Expect: 100-continue``: the body leaves only after the
+    interim answer, so a cut on that would test a request that never reached the server."""
+    received: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)  # the request line and headers
+            conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            received.append(conn.recv(4096))  # the body
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            with contextlib.suppress(OSError):  # the proxy resets the connection
+                conn.recv(4096)
+
+    threading.Thread(target=serve, daemon=True).start()
+    with FaultProxy("127.0.0.1", listener.getsockname()[1], name="http") as proxy:
+        proxy.on_request(http_request("PUT", b"_delta_log/"), Answer.CUT)
+        c = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        c.sendall(b"PUT /b/t/_delta_log/1.json HTTP/1.1\r\nExpect: 100-continue\r\n\r\n")
+        assert c.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        c.sendall(b"{}")
+        with pytest.raises(ConnectionResetError):
+            c.recv(4096)
+        c.close()
+    assert received == [b"{}"]  # the server stored the body; its answer was cut
+    listener.close()

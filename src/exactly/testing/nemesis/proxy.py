@@ -133,6 +133,13 @@ def http_request(method: str, path_contains: bytes = b"") -> MatcherFactory:
     return factory
 
 
+def _interim_http(chunk: bytes) -> bool:
+    """An HTTP/1.x interim response (``100 Continue``) alone: an answer fault waits for the
+    final response (boto3 sends PUTs with ``Expect: 100-continue``)."""
+    return (chunk.startswith(b"HTTP/1.") and chunk[9:10] == b"1"
+            and chunk.endswith(b"\r\n\r\n") and chunk.count(b"\r\n\r\n") == 1)
+
+
 # -- triggers --------------------------------------------------------------------------------
 @dataclass
 class Trigger:
@@ -391,11 +398,13 @@ class FaultProxy:
                     if conn.delivered is not None:
                         conn.delivered.answered.set()
                         conn.delivered = None
-                    if conn.answer is Answer.CUT:
+                    if conn.answer in (Answer.CUT, Answer.DROP) and _interim_http(data):
+                        pass  # "100 Continue": the request's body is still to come
+                    elif conn.answer is Answer.CUT:
                         self._record("answer_cut", connection=conn.number)
                         conn.reset()
                         break
-                    if conn.answer is Answer.DROP:
+                    elif conn.answer is Answer.DROP:
                         conn.gapped = True
                         continue
                     hold = conn.down_hold_until
