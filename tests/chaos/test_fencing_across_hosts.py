@@ -86,6 +86,9 @@ def completions(log: CommitLog) -> dict[int, str]:
     return {e: (log.completion(e) or {}).get("run_id", "") for e in log.completed_epochs()}
 
 
+@pytest.mark.slow  # CI budget (issue 28): a holder paused past its lease and
+# taken over is proven in process with the real file sink (tests/unit/test_lease_clock_jumps.py);
+# the nemesis runs pause drivers under load
 def test_a_paused_driver_loses_its_lease_to_another_host_and_commits_nothing_after(tmp_path):
     out, ck_a, ck_b = tmp_path / "out", tmp_path / "ck-a", tmp_path / "ck-b"
     log = CommitLog(out / "_exactly")

@@ -359,7 +359,9 @@ def test_the_kafka_sink_under_network_faults_pauses_a_full_disk_and_kills_commit
                 actions.SERVER_PAUSE: actions.pause_action(
                     lambda: tree_pids(broker.proc.pid), "kafka", log)}
 
-    env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic}
+    # a producer abandoned after its call hung is replaced after 10 s instead of 30
+    env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic,
+           "JOB_KAFKA_CALL_TIMEOUT_MS": "10000"}
     target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
                     server)
     summary = run_under_nemesis(tmp_path, target)

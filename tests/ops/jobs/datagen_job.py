@@ -4,7 +4,8 @@
 reader instead of the generator. ``JOB_SINK`` picks the sink: ``files`` (default;
 ``JOB_OUT``), ``postgres`` (the 2PC sink; ``JOB_DSN``, ``JOB_TABLE``), ``wal`` (the
 write-ahead sink into PostgreSQL; ``JOB_DSN``, ``JOB_TABLE``), ``kafka`` (``JOB_BOOTSTRAP``,
-``JOB_TOPIC``; JSON values) or ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
+``JOB_TOPIC``; JSON values; ``JOB_KAFKA_CALL_TIMEOUT_MS``: its
+``exactly.kafka.callTimeoutMs``) or ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
 URI; S3 settings from the ``AWS_*`` environment).
 
 Configured by environment variables (the test sets them for ``exactly run``):
@@ -108,6 +109,8 @@ def build(spark):
         return Job(values, sink_format="exactly.kafka", checkpoint=checkpoint,
                    options={"kafka.bootstrap.servers": _env("JOB_BOOTSTRAP"),
                             "topic": _env("JOB_TOPIC"),
-                            "transactionalIdPrefix": f"ops-{_env('JOB_TOPIC')}"})
+                            "transactionalIdPrefix": f"ops-{_env('JOB_TOPIC')}",
+                            **({"exactly.kafka.callTimeoutMs": _env("JOB_KAFKA_CALL_TIMEOUT_MS")}
+                               if _env("JOB_KAFKA_CALL_TIMEOUT_MS") else {})})
     return Job(out, sink_format="exactly.files", path=_env("JOB_OUT"),
                options={"format": "parquet"}, checkpoint=checkpoint)
