@@ -62,8 +62,11 @@ SEED = int(os.environ.get("EXACTLY_NEMESIS_SEED", "28"))
 FAULTS = int(os.environ.get("EXACTLY_NEMESIS_FAULTS", "200" if SLOW else "0"))
 EXTRA_FAULTS = 2
 ROWS_PER_EPOCH = 1000
-#: rows per second of the job's input
-RATE = 400
+#: rows per second of the job's input (the soak's runs last minutes: fewer rows keep the
+#: readers' snapshots, which the checker keeps whole, within memory)
+RATE = 100 if SLOW else 400
+#: how often the readers that read the whole output poll it
+POLL_S = 1.0 if SLOW else 0.1
 
 
 @dataclass
@@ -240,7 +243,8 @@ def test_the_file_sink_under_pauses_a_full_disk_and_kills_commits_every_row_once
         return list(last) if last else []
 
     target = Target("files", {"JOB_SINK": "files", "JOB_OUT": str(out)}, 3000, final_rows,
-                    lambda h: [FileOutputObserver(h, out)], whole_epochs={"files"})
+                    lambda h: [FileOutputObserver(h, out, poll_seconds=POLL_S)],
+                    whole_epochs={"files"})
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"pause.driver", "pause.executor", "disk.full"}
 
@@ -262,10 +266,11 @@ def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy) -> 
 
     def observers(history: History) -> list[Observer]:
         found = [PostgresObserver(history, pg.dsn, table, name="table",
-                                  epoch_column=epoch_column)]
+                                  epoch_column=epoch_column, poll_seconds=POLL_S)]
         if sink == "postgres":  # the view shows whole epochs; the table, whole tasks
             found.append(PostgresObserver(history, pg.dsn, f"{table}_committed",
-                                          name="view", epoch_column=epoch_column))
+                                          name="view", epoch_column=epoch_column,
+                                          poll_seconds=POLL_S))
         return found
 
     def server(log: FaultLog) -> dict[str, Action]:
@@ -332,7 +337,8 @@ def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_
     env = {"JOB_SINK": "delta", "JOB_DELTA_PATH": uri,
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_proxy.port}"}
     target = Target("delta-s3", env, 3000, final_rows,
-                    lambda h: [DeltaObserver(h, uri, storage_options=options)], {"delta"},
+                    lambda h: [DeltaObserver(h, uri, storage_options=options,
+                                             poll_seconds=POLL_S)], {"delta"},
                     server)
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.drop"}
