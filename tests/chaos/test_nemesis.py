@@ -64,7 +64,7 @@ EXTRA_FAULTS = 2
 ROWS_PER_EPOCH = 1000
 #: rows per second of the job's input (the soak's runs last minutes: fewer rows keep the
 #: readers' snapshots, which the checker keeps whole, within memory)
-RATE = 100 if SLOW else 400
+RATE = 200 if SLOW else 400
 #: how often the readers that read the whole output poll it
 POLL_S = 1.0 if SLOW else 0.1
 
@@ -153,8 +153,10 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
     kinds_known = sorted([*([actions.KILL] if SLOW else []), "pause.driver",
                           "pause.executor", actions.DISK, *target.server_actions(FaultLog())])
     schedule = schedule_for(kinds_known)
-    # the input lasts as long as the faults do: every fault meets a job at work
-    rows = max(target.rows, int(RATE * (schedule.faults[-1].at + 10)))
+    # the input lasts about as long as the faults do, so that faults meet a job at work: the
+    # generator's rate counts from each driver's start, and a soak's kills keep the job down
+    # about half of the time
+    rows = max(target.rows, int(RATE * (schedule.faults[-1].at + 10) * (0.5 if SLOW else 1)))
     target.rows = rows
     env = {"JOB_ROWS": str(rows), "JOB_RATE": str(RATE),
            "JOB_MAX_ROWS": str(ROWS_PER_EPOCH), "JOB_INTERVAL": "500ms",
@@ -193,7 +195,8 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
 
         def drained() -> bool:
             return len({r.id for r in target.final_rows()}) >= rows
-        run.wait_for(drained, "every row in the target after the faults", timeout=300)
+        run.wait_for(drained, "every row in the target after the faults",
+                     timeout=300 + rows / RATE)
         stopped = run.command("stop", str(checkpoint))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
