@@ -55,13 +55,14 @@ FOLDER_LANES = {
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("postgres/test_pg_chaos.py", "ops/test_launcher_where_it_runs.py",
-                 "kafka/test_kafka_chaos.py", "chaos/test_file_sink_chaos.py",
-                 "chaos/test_multi_input_chaos.py", "chaos/test_cluster_lane.py",
-                 "ops/test_run_restarts.py", "ops/test_run_on_s3.py",
-                 "savepoints/test_savepoint_commands.py",
+LONGEST_FIRST = ("chaos/test_nemesis.py", "postgres/test_pg_chaos.py",
+                 "ops/test_launcher_where_it_runs.py", "kafka/test_kafka_chaos.py",
+                 "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
+                 "chaos/test_cluster_lane.py", "ops/test_run_restarts.py",
+                 "ops/test_run_on_s3.py", "savepoints/test_savepoint_commands.py",
                  "savepoints/test_restore_aggregation.py", "chaos/test_delta_chaos.py",
-                 "ops/test_outages.py", "savepoints/test_restore_transform_with_state.py")
+                 "ops/test_outages.py", "objectstore/test_s3_ambiguous_commit.py",
+                 "kafka/test_kafka_ambiguous_commit.py")
 
 
 def _start_order(item) -> int:
