@@ -8,7 +8,8 @@ server (PostgreSQL, S3Proxy, the Kafka broker) behind a :class:`FaultProxy`. Onc
 committed its first epoch, a :class:`Nemesis` runs a schedule that holds every kind of fault
 the sink can meet at least once; then every fault is healed, the job drains its input, stops
 on command, and the checker compares what the readers saw and what the target finally holds
-with the input. The fault log goes with every failure (``fault_log`` in the message, and
+with the input (the final audit -- lost, duplicated, unexpected ids -- is ``exactly verify``'s,
+run on the target as a user would; the history's anomalies are the checker's own). The fault log goes with every failure (``fault_log`` in the message, and
 ``faults.jsonl`` in the test's directory): ``EXACTLY_NEMESIS_SEED`` replays a run.
 
 Default lane: one short run per sink (each kind of fault once, a few more at random; no kill:
@@ -33,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from exactly.auditor import verify
 from exactly.procs import ProcessesSurvived
 from exactly.testing.nemesis import actions
 from exactly.testing.nemesis.checker import History, Row, check
@@ -113,6 +115,8 @@ class Target:
     server_actions: Callable[[FaultLog], dict[str, Action]] = lambda log: {}
     #: prepared transactions or staged files the run left behind
     leftovers: Callable[[], int] = lambda: 0
+    #: the output as ``exactly verify`` names it (the final audit is verify's)
+    location: str = ""
 
 
 def schedule_for(kinds: list[str]) -> FaultSchedule:
@@ -220,8 +224,9 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
             summary.recoveries = sum(1 for e in run.history() if e["event"] == "recovered")
             disk.unmount()
     final = target.final_rows()
+    audit = verify(None, target.location, expect=f"select range as id from range({rows})")
     report = check(history, expected_ids=range(rows), final_rows=final,
-                   whole_epochs=target.whole_epochs, epoch_of=epoch_of)
+                   whole_epochs=target.whole_epochs, epoch_of=epoch_of, audit=audit)
     summary.records_audited = len(final)
     summary.missing = rows - len({r.id for r in final} & set(range(rows)))
     summary.duplicated = len(final) - len({r.id for r in final})
@@ -247,7 +252,7 @@ def test_the_file_sink_under_pauses_a_full_disk_and_kills_commits_every_row_once
 
     target = Target("files", {"JOB_SINK": "files", "JOB_OUT": str(out)}, 3000, final_rows,
                     lambda h: [FileOutputObserver(h, out, poll_seconds=POLL_S)],
-                    whole_epochs={"files"})
+                    whole_epochs={"files"}, location=str(out))
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"pause.driver", "pause.executor", "disk.full"}
 
@@ -286,7 +291,7 @@ def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy) -> 
     dsn = pg.dsn.replace(f":{pg.port}/", f":{proxy.port}/")
     return Target(sink, {"JOB_SINK": sink, "JOB_DSN": dsn, "JOB_TABLE": table}, 3000,
                   final_rows, observers, {"view"} if sink == "postgres" else {"table"},
-                  server, leftovers)
+                  server, leftovers, location=f"{pg.dsn}?table={table}")
 
 
 @pytest.fixture
@@ -342,7 +347,7 @@ def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_
     target = Target("delta-s3", env, 3000, final_rows,
                     lambda h: [DeltaObserver(h, uri, storage_options=options,
                                              poll_seconds=POLL_S)], {"delta"},
-                    server)
+                    server, location=f"delta:{uri}")
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.drop"}
 
@@ -372,7 +377,7 @@ def test_the_kafka_sink_under_network_faults_pauses_a_full_disk_and_kills_commit
     env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic,
            "JOB_KAFKA_CALL_TIMEOUT_MS": "10000"}
     target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
-                    server)
+                    server, location=f"kafka://{broker.bootstrap}/{topic}")
     summary = run_under_nemesis(tmp_path, target)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.cut"}
 
