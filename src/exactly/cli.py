@@ -110,10 +110,10 @@ def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
                 if _verbose():
                     sys.stderr.write(text if text.endswith("\n") else text + "\n")
                 cause = root_cause(text)
-                sys.stderr.write(f"{command} failed: {cause}\n")
                 fix = remedy(cause)
-                if fix is not None:
-                    sys.stderr.write(f"  {fix}\n")
+                if fix is not None:  # above the cause: the root cause stays the last line
+                    sys.stderr.write(f"{fix}\n")
+                sys.stderr.write(f"{command} failed: {cause}\n")
                 sys.stderr.flush()
                 sys.exit(1 if isinstance(exc, refused) else FAILED)
 

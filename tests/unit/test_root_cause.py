@@ -88,7 +88,8 @@ def test_verbose_prints_the_traceback_above_the_root_cause():
 
 def test_a_full_disk_gets_its_cause_and_fix_on_the_command_line():
     """The Python side names the file (staging, commit log), the JVM side (Spark's checkpoint
-    writes) does not: both get the cause and the fix after the root cause line."""
+    writes) does not: both get the cause, and the fix printed above the root cause line
+    (which stays the last line)."""
     from exactly.causes import remedy
 
     python_side = root_cause((DATA / "enospc.txt").read_text())
