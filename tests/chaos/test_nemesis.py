@@ -240,11 +240,14 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
     assert report.ok, f"{report.render()}\nfault log:\n{log.text()}"
     assert summary.leftovers == 0
     assert set(summary.faults) == set(kinds), "a kind of fault never ran"
+    if actions.ANSWER in kinds:
+        assert summary.answer_faults_fired >= 1, "no commit request met an answer fault"
     return summary
 
 
 # -- the file sink ----------------------------------------------------------------------------
-def test_the_file_sink_under_pauses_a_full_disk_and_kills_commits_every_row_once(tmp_path):
+def test_the_file_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
+        tmp_path):
     out = tmp_path / "out"
 
     def final_rows() -> list[Row]:
@@ -304,7 +307,7 @@ def pg_proxy(pg):
 
 
 @pytest.mark.parametrize("sink", ["postgres", "wal"])
-def test_a_postgres_sink_under_network_faults_pauses_a_full_disk_and_kills_commits_every_row_once(
+def test_a_postgres_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, pg, conn, table_name, pg_proxy, sink):
     target = _pg_target(sink, pg, conn, table_name, pg_proxy)
     summary = run_under_nemesis(tmp_path, target)
@@ -319,7 +322,7 @@ def s3_proxy(s3_server):
         yield proxy
 
 
-def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_commits_once(
+def test_the_delta_sink_on_s3_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, s3_server, s3_bucket, s3_proxy):
     uri = f"s3://{s3_bucket}/events"
     options = s3_server.storage_options()
@@ -356,7 +359,7 @@ def test_the_delta_sink_on_s3_under_network_faults_pauses_a_full_disk_and_kills_
 
 
 # -- Kafka ------------------------------------------------------------------------------------
-def test_the_kafka_sink_under_network_faults_pauses_a_full_disk_and_kills_commits_once(
+def test_the_kafka_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, broker, topic, kafka_proxy):
     from exactly.testing.kafka_broker import consume_all
 

@@ -32,6 +32,8 @@ SERVER_PAUSE = "pause.server"
 DISK = "disk.full"
 KILL = "kill"
 
+#: how long an answer fault waits past its duration for a commit request to meet it
+ANSWER_WAIT_S = 30.0
 #: the variants of an answer fault, picked by the fault's draw
 ANSWERS = (Answer.DROP, Answer.CUT, Answer.LATE, Answer.LATE_REQUEST)
 
@@ -88,6 +90,8 @@ def network_actions(proxy: FaultProxy, commit_request: MatcherFactory | None = N
             detail: dict[str, Any] = {"answer": kind.value}
             try:
                 yield detail
+                # held until a commit request met it (the job may be between epochs)
+                trigger.fired.wait(ANSWER_WAIT_S)
             finally:
                 detail["fired"] = trigger.count
                 proxy.heal()
