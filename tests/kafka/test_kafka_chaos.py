@@ -27,12 +27,21 @@ EVENTS = 6000 if SLOW else 1200
 EPOCHS = 20 if SLOW else 10
 #: the broker is killed and restarted once the last (fault-free) attempt reports this epoch
 BROKER_RESTART_EPOCH = 8
-SCHEDULE = chaos_schedule(EPOCHS, None, None)
+#: every point with EXACTLY_SLOW=1; the default lane leaves out the two points that are the
+#: generic protocol's alone (before the intent, between two handle commits: decided by the
+#: commit log, killed for every sink in tests/contract and by the file and PostgreSQL
+#: every-point runs) -- the Kafka sink's own steps decide all the others (CI budget, issue 28)
+GENERIC_POINTS = {FaultPoint.BEFORE_INTENT.value, FaultPoint.BETWEEN_COMMITS.value}
+SCHEDULE = (chaos_schedule(EPOCHS, None, None) if SLOW else
+            [FaultSpec(spec.point, epoch) for epoch, spec in enumerate(
+                [s for s in chaos_schedule(EPOCHS, None, None)
+                 if s.point not in GENERIC_POINTS], start=1)])
 #: Spark's own sink only needs to show the duplicates a driver crash causes: two driver
 #: crashes by default, the whole schedule in the long variant
 SPARK_SCHEDULE = SCHEDULE if SLOW else [FaultSpec(FaultPoint.BEFORE_INTENT, 1),
                                         FaultSpec(FaultPoint.AFTER_COMPLETE, 2)]
-EXPECTED_POINTS = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
+EXPECTED_POINTS = ({p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
+                   ) - (set() if SLOW else GENERIC_POINTS)
 
 
 def _run(broker, workdir, sink: str, schedule: list[FaultSpec],

@@ -90,6 +90,9 @@ def fill_source_table(conn, name: str, rows: int) -> None:
             copy.write_row((int(r.id), r.key, float(r.amount), r.event_time))
 
 
+@pytest.mark.slow  # CI budget (issue 28): the write-ahead sink into PostgreSQL is killed on the
+# cluster (tests/chaos/test_cluster_lane.py [wal]) and runs under the nemesis, the PostgreSQL
+# table source is killed at protocol points by the join run (test_multi_input_chaos.py)
 def test_wal_sink_into_postgres_from_the_table_source_survives_kills(pg, conn, tmp_path):
     """Also the seeds' write-ahead flaw: killed after the load committed (after_commits),
     before the epoch was acknowledged -- the marker in the same transaction prevents the
