@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from exactly.auditor import verify
+from exactly.checkpoint.spark_files import batch_numbers, read_offsets
 from exactly.procs import ProcessesSurvived
 from exactly.testing.nemesis import actions
 from exactly.testing.nemesis.checker import History, Row, check
@@ -137,9 +138,11 @@ def epochs_of_input(checkpoint: Path) -> dict[int, int]:
     entries: an epoch whose predecessor's entry is gone has an unknown start and is left out
     (its ids are not assigned), except epoch 0, which starts at row 0."""
     ends = {}
-    for entry in (checkpoint / "offsets").iterdir():
-        if entry.name.isdigit():
-            ends[int(entry.name)] = json.loads(entry.read_text().splitlines()[-1])["rows"]
+    for epoch in batch_numbers(str(checkpoint), "offsets"):
+        entry = read_offsets(str(checkpoint), epoch)
+        if entry is not None:
+            (source,) = entry.input.sources
+            ends[epoch] = int(source["rows"])
     epoch_of = {}
     for epoch, end in ends.items():
         start = 0 if epoch == 0 else ends.get(epoch - 1)
