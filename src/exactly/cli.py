@@ -461,13 +461,31 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="When the sink target already holds epochs newer than the savepoint "
                    "(of its job or of jobs restored from it): refuse, retract them (file "
                    "sink, PostgreSQL append, Delta) or keep them.")
+@click.option("--ha", is_flag=True,
+              help="High availability: run this on several hosts; one leads (a lease in the "
+                   "checkpoint store), the others stand by and take the job over when the "
+                   "leader's host dies, pauses or is cut off. See docs/ha.md.")
+@click.option("--host-id", default=None, metavar="NAME",
+              help="This host's id for --ha and leases [default: $EXACTLY_HOST_ID, else the "
+                   "host name]; unique per live launcher.")
+@click.option("--ha-lease-duration", default="15s",
+              help="How long the leader's lease lasts without a renewal: a standby takes "
+                   "over this long after the leader stopped renewing.")
+@click.option("--ha-renew-interval", default="3s", help="How often the leader renews.")
+@click.option("--ha-renew-deadline", default="10s",
+              help="A leader that could not renew for this long kills its driver (less "
+                   "than the lease duration).")
+@click.option("--ha-standby-poll", default="3s",
+              help="How often a standby looks at the lease.")
 @fault_options
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
         shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
-        restore_mode: str, parallelism: int | None, sink_rollback: str, fault: str | None,
+        restore_mode: str, parallelism: int | None, sink_rollback: str, ha: bool,
+        host_id: str | None, ha_lease_duration: str, ha_renew_interval: str,
+        ha_renew_deadline: str, ha_standby_poll: str, fault: str | None,
         fault_marker: str | None, fault_action: str | None) -> None:
     """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
 
@@ -515,7 +533,23 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore, fault=_fault(fault, fault_marker, fault_action))
-    sys.exit(launch(spec))
+    settings = None
+    if ha:
+        from exactly.checkpoint.leader import host_id_from
+        from exactly.ops.ha import HaSettings
+
+        settings = HaSettings(
+            lease_s=parse_duration(ha_lease_duration, name="--ha-lease-duration"),
+            renew_s=parse_duration(ha_renew_interval, name="--ha-renew-interval"),
+            renew_deadline_s=parse_duration(ha_renew_deadline, name="--ha-renew-deadline"),
+            standby_poll_s=parse_duration(ha_standby_poll, name="--ha-standby-poll"),
+            host_id=host_id_from(host_id))
+    elif host_id is not None:
+        from exactly.checkpoint.leader import host_id_from
+        from exactly.procs import HOST_ID_ENV
+
+        os.environ[HOST_ID_ENV] = str(host_id_from(host_id))
+    sys.exit(launch(spec, ha=settings))
 
 
 def _strategy_name(value: str | None) -> str | None:

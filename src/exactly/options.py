@@ -20,6 +20,9 @@ RETAIN_EPOCHS = "exactly.retainEpochs"
 DEFAULT_RETAIN_EPOCHS = 100
 LEASE_STALE_AFTER = "exactly.leaseStaleAfterSeconds"
 DEFAULT_LEASE_STALE_AFTER_S = 600.0
+#: the session's default of every exactly sink's LEASE_STALE_AFTER (``exactly run --ha``
+#: sets it to its lease duration, so a failover is not fenced by the sinks' own leases)
+SESSION_LEASE_STALE_AFTER = "spark.exactly.leaseStaleAfterSeconds"
 FAULT = "exactly.fault"  #: POINT[@EPOCH], see exactly.protocol.faults
 FAULT_MARKER = "exactly.faultMarker"  #: fire once across restarts (a marker file)
 FAULT_ACTION = "exactly.faultAction"  #: kill (default) | pause:FILE

@@ -10,7 +10,8 @@ port)::
 A request names an ``action`` (``stop``, ``cancel``, ``savepoint``) and its parameters
 (``drain``, ``target``). The driver polls for requests between and during epochs, handles the
 oldest first, and answers each exactly once. The job's status is
-:mod:`exactly.checkpoint.status`.
+:mod:`exactly.checkpoint.status`. A job run with ``exactly run --ha`` is reached whichever
+host leads it; a request sent during a failover waits for the new leader, which answers it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from exactly.checkpoint import layout
+from exactly.checkpoint.leader import has_live_launcher
 from exactly.checkpoint.location import checkpoint_exists, checkpoint_uri, job_store
-from exactly.checkpoint.status import JobStatus, running_job
+from exactly.checkpoint.status import ENDED, JobStatus, running_job
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError, ExactlyError
 
@@ -68,7 +70,7 @@ class ControlChannel:
         """Write a request for the job's driver; raises NoRunningJob when none is alive."""
         if action not in ACTIONS:
             raise ConfigError(f"unknown control action {action!r}; one of {', '.join(ACTIONS)}")
-        if running_job(self.checkpoint) is None:
+        if running_job(self.checkpoint) is None and not has_live_launcher(self.store):
             where = self.checkpoint
             raise NoRunningJob(f"no running job on checkpoint {where} (no live `exactly run` "
                                "has it); start it with `exactly run JOB --checkpoint "
@@ -95,10 +97,15 @@ class ControlChannel:
             if not self.exists():
                 return None
             status = JobStatus.read(self.store)
-            if status is not None and not status.alive():
+            if status is not None and not status.alive() and not self._failing_over(status):
                 return self._answer(request)  # it may have answered just before it ended
             time.sleep(poll)
         return None
+
+    def _failing_over(self, status: JobStatus) -> bool:
+        """True while an ``exactly run --ha`` job is between two leaders: its run looks
+        dead (its host stopped renewing) yet a launcher of it lives and will answer."""
+        return status.state not in ENDED and has_live_launcher(self.store)
 
     def _answer(self, request: Request) -> dict[str, Any] | None:
         data = self.store.read(f"{layout.ANSWERS}/{request.id}.json")

@@ -8,11 +8,12 @@ process deaths). Both read it back to feed the restart strategy the same failure
 a strategy's limits hold across process restarts. Lines of earlier runs stay (history);
 strategies see only their own run's (``run`` field).
 
-Events: ``failure`` (``kind``: query | checkpoint-timeout | start | process; ``action``:
-restart | tolerated | give-up; ``delay``; ``cause``; ``repeats``: how many failures in a row
-had this cause, see :meth:`RestartHistory.repeats`; ``reason`` of a give-up on a repeated
-cause) and ``recovered`` (the first epoch completed after a failure; ``recovery_s`` from the
-failure).
+Events: ``failure`` (``kind``: query | checkpoint-timeout | start | process | lost-run |
+failover | leadership; ``action``: restart | tolerated | give-up | failover | standby;
+``delay``; ``cause``; ``repeats``: how many failures in a row had this cause, see
+:meth:`RestartHistory.repeats`; ``reason`` of a give-up on a repeated cause; ``since``: when
+the failure began if before ``at``, e.g. a failover's lease expiry) and ``recovered`` (the
+first epoch completed after a failure; ``recovery_s`` from ``since``, else ``at``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from exactly.fsutil import file_lock
 
 #: failure kinds that count against the restart strategy (tolerated ones do not)
 COUNTED = "restart"
+#: actions of failures the restart strategy does not count: a tolerated failed checkpoint,
+#: a failover to another host (the job moved; nothing failed in it), a lost leadership
+UNCOUNTED = ("tolerated", "failover", "standby")
 #: what varies between occurrences of one failure: UUIDs (Spark's run ids), hex addresses
 #: and digit runs (epoch, task, stage, attempt numbers, pids, ports)
 _VARYING = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|0x[0-9a-fA-F]+|\d+")
@@ -126,7 +130,7 @@ class RestartHistory:
     def counted_failure_times(self) -> list[float]:
         """Times of this run's failures that count against the restart strategy."""
         return [float(e["at"]) for e in self.entries()
-                if e.get("event") == "failure" and e.get("action") != "tolerated"]
+                if e.get("event") == "failure" and e.get("action") not in UNCOUNTED]
 
     def repeats(self, cause: str) -> int:
         """How many failures in a row of this run have the root cause ``cause``, counting

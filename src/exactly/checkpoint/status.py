@@ -52,6 +52,8 @@ class JobStatus:
     detail: str = ""
     strategy: dict[str, Any] | None = None  #: the restart strategy the driver uses
     job: str = ""  #: the job file's name (``exactly run``): a checkpoint is one job's address
+    #: the leader lease term (``exactly run --ha``) whose launcher runs this; None otherwise
+    leader: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -66,7 +68,8 @@ class JobStatus:
                    str(data["state"]), ProcessId.from_json(driver) if driver else None,
                    float(data.get("heartbeat") or 0.0), int(data.get("restarts") or 0),
                    data.get("last_epoch"), str(data.get("detail") or ""),
-                   data.get("strategy"), str(data.get("job") or ""))
+                   data.get("strategy"), str(data.get("job") or ""),
+                   int(data["leader"]) if data.get("leader") is not None else None)
 
     @classmethod
     def read(cls, where: Where) -> JobStatus | None:
@@ -108,11 +111,13 @@ class JobStatus:
         return self.state not in ENDED and not self.alive()
 
 
-def update_status(where: Where, **fields: Any) -> None:
+def update_status(where: Where, *, run_id: str | None = None, **fields: Any) -> None:
     """Set ``fields`` of the status in ``where`` (with a fresh heartbeat); nothing when
-    there is none (a run that was never claimed, or whose checkpoint was deleted)."""
+    there is none (a run that was never claimed, or whose checkpoint was deleted), or when
+    ``run_id`` is given and the status is another run's (a driver whose HA leader lost its
+    lease never overwrites the status of the run that took over)."""
     status = JobStatus.read(where)
-    if status is None:
+    if status is None or (run_id is not None and status.run_id != run_id):
         return
     for name, value in fields.items():
         setattr(status, name, value)
@@ -139,7 +144,8 @@ def _read_versioned(store: LogStore) -> tuple[JobStatus | None, str] | None:
 
 
 def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0,
-              say: Callable[[str], None] | None = None) -> JobStatus | None:
+              say: Callable[[str], None] | None = None,
+              leading: bool = False) -> JobStatus | None:
     """Record ``status`` as the checkpoint's running job, or raise FencedError when another
     live ``exactly run`` already has it (read, checked and written as one compare-and-swap).
 
@@ -150,6 +156,11 @@ def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0
 
     Raises ConfigError when the checkpoint was last run by another job file (both
     ``JobStatus.job`` known and different): a checkpoint is one job's address.
+
+    ``leading``: the caller holds the job's HA leader lease (:mod:`exactly.checkpoint.leader`),
+    which decides over the status of an earlier HA run (its leader lost the lease): that run
+    is taken over and returned when it had not ended. A live run without the lease (a
+    plain ``exactly run``) is still refused.
     """
     store = as_store(where)
     deadline = time.monotonic() + wait_for_orphan_s
@@ -166,7 +177,9 @@ def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0
                 f"{store.describe(layout.JOB_STATUS)} once no run of it is alive). Nothing "
                 "was started.")
         mine = current is not None and current.supervisor == status.supervisor
-        if current is None or mine or not current.alive():
+        superseded = (leading and current is not None and current.leader is not None
+                      and status.leader is not None and current.leader < status.leader)
+        if current is None or mine or superseded or not current.alive():
             status.heartbeat = time.time()
             if not store.swap(layout.JOB_STATUS, _encode(status), token):
                 continue  # another claim (or a heartbeat) came between: look again

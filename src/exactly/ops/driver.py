@@ -77,6 +77,9 @@ class DriverSpec:
     #: the launcher's process (:class:`exactly.procs.ProcessId` as JSON): a driver whose
     #: launcher is gone stops (:func:`watch_launcher`)
     launcher: dict[str, Any] | None = None
+    #: Spark settings the job file and ``--conf`` override (``exactly run --ha``: the
+    #: sinks' lease duration)
+    default_conf: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -104,7 +107,8 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
 
     # no console progress bars between the job's log lines; the job and the command line
     # may still turn them on
-    conf = {"spark.ui.showConsoleProgress": "false", **extra_conf, **spec.spark_conf}
+    conf = {"spark.ui.showConsoleProgress": "false", **spec.default_conf, **extra_conf,
+            **spec.spark_conf}
     kwargs: dict[str, Any] = {"app_name": f"exactly-run:{Path(spec.job_file).stem}",
                               "conf": conf}
     if spec.master:
@@ -158,7 +162,8 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     record_operators(directory, operators)  # the uids a later `-s CHECKPOINT` maps state by
     chosen = strategy or job.restart_strategy or default_strategy()
     # tell the launcher which strategy counts process restarts, and who the driver is
-    update_status(directory, strategy=strategy_to_json(chosen), driver=current_process())
+    update_status(directory, run_id=run_id, strategy=strategy_to_json(chosen),
+                  driver=current_process())
     config = job.checkpoint
     admission = job_admission_file(host_dir(job.checkpoint.storage))
     if config.needs_admission and not admission_named(admission):
@@ -377,7 +382,7 @@ def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
     log_event(logger, "launcher_lost", logging.WARNING, launcher_pid=launcher.pid)
     RestartHistory(directory, run_id).append("failure", kind="launcher", cause=cause,
                                              action="stop")
-    update_status(directory, state="stopping", detail=cause)
+    update_status(directory, run_id=run_id, state="stopping", detail=cause)
     ControlChannel(checkpoint).post("stop", drain=False,
                                     reason=f"its launcher (pid {launcher.pid}) ended")
 
@@ -456,12 +461,13 @@ def _record_start_failure(directory: LogStore, run_id: str, kind: str,
     cause = root_cause_of(exc)
     RestartHistory(directory, run_id).append("failure", kind=kind, cause=cause,
                                              action="give-up", fatal=True)
-    update_status(directory, state="failed", detail=cause)
+    update_status(directory, run_id=run_id, state="failed", detail=cause)
 
 
 def _mark_failed(spec: DriverSpec, detail: str) -> None:
     if spec.checkpoint:
-        update_status(job_store(spec.checkpoint), state="failed", detail=detail)
+        update_status(job_store(spec.checkpoint), run_id=spec.run_id, state="failed",
+                      detail=detail)
 
 
 def _stop_quietly(spark: SparkSession) -> None:

@@ -31,11 +31,13 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from exactly.checkpoint.control import ControlChannel
-from exactly.checkpoint.layout import DRIVER_EXIT
+from exactly.checkpoint.layout import DRIVER_EXIT, JOB_DIR
 from exactly.checkpoint.location import checkpoint_uri, host_dir, job_store
 from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
@@ -57,6 +59,9 @@ from exactly.procs import (
     reap_children,
 )
 
+if TYPE_CHECKING:
+    from exactly.ops.ha import HaSettings
+
 logger = logging.getLogger("exactly.ops.launcher")
 
 #: seconds between two reaps of ended children while the launcher waits
@@ -65,24 +70,27 @@ REAP_INTERVAL_S = 0.2
 ORPHAN_GRACE_S = 60.0
 
 
-def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
-    """Run the job of ``spec`` until it ends; returns the exit code (see module doc)."""
+def launch(spec: DriverSpec, *, out=sys.stderr, ha: HaSettings | None = None) -> int:
+    """Run the job of ``spec`` until it ends; returns the exit code (see module doc).
+    With ``ha``, as one of the job's high-availability launchers (:mod:`exactly.ops.ha`)."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
+    if ha is not None:
+        ha.check()
     if spec.checkpoint:  # the command line checked it (S3: settings, endpoint, bucket)
         checkpoint = checkpoint_uri(spec.checkpoint)
     else:  # named by the job file: checked here, in one line if not usable
         checkpoint = checkpoint_uri(_resolved_checkpoint(spec))
         check_reachable(checkpoint)
+    if ha is not None:
+        from exactly.ops.ha import launch_ha
+
+        return launch_ha(replace(spec, checkpoint=checkpoint), ha, out=out)
     directory = job_store(checkpoint)
+    refuse_if_run_with_ha(directory)
     run_id = new_run_id()
-    fault = spec.fault
-    if fault is not None and not fault.marker:  # fires once in this run, not in every driver
-        fault = fault.with_marker(host_dir(checkpoint) / f"fault-{run_id}.json")
-    me = current_process()
-    spec = replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault,
-                   launcher=me.to_json())
+    spec = prepared(spec, checkpoint, run_id)
     become_subreaper()  # orphans of the driver's tree are re-parented here, and reaped
-    lost = claim_job(directory, JobStatus(run_id, me, "starting",
+    lost = claim_job(directory, JobStatus(run_id, current_process(), "starting",
                                           job=os.path.basename(spec.job_file)),
                      wait_for_orphan_s=spec.stop_timeout_s + ORPHAN_GRACE_S,
                      say=lambda text: print(f"exactly run: {text}", file=out, flush=True))
@@ -90,6 +98,65 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
         entry = record_lost_run(checkpoint, lost, noticed_by=run_id)
         print(f"exactly run: {entry['cause']}; recorded in the restart history",
               file=out, flush=True)
+    return run_drivers(spec, out=out).code
+
+
+def prepared(spec: DriverSpec, checkpoint: str, run_id: str) -> DriverSpec:
+    """``spec`` for the drivers of run ``run_id`` of this launcher: its checkpoint, run id,
+    identity, and a fault that fires once in the run (not in every driver)."""
+    fault = spec.fault
+    if fault is not None and not fault.marker:  # fires once in this run, not in every driver
+        fault = fault.with_marker(host_dir(checkpoint) / f"fault-{run_id}.json")
+    return replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault,
+                   launcher=current_process().to_json())
+
+
+@dataclass
+class RunEnd:
+    """How :func:`run_drivers` ended: its exit code; ``signalled`` when a SIGTERM or Ctrl-C
+    of the launcher stopped it; ``fenced`` when its :class:`Fence` was lost (the driver was
+    killed: another launcher runs the job now)."""
+
+    code: int
+    signalled: bool = False
+    fenced: bool = False
+
+
+class Fence:
+    """What may end a run from outside: an HA leader that loses its lease calls
+    :meth:`lose`, which SIGKILLs the running driver's whole tree at once (a graceful stop
+    would let its epoch in flight commit) and keeps any further driver from starting."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self.cause = ""
+        self.lost = threading.Event()
+
+    def starting(self, token: str) -> bool:
+        """Called before a driver with ``token`` starts; False when the fence is lost."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self._token = token
+            return True
+
+    def lose(self, cause: str) -> None:
+        with self._lock:
+            if self.lost.is_set():
+                return
+            self.cause = cause
+            self.lost.set()
+            token = self._token
+        if token is not None:
+            kill_job(token, what="the driver of a launcher that lost its leader lease")
+
+
+def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None) -> RunEnd:
+    """Start the driver of ``spec`` (prepared: checkpoint, run id) again after every death
+    of its process, as its restart strategy says, until the job ends or ``fence`` is lost."""
+    checkpoint, run_id = str(spec.checkpoint), str(spec.run_id)
+    directory = job_store(checkpoint)
     history = RestartHistory(directory, run_id)
     control = ControlChannel(checkpoint)
     stopping: list[int] = []
@@ -101,27 +168,39 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
             # the first signal stops gracefully; a second one cancels (SIGINT to the driver)
             child.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGINT)
 
+    def fenced() -> RunEnd:
+        print(f"exactly run: {fence.cause if fence else ''}", file=out, flush=True)
+        return RunEnd(FENCED, fenced=True)
+
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
             token = new_job_token()  # marks this driver's processes, for the kill after it
+            if fence is not None and not fence.starting(token):
+                return fenced()
             env = {**os.environ, JOB_TOKEN_ENV: token,
                    ADMISSION_FILE_ENV: str(job_admission_file(host_dir(checkpoint)))}
             started = time.time()
             child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
                                       spec.to_json()], env=env, start_new_session=True)
-            update_status(directory, driver=process_id(child.pid), state="starting")
+            if fence is not None and fence.lost.is_set():  # lost while it started
+                kill_job(token, what="the driver of a launcher that lost its leader lease")
+            update_status(directory, run_id=run_id, driver=process_id(child.pid),
+                          state="starting")
             code = _wait(child)
             kill_job(token, what="the driver's leftover processes")
             reap_children()
+            if fence is not None and fence.lost.is_set():
+                return fenced()
             if code == 0:
-                return 0
+                return RunEnd(0, signalled=bool(stopping))
             if code == JOB_FAILED:
-                return JOB_FAILED
+                return RunEnd(JOB_FAILED, signalled=bool(stopping))
             if stopping:
                 print(f"exactly run: driver ended with {_describe(code)} while stopping",
                       file=out, flush=True)
-                return 0 if code in (-signal.SIGTERM, -signal.SIGINT) else JOB_FAILED
+                return RunEnd(0 if code in (-signal.SIGTERM, -signal.SIGINT) else JOB_FAILED,
+                              signalled=True)
             cause = f"ProcessFailure: the driver process {_describe(code)}"
             said = _driver_exit_cause(directory, child.pid)
             if said:
@@ -141,19 +220,45 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
                       logging.WARNING, cause=cause, delay_s=delay,
                       restarts=history.restarts(), repeats=repeats)
             if delay is None:
-                update_status(directory, state="failed", detail=cause)
+                update_status(directory, run_id=run_id, state="failed", detail=cause)
                 said = f"{repeated}: " if repeated else ""
                 print(f"exactly run: job failed: {said}{cause} (restart strategy "
                       f"{strategy.describe()} gave up)", file=out, flush=True)
-                return JOB_FAILED
+                return RunEnd(JOB_FAILED)
             print(f"exactly run: {cause}; restarting in {delay:.1f}s "
                   f"(restart {history.restarts()})", file=out, flush=True)
-            update_status(directory, state="restarting", detail=cause)
-            if _wait_or_request(control, delay, stopping):
-                return 0
+            update_status(directory, run_id=run_id, state="restarting", detail=cause)
+            if _wait_or_request(control, delay, stopping, fence):
+                if fence is not None and fence.lost.is_set():
+                    return fenced()
+                return RunEnd(0, signalled=bool(stopping))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+#: what :func:`run_drivers` returns (in :attr:`RunEnd.code`) when its fence was lost
+FENCED = 76
+
+
+def refuse_if_run_with_ha(directory: LogStore) -> None:
+    """Raise FencedError when launchers of ``exactly run --ha`` run the job: a plain
+    ``exactly run`` beside them would be a second driver once their leader fails over."""
+    from exactly.checkpoint.leader import LeaderLease, Members
+    from exactly.errors import FencedError
+
+    live = Members(directory).live()
+    leader = LeaderLease(directory).current()
+    if live or (leader is not None and leader.ended is None and not leader.released
+                and leader.launcher.is_alive() is not False
+                and (LeaderLease(directory).age() or 0.0) < leader.lease_s):
+        hosts = ", ".join(sorted(f"{m.host} ({m.role})" for m in live)) or (
+            leader.host if leader else "?")
+        checkpoint = directory.describe().removesuffix("/" + JOB_DIR)
+        raise FencedError(
+            f"checkpoint {checkpoint} is run by `exactly run --ha` launchers on {hosts}: "
+            "start this one with --ha too (it joins them as a standby), or stop the job "
+            f"first with `exactly stop {checkpoint}`. Nothing was started.")
 
 
 def _resolved_checkpoint(spec: DriverSpec) -> str:
@@ -220,13 +325,17 @@ def _strategy(directory: LogStore) -> RestartStrategy:
     return default_strategy()
 
 
-def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int]) -> bool:
+def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int],
+                     fence: Fence | None = None) -> bool:
     """Sleep before a restart; True when a stop/cancel arrived meanwhile (answered here:
-    no driver runs, so nothing is in flight). Savepoint requests, and stops that want one,
-    stay pending for the next driver: only a driver can take a savepoint."""
+    no driver runs, so nothing is in flight), or when ``fence`` was lost. Savepoint
+    requests, and stops that want one, stay pending for the next driver: only a driver can
+    take a savepoint."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         reap_children()
+        if fence is not None and fence.lost.is_set():
+            return True
         if stopping:
             update_status(control.store, state="stopped", detail="stopped between restarts")
             return True

@@ -242,6 +242,9 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     # what the sink receives: the options given override the two start_query sets
     sink_options = {opt.CHECKPOINT_LOCATION: location, opt.MODE: checkpoint.mode.value,
                     **options}
+    session_stale = df.sparkSession.conf.get(opt.SESSION_LEASE_STALE_AFTER, None)
+    if session_stale:  # the session's default (exactly run --ha: its lease duration)
+        sink_options.setdefault(opt.LEASE_STALE_AFTER, session_stale)
     built = check_sink(sink_format, path, sink_options, df.schema)
     # the built sink knows where its commit log is (None for a sink that is not exactly's)
     log_dir = built.sink.log_directory if built is not None else None

@@ -466,7 +466,7 @@ class Supervisor:
         last_failure = None
         for entry in self.history.entries():
             if entry.get("event") == "failure":
-                last_failure = float(entry["at"])
+                last_failure = float(entry.get("since") or entry["at"])
             elif entry.get("event") == "recovered":
                 last_failure = None
         return last_failure
@@ -566,7 +566,8 @@ class Supervisor:
 
     def _status(self, state: str, detail: str = "") -> None:
         self._heartbeat_at = time.monotonic()
-        update_status(self.directory, state=state, detail=detail, last_epoch=self.last_epoch,
+        update_status(self.directory, run_id=self.run_id, state=state, detail=detail,
+                      last_epoch=self.last_epoch,
                       restarts=self.history.restarts())
 
 

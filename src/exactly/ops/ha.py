@@ -1,0 +1,363 @@
+"""``exactly run --ha``: standby launchers on other hosts take a job over when its host dies.
+
+Run the same ``exactly run JOB --checkpoint CK --ha`` on two or three hosts (each with its own
+host id: ``--host-id`` or ``$EXACTLY_HOST_ID``). They share the job's leader lease in the
+checkpoint store (:mod:`exactly.checkpoint.leader`):
+
+* the launcher that takes the lease is the **leader**: it claims ``job.json``, records the
+  failover when it took the job from another host, and runs the driver exactly as
+  ``exactly run`` does (process restarts, restart strategy, control commands). A thread renews
+  the lease every ``renew_s``;
+* the others are **standbys**: they look at the lease every ``standby_poll_s`` and take it
+  once it is free -- its leader's host died, paused or was partitioned away for
+  ``lease_s``, its leader released it (SIGTERM: a handover), or its leader's process is gone
+  on this host;
+* a leader that cannot renew for ``renew_deadline_s`` (below ``lease_s``, so before a standby
+  may take over), or finds the lease taken, **SIGKILLs its driver's whole tree** at once -- a
+  graceful stop would let the epoch in flight commit -- records the lost leadership, and
+  becomes a standby. The driver's sinks fence it as well: in HA their lease
+  (``exactly.leaseStaleAfterSeconds``) defaults to ``lease_s``, so the new leader's driver
+  takes each sink's lease and a driver of the old leader that still tries to commit fails
+  with FencedError and commits nothing;
+* when the job ends (``exactly stop`` / ``cancel``, a bounded input finished, the restart
+  strategy gave up), the leader marks the lease ended: the standbys exit too.
+
+``exactly stop | cancel | savepoint`` reach whichever host leads: the control channel lives
+in the checkpoint store; during a failover (no leader yet) requests stay queued and the new
+leader answers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from exactly.checkpoint.cas_check import check_compare_and_swap
+from exactly.checkpoint.control import ControlChannel
+from exactly.checkpoint.leader import (
+    DEFAULT_LEASE_S,
+    DEFAULT_RENEW_DEADLINE_S,
+    DEFAULT_RENEW_S,
+    DEFAULT_STANDBY_POLL_S,
+    LeaderLease,
+    LeaderState,
+    Member,
+    Members,
+    Takeover,
+)
+from exactly.checkpoint.location import job_store
+from exactly.checkpoint.restarts import RestartHistory, new_run_id
+from exactly.checkpoint.status import ENDED, JobStatus, claim_job, update_status
+from exactly.checkpoint.store import LogStore
+from exactly.errors import ConfigError
+from exactly.logs import log_event
+from exactly.ops.driver import JOB_FAILED, DriverSpec
+from exactly.ops.launcher import Fence, RunEnd, prepared, run_drivers
+from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
+from exactly.options import SESSION_LEASE_STALE_AFTER
+from exactly.procs import HOST_ID_ENV, become_subreaper, current_process, host_identity
+
+logger = logging.getLogger("exactly.ops.ha")
+
+
+@dataclass(frozen=True)
+class HaSettings:
+    """The settings of ``exactly run --ha`` (every launcher of a job should use the same)."""
+
+    #: seconds a leader's lease lasts without a renewal: how long a standby waits for a
+    #: leader that stopped renewing (host dead, paused, partitioned)
+    lease_s: float = DEFAULT_LEASE_S
+    #: seconds between two renewals by the leader
+    renew_s: float = DEFAULT_RENEW_S
+    #: a leader that could not renew for this long kills its driver (< ``lease_s``)
+    renew_deadline_s: float = DEFAULT_RENEW_DEADLINE_S
+    #: seconds between two looks of a standby at the lease
+    standby_poll_s: float = DEFAULT_STANDBY_POLL_S
+    #: this launcher's host id (default ``$EXACTLY_HOST_ID``, else the host name)
+    host_id: str | None = None
+
+    def check(self) -> None:
+        """Raise ConfigError unless 0 < renew interval < renew deadline < lease duration."""
+        if not 0 < self.renew_s < self.renew_deadline_s < self.lease_s:
+            raise ConfigError(
+                f"--ha-renew-interval ({self.renew_s:g}s) < --ha-renew-deadline "
+                f"({self.renew_deadline_s:g}s) < --ha-lease-duration ({self.lease_s:g}s) must "
+                "hold: the leader renews several times within its deadline and stops its "
+                "driver before a standby may take the lease over")
+        if self.standby_poll_s <= 0:
+            raise ConfigError(f"--ha-standby-poll ({self.standby_poll_s:g}s) must be > 0")
+
+    @property
+    def host(self) -> str:
+        return self.host_id or host_identity()
+
+
+def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
+    """Run as one of the job's HA launchers until the job ends (or this launcher is
+    stopped by a signal); returns the exit code of ``exactly run``."""
+    ha.check()
+    host = ha.host
+    os.environ[HOST_ID_ENV] = host  # the drivers and the liveness checks use the same id
+    checkpoint = str(spec.checkpoint)
+    directory = job_store(checkpoint)
+    check_compare_and_swap(directory, purpose="exactly run --ha (its leader lease)")
+    job = os.path.basename(spec.job_file)
+    _refuse_other_job(directory, job)
+    me = current_process()
+    member = Member(host, me, "standby", job, "", ha.lease_s)
+    members = Members(directory)
+    members.join(member)
+    lease = LeaderLease(directory, ha.lease_s)
+    become_subreaper()
+
+    def say(text: str) -> None:
+        print(f"exactly run --ha [{host}]: {text}", file=out, flush=True)
+
+    signalled: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        signalled.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    at_start = lease.current()
+    ended_at_start = at_start.generation if at_start and at_start.ended else None
+    told_standby = False
+    last_beat = 0.0
+    try:
+        while True:
+            if signalled:
+                say("stopped as a standby (the job runs on)")
+                return 0
+            cur = lease.current()
+            if cur is not None and cur.ended is not None and cur.generation != ended_at_start:
+                state = str(cur.ended.get("state") or "stopped")
+                say(f"the job ended on host {cur.host} ({state}); this standby exits")
+                return JOB_FAILED if state == "failed" else 0
+            took = lease.try_acquire(host, me, new_run_id(), job)
+            if took is None:
+                if not told_standby and cur is not None:
+                    say(f"standby: host {cur.host} leads (term {cur.generation})")
+                    told_standby = True
+                if time.monotonic() - last_beat >= min(ha.renew_s, ha.lease_s / 3):
+                    members.beat(replace(member, role="standby"))
+                    last_beat = time.monotonic()
+                _sleep(ha.standby_poll_s, signalled)
+                continue
+            code, handed_over = _lead(spec, ha, took, lease, members, member, say, signalled)
+            if code is not None:
+                return code
+            if handed_over:
+                return 0
+            told_standby = False
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        members.leave(member)
+
+
+def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
+          members: Members, member: Member, say,
+          signalled: list[int]) -> tuple[int | None, bool]:
+    """Run the job as leader of ``took.term``; ``(exit code, False)`` when the job ended,
+    ``(0, True)`` after a handover (SIGTERM), ``(None, False)`` when the lease was lost."""
+    term = took.term
+    checkpoint = str(spec.checkpoint)
+    directory = job_store(checkpoint)
+    run_id = term.run_id
+    members.beat(replace(member, role="leader", run_id=run_id))
+    say(f"leader (term {term.generation}, run {run_id})")
+    log_event(logger, "leader_elected", host=term.host, generation=term.generation,
+              run=run_id, previous=took.previous.host if took.previous else None,
+              why=took.why or "first")
+    fence = Fence()
+    keeper = LeaseRenewer(lease, term, ha, fence, members, replace(member, role="leader",
+                                                                  run_id=run_id))
+    keeper.start()
+    try:
+        try:
+            lost = claim_job(directory, JobStatus(run_id, current_process(), "starting",
+                                                  job=member.job, leader=term.generation),
+                             leading=True)
+        except BaseException:
+            lease.release(keeper.term)  # a standby may try; this launcher ends on the error
+            raise
+        _record_takeover(checkpoint, took, lost, run_id, say)
+        if _answer_stop_before_driver(checkpoint, directory, run_id, term):
+            lease.end(keeper.term, "stopped", "stopped by a request during a failover")
+            return 0, False
+        if signalled:  # stopped by a signal before its driver started: hand over
+            end = RunEnd(0, signalled=True)
+        else:
+            driver_spec = replace(prepared(spec, checkpoint, run_id), default_conf={
+                SESSION_LEASE_STALE_AFTER: f"{ha.lease_s:g}", **spec.default_conf})
+            end = run_drivers(driver_spec, fence=fence)
+    finally:
+        keeper.stop()
+    if end.fenced:
+        RestartHistory(directory, run_id).append(
+            "failure", kind="leadership", action="standby", host=term.host,
+            taken_by=keeper.taken_by, cause=fence.cause)
+        log_event(logger, "leadership_lost", logging.WARNING, host=term.host,
+                  generation=term.generation, taken_by=keeper.taken_by, cause=fence.cause)
+        members.beat(replace(member, role="standby"))
+        return None, False
+    if end.signalled and end.code == 0:
+        lease.release(keeper.term)
+        update_status(directory, run_id=run_id, state="stopped",
+                      detail=f"handed over: its leader on host {term.host} was stopped by a "
+                             "signal; a standby takes the job over")
+        say("stopped by a signal: the lease is released, a standby takes the job over")
+        return 0, True
+    status = JobStatus.read(directory)
+    state = status.state if status is not None and status.state in ENDED else (
+        "failed" if end.code == JOB_FAILED else "stopped")
+    lease.end(keeper.term, state, status.detail if status is not None else "")
+    return end.code, False
+
+
+class LeaseRenewer(threading.Thread):
+    """Renews the leader's term every ``renew_s``; loses the ``fence`` (which kills the
+    driver) when the lease was taken, or after ``renew_deadline_s`` without a successful
+    renewal -- one more renewal is tried first: when it succeeds, nobody can have taken the
+    lease meanwhile (compare-and-swap), and the driver runs on."""
+
+    def __init__(self, lease: LeaderLease, term: LeaderState, ha: HaSettings, fence: Fence,
+                 members: Members, member: Member) -> None:
+        super().__init__(name="exactly-leader-lease", daemon=True)
+        self.lease = lease
+        self.term = term
+        self.ha = ha
+        self.fence = fence
+        self.members = members
+        self.member = member
+        self.taken_by: str | None = None
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.join(timeout=30)
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stopped.wait(self.ha.renew_s):
+            overdue = time.monotonic() - last_ok >= self.ha.renew_deadline_s
+            started = time.monotonic()
+            try:
+                renewed = self.lease.renew(self.term)
+            except Exception as exc:  # the store is unreachable: try again, up to the deadline
+                log_event(logger, "leader_renewal_failed", logging.WARNING,
+                          host=self.term.host, error=repr(exc))
+                if overdue:
+                    self._lose(f"LeadershipLost: the leader on host {self.term.host} could "
+                               f"not renew its lease for {self.ha.renew_deadline_s:g}s "
+                               f"({exc!r}); it killed its driver before a standby may take "
+                               "over")
+                    return
+                continue
+            if renewed is None:
+                cur = self._current()
+                self.taken_by = cur.host if cur is not None else None
+                by = f"host {cur.host} took it (term {cur.generation})" if cur else \
+                    "the lease was removed"
+                self._lose(f"LeadershipLost: the leader on host {self.term.host} lost its "
+                           f"lease (term {self.term.generation}): {by}; it killed its driver "
+                           "so that it commits nothing more")
+                return
+            self.term = renewed
+            last_ok = started
+            try:
+                self.members.beat(self.member)
+            except Exception as exc:  # a member record is for display: never fatal
+                log_event(logger, "member_beat_failed", logging.DEBUG, error=repr(exc))
+
+    def _current(self) -> LeaderState | None:
+        try:
+            return self.lease.current()
+        except Exception:
+            return None
+
+    def _lose(self, cause: str) -> None:
+        log_event(logger, "leader_fenced", logging.WARNING, host=self.term.host,
+                  generation=self.term.generation, cause=cause)
+        self.fence.lose(cause)
+
+
+def _record_takeover(checkpoint: str, took: Takeover, lost: JobStatus | None, run_id: str,
+                     say) -> None:
+    """Write the failover (the previous leader's term was not ended) or the lost run (a
+    plain ``exactly run`` before) into the restart history."""
+    directory = job_store(checkpoint)
+    previous = took.previous
+    if previous is None or took.why in ("ended", ""):
+        if lost is not None and lost.leader is None:
+            record_lost_run(checkpoint, lost, noticed_by=run_id)
+        return
+    now = time.time()
+    since = took.expired_at if took.expired_at is not None else now
+    if took.why == "released":
+        cause = (f"Handover: the leader on host {previous.host} released its lease (it was "
+                 f"stopped by a signal); host {took.term.host} took the job over")
+    elif took.why == "dead":
+        cause = (f"Failover: the leader on host {previous.host} (`exactly run` pid "
+                 f"{previous.launcher.pid}) is gone; host {took.term.host} took the job over")
+    elif took.why == "mine":
+        cause = (f"Failover: this launcher on host {took.term.host} lost its own earlier term "
+                 f"{previous.generation} and took the job again")
+    else:
+        renewed = time.strftime("%H:%M:%S", time.localtime(since - previous.lease_s))
+        cause = (f"Failover: the leader on host {previous.host} stopped renewing its lease "
+                 f"(last renewal {renewed}; killed, paused or partitioned away) and it expired "
+                 f"after {previous.lease_s:g}s; host {took.term.host} took the job over")
+    epoch = record_epoch_lost(checkpoint, cause, failure="failover")
+    if epoch is not None:
+        cause += f"; epoch {epoch} was in flight"
+    RestartHistory(directory, run_id).append(
+        "failure", kind="failover", action="failover", cause=cause, since=since,
+        from_host=previous.host, to_host=took.term.host, from_run=previous.run_id,
+        generation=took.term.generation, why=took.why, epoch_in_flight=epoch)
+    log_event(logger, "failover", logging.WARNING, from_host=previous.host,
+              to_host=took.term.host, generation=took.term.generation, why=took.why,
+              waited_s=round(now - since, 3), epoch_in_flight=epoch)
+    say(cause)
+
+
+def _answer_stop_before_driver(checkpoint: str, directory: LogStore, run_id: str,
+                               term: LeaderState) -> bool:
+    """A stop or cancel sent while no leader ran (a failover in flight) is answered by the
+    new leader before it starts a driver: nothing is in flight. True when the job stops."""
+    control = ControlChannel(checkpoint)
+    for request in control.pending():
+        if request.action == "savepoint" or request.params.get("savepoint") is not None:
+            continue  # only a driver takes a savepoint: the new driver answers it
+        control.answer(request, "done", f"{request.action}: answered by the new leader on "
+                       f"host {term.host} after a failover, before it started a driver; "
+                       "nothing was in flight")
+        update_status(directory, run_id=run_id, detail="",
+                      state="stopped" if request.action == "stop" else "cancelled")
+        return True
+    return False
+
+
+def _refuse_other_job(directory: LogStore, job: str) -> None:
+    """Raise ConfigError when the checkpoint was last run by another job file."""
+    status = JobStatus.read(directory)
+    if status is not None and status.job and status.job != job:
+        from exactly.checkpoint.layout import JOB_DIR, JOB_STATUS
+
+        checkpoint = directory.describe().removesuffix("/" + JOB_DIR)
+        raise ConfigError(
+            f"checkpoint {checkpoint} holds the job {status.job} (run {status.run_id}, "
+            f"{status.state}), not {job}: give {job} a checkpoint of its own (if it is the "
+            f"same job renamed, delete {directory.describe(JOB_STATUS)} once no run of it is "
+            "alive). Nothing was started.")
+
+
+def _sleep(seconds: float, signalled: list[int]) -> None:
+    until = time.monotonic() + seconds
+    while not signalled and time.monotonic() < until:
+        time.sleep(min(0.2, max(0.0, until - time.monotonic())))
