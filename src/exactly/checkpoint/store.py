@@ -155,10 +155,14 @@ class LocalLogStore(LogStore):
     def create(self, name: str, data: bytes) -> bool:
         return create_exclusive_bytes(self.root / name, data)
 
-    def swap(self, name: str, data: bytes, token: str | None) -> bool:
+    def lock_file(self, name: str) -> Path:
+        """The lock file that :meth:`swap` holds while it swaps ``name`` (``lease.json``:
+        ``lease.lock``); it stays after the swap."""
         folder, _, base = name.rpartition("/")
-        lock = self.root / folder / f"{base.rsplit('.', 1)[0]}.lock"  # lease.json: lease.lock
-        with file_lock(lock):
+        return self.root / folder / f"{base.rsplit('.', 1)[0]}.lock"
+
+    def swap(self, name: str, data: bytes, token: str | None) -> bool:
+        with file_lock(self.lock_file(name)):
             current = self.read_versioned(name)
             if (current[1] if current else None) != token:
                 return False

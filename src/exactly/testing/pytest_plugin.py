@@ -29,6 +29,13 @@ Fixtures
 ``s3_server``   session: a started :class:`~exactly.testing.s3_server.S3Server` (S3Proxy);
                 a test that restarts it leaves it running; tests share it, so each uses
                 buckets of its own
+``s3_ignoring_conditions``
+                an :class:`~exactly.testing.s3_without_conditions.S3WithoutConditions` in
+                front of ``s3_server`` that strips ``If-None-Match`` / ``If-Match`` (the server
+                then overwrites: a store without compare-and-swap), for this test; the test's
+                ``AWS_ENDPOINT_URL`` names it (set after ``s3_bucket``'s)
+``s3_refusing_conditions``
+                the same, answering ``501 NotImplemented`` to a request with those headers
 """
 
 from __future__ import annotations
@@ -154,3 +161,29 @@ def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(name)
     return name
+
+
+@pytest.fixture
+def s3_ignoring_conditions(s3_server: Any, s3_bucket: str,
+                           monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``s3_server`` behind a proxy that drops the conditions of conditional writes (a store
+    whose create-if-absent and compare-and-swap overwrite); the test's ``AWS_ENDPOINT_URL``
+    names the proxy. Stopped after the test."""
+    yield from _without_conditions(s3_server, "ignored", monkeypatch)
+
+
+@pytest.fixture
+def s3_refusing_conditions(s3_server: Any, s3_bucket: str,
+                           monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``s3_server`` behind a proxy that answers ``501 NotImplemented`` to a conditional
+    write; the test's ``AWS_ENDPOINT_URL`` names the proxy. Stopped after the test."""
+    yield from _without_conditions(s3_server, "refused", monkeypatch)
+
+
+def _without_conditions(s3_server: Any, conditions: str,
+                        monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from exactly.testing.s3_without_conditions import Conditions, S3WithoutConditions
+
+    with S3WithoutConditions(s3_server, Conditions(conditions)) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield proxy
