@@ -331,9 +331,10 @@ def _answer_stop_before_driver(checkpoint: str, directory: LogStore, run_id: str
     """A stop or cancel sent while no leader ran (a failover in flight) is answered by the
     new leader before it starts a driver: nothing is in flight. True when the job stops."""
     control = ControlChannel(checkpoint)
-    for request in control.pending():
-        if request.action == "savepoint" or request.params.get("savepoint") is not None:
-            continue  # only a driver takes a savepoint: the new driver answers it
+    pending = control.pending()
+    if any(r.action == "savepoint" or r.params.get("savepoint") is not None for r in pending):
+        return False  # only a driver takes a savepoint: the new driver answers them in order
+    for request in pending:
         control.answer(request, "done", f"{request.action}: answered by the new leader on "
                        f"host {term.host} after a failover, before it started a driver; "
                        "nothing was in flight")
