@@ -2,7 +2,8 @@
 against a live ``exactly run`` job: the history table grows while the job runs, the duration
 chart has one point per completed epoch, a failed epoch shows its cause, the page keeps
 working after the job stopped, a damaged history line shows as a warning, and the browser
-logs no error. The REST API and ``exactly checkpoints --json`` give the same counts."""
+logs no error. The REST API and ``exactly checkpoints --json`` give the same counts. An HA
+job's leader, standbys and failovers show (on records written here, no job)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from exactly.checkpoint.ha_view import LEADER, MEMBERS
 from exactly.checkpoint.history import HistoryStore, history_dir
+from exactly.checkpoint.location import job_store
+from exactly.checkpoint.restarts import RestartHistory
 from exactly.testing.supervised import SupervisedRun
 from exactly.testing.ui import get_json, get_text, headless_chromium, ui_server
 from exactly.testing.waits import wait_until
@@ -127,3 +131,52 @@ def _assert_duration_parts(base: str, job_id: str, history: list[dict]) -> None:
         assert sum(parts.values()) <= record["duration_ms"] + 1, record
         return
     raise AssertionError(f"no completed epoch with rows and Spark's progress in {history}")
+
+
+HA_PAGE = """
+const leader = document.getElementById('job-leader');
+const rows = [...document.querySelectorAll('#failovers tbody tr')];
+return {
+  updated: document.body.dataset.updated || null,
+  leader: leader.hidden ? null : leader.textContent,
+  panel: !document.getElementById('failovers-panel').hidden,
+  failovers: rows.map(r => [r.dataset.outcome, ...[...r.cells].map(c => c.textContent)]),
+};
+"""
+
+
+def test_the_dashboard_shows_the_leader_standbys_and_failovers_of_an_ha_job(browser, tmp_path):
+    """No job runs: the HA records are written here as ``exactly run --ha`` writes them."""
+    store = job_store(tmp_path / "ck")
+    now = time.time()
+    process = {"pid": 4242, "start_ticks": 1, "pidns": ""}
+    store.write("job.json", json.dumps({
+        "run_id": "run-c", "state": "running", "heartbeat": now, "job": "datagen_job.py",
+        "supervisor": {"host": "host-c", **process}, "leader": 5}).encode())
+    store.write(LEADER, json.dumps({
+        "host": "host-c", "launcher": {"host": "host-c", **process}, "run_id": "run-c",
+        "generation": 5, "acquired_at": now - 10, "renewed_at": now, "lease_s": 600.0,
+        "ended": None, "released": False, "token": "t"}).encode())
+    store.write(f"{MEMBERS}/host-b.json", json.dumps({
+        "host": "host-b", "role": "standby", "run_id": "run-b", "heartbeat": now,
+        "lease_s": 600.0}).encode())
+    RestartHistory(store, "run-b").append(
+        "failure", kind="failover", action="failover", at=now - 200, since=now - 203,
+        from_host="host-a", to_host="host-b", generation=4, cause="Failover: from host-a")
+    RestartHistory(store, "run-b").append("recovered", at=now - 198, epoch=2, recovery_s=5.0)
+    RestartHistory(store, "run-c").append(
+        "failure", kind="failover", action="failover", at=now - 10, since=now - 12,
+        from_host="host-b", to_host="host-c", generation=5, cause="Failover: from host-b")
+    with ui_server(tmp_path / "ck") as base:
+        browser.get(base + "/")
+        page = wait_until(lambda: (p := browser.execute_script(HA_PAGE))["updated"] and p,
+                          "the page's first refresh")
+    assert page["leader"].startswith("leader host-c (generation 5, since "), page
+    assert page["leader"].endswith(" · standbys: host-b"), page
+    assert page["panel"] and [row[:4] for row in page["failovers"]] == [
+        ["in_progress", page["failovers"][0][1], "host-b", "host-c"],
+        ["recovered", page["failovers"][1][1], "host-a", "host-b"]], page  # newest first
+    assert page["failovers"][0][5].startswith("in progress (")
+    assert page["failovers"][1][5:] == ["5.0 s", "Failover: from host-a"]
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == [], severe

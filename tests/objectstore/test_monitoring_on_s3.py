@@ -1,15 +1,22 @@
 """``exactly ui`` and ``exactly checkpoints --follow`` on a checkpoint on S3 (S3Proxy), without
 Spark: a stopped job's offsets, commits and history written as objects; the dashboard's REST
-API and the followed records come from the bucket, nothing from a local directory."""
+API and the followed records come from the bucket, nothing from a local directory; an HA
+job's leader, standbys and failovers too."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
+from click.testing import CliRunner
+
+from exactly.checkpoint.ha_view import LEADER, MEMBERS
 from exactly.checkpoint.history import open_history
-from exactly.checkpoint.location import open_store
+from exactly.checkpoint.location import job_store, open_store
+from exactly.checkpoint.restarts import RestartHistory
+from exactly.cli import main
 from exactly.testing.ui import get_json, ui_server
 
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
@@ -68,3 +75,30 @@ def test_follow_json_on_s3_prints_every_record_then_the_new_ones(s3_bucket):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_leader_standbys_and_failovers_of_an_ha_job_on_s3_come_from_the_bucket(s3_bucket):
+    """Member freshness is the bucket's LastModified against the member's lease_s: a
+    standby with a 600 s lease is live, one with a 0 s lease is not."""
+    checkpoint = s3_checkpoint(s3_bucket)
+    store = job_store(checkpoint)
+    now = time.time()
+    store.write(LEADER, json.dumps({"host": "host-b", "generation": 4, "acquired_at": now - 5,
+                                    "lease_s": 600.0, "ended": None,
+                                    "released": False}).encode())
+    for host, lease_s in (("host-c", 600.0), ("host-a", 0.0)):
+        store.write(f"{MEMBERS}/{host}.json", json.dumps(
+            {"host": host, "role": "standby", "heartbeat": now, "lease_s": lease_s}).encode())
+    RestartHistory(store, "run-b").append(
+        "failure", kind="failover", action="failover", at=now - 5, since=now - 8,
+        from_host="host-a", to_host="host-b", generation=4, cause="Failover: from host-a")
+    RestartHistory(store, "run-b").append("recovered", at=now - 3, epoch=3, recovery_s=5.0)
+    shown = CliRunner().invoke(main, ["checkpoints", checkpoint, "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.output)
+    assert {k: data["leader"][k] for k in ("host", "generation", "since", "standbys",
+                                           "lease")} == {
+        "host": "host-b", "generation": 4, "since": now - 5, "standbys": ["host-c"],
+        "lease": "held"}
+    assert [(f["from_host"], f["to_host"], f["since"], f["duration_s"], f["in_progress"])
+            for f in data["failovers"]] == [("host-a", "host-b", now - 8, 5.0, False)]

@@ -6,8 +6,10 @@
 and the job's control status (running or not) -- and returns an :class:`Overview`: counts
 (triggered, in progress, completed, failed, restored), the latest completed and failed
 checkpoint, savepoint and restore, the recent history, a min/avg/max summary, the
-configuration, restarts with their causes, and the damaged history lines it skipped. The CLI
-(``exactly checkpoints``), the REST API and the dashboard all show this one object.
+configuration, restarts with their causes, and the damaged history lines it skipped; for a
+job run with ``--ha``, its leader, live standbys and failovers
+(:mod:`exactly.checkpoint.ha_view`). The CLI (``exactly checkpoints``), the REST API and the
+dashboard all show this one object.
 
 Raises :class:`~exactly.errors.ConfigError` for a directory that is not a checkpoint.
 """
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from exactly.checkpoint import layout
+from exactly.checkpoint.ha_view import failovers, leader_view
 from exactly.checkpoint.history import open_history
 from exactly.checkpoint.location import (
     checkpoint_exists,
@@ -71,6 +74,11 @@ class Overview:
     restarts: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     updated_at: float = 0.0
+    #: an ``exactly run --ha`` job's leader and live standbys (exactly.checkpoint.ha_view),
+    #: else None
+    leader: dict[str, Any] | None = None
+    #: its failovers with their causes and durations, oldest first
+    failovers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -200,6 +208,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
         for key in ("sink", "shuffle_partitions", "versions"):
             config[key] = runs[-1].get(key)
     restarts = RestartHistory(job_store(directory), "").entries(this_run_only=False)
+    leader = leader_view(job_store(directory))
+    warnings += [f"unreadable HA record {line}" for line in (leader or {}).get("unreadable", [])]
     overview = Overview(
         job_id=str(runs[-1]["query_id"]) if runs else directory.rstrip("/").rsplit("/", 1)[-1],
         checkpoint=str(directory),
@@ -225,7 +235,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                  "rows_in": _stats([r.rows_in for r in completed if r.rows_in is not None])},
         history=history, config=config,
         restarts=[e for e in restarts if e.get("event") in ("failure", "recovered")],
-        warnings=warnings, updated_at=time.time())
+        warnings=warnings, updated_at=time.time(), leader=leader,
+        failovers=failovers(restarts, job_state=status))
     if restores:
         overview.latest["savepoint_restore"] = restores[-1]
     return Loaded(overview, records)

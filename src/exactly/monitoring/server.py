@@ -8,7 +8,8 @@ Flink's history server.
 REST paths (JSON)::
 
     /jobs                                      the jobs: id, name, status, checkpoint, counts
-    /jobs/<id>/checkpoints                     counts, latest, summary, history, restarts
+    /jobs/<id>/checkpoints                     counts, latest, summary, history, restarts;
+                                               leader and failovers (``exactly run --ha``)
     /jobs/<id>/checkpoints/details/<epoch>     everything recorded about one epoch
     /jobs/<id>/checkpoints/config              the checkpoint configuration
     /metrics                                   Prometheus text format

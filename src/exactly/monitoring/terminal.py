@@ -54,9 +54,50 @@ def _repeated(entry: dict[str, Any]) -> str:
         else ""
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def leader_line(leader: dict[str, Any]) -> str:
+    """``leader: host-b (generation 4, since 12:00:03) · standbys: host-c`` for an HA job:
+    the lease's state when it is not held (expired, released, the job ended, unreadable)."""
+    facts = []
+    if leader.get("generation") is not None:
+        facts.append(f"generation {leader['generation']}")
+    if leader.get("since") is not None:
+        facts.append(f"since {when(leader['since'])}")
+    lease = leader.get("lease")
+    if lease == "expired" and leader.get("age_s") is not None and leader.get("lease_s"):
+        facts.append(f"lease expired {seconds(leader['age_s'] - leader['lease_s'])} ago")
+    elif lease == "released":
+        facts.append("released its lease")
+    elif lease == "ended":
+        ended = leader.get("ended") or {}
+        facts.append(f"the job {ended.get('state') or 'ended'} {when(ended.get('at'))}")
+    elif lease is None and leader.get("unreadable"):
+        facts.append("lease unreadable")
+    standbys = ", ".join(leader.get("standbys") or []) or "none"
+    detail = f" ({', '.join(facts)})" if facts else ""
+    return f"leader: {leader.get('host') or 'unknown'}{detail} · standbys: {standbys}"
+
+
+def failover_duration(failover: dict[str, Any]) -> str:
+    """How long a failover took (lease expiry -> first epoch on the new host), or how long
+    it has been going on."""
+    outcome = failover.get("outcome")
+    if outcome == "in_progress":
+        return f"in progress ({seconds(failover.get('elapsed_s'))})"
+    if outcome == "superseded":
+        return "superseded by the next failover"
+    if outcome == "ended":
+        return "the job ended first"
+    return seconds(failover.get("duration_s"))
+
+
 def render(view: Overview, *, rows: int = 10) -> Group:
-    """The overview card, the latest checkpoints, the history (newest ``rows``), the summary,
-    the restarts, the configuration and any warning, as one printable group."""
+    """The overview card, the leader and standbys of an HA job, the latest checkpoints, the
+    history (newest ``rows``), the summary, the failovers, the restarts, the configuration
+    and any warning, as one printable group."""
     parts: list[Any] = []
     counts = view.counts
     head = Table.grid(padding=(0, 2))
@@ -66,6 +107,8 @@ def render(view: Overview, *, rows: int = 10) -> Group:
     if view.status_detail:
         parts.append(Text(f"{view.status}: {view.status_detail}",
                           style="red" if view.status in ("failed", "lost") else "yellow"))
+    if view.leader is not None:
+        parts.append(Text(leader_line(view.leader), style="cyan"))
     tally = Table(title="checkpoint counts", title_justify="left")
     for column in ("triggered", "in progress", "completed", "failed", "restored",
                    "restarts", "savepoints"):
@@ -130,6 +173,17 @@ def render(view: Overview, *, rows: int = 10) -> Group:
         stats = view.summary.get(key) or {}
         summary.add_row(label, *(fmt(stats.get(k)) for k in ("min", "avg", "max")))
     parts.append(summary)
+
+    if view.failovers:
+        failovers = Table(title="failovers", title_justify="left")
+        for column in ("taken over", "from", "to", "lease expired", "duration", "cause"):
+            failovers.add_column(column, justify="right" if column == "duration" else "left")
+        for failover in view.failovers[-rows:]:
+            failovers.add_row(when(failover.get("at")), failover.get("from_host") or "-",
+                              failover.get("to_host") or "-", when(failover.get("since")),
+                              failover_duration(failover), failover.get("cause") or "",
+                              style="yellow" if failover.get("in_progress") else None)
+        parts.append(failovers)
 
     if view.restarts:
         restarts = Table(title="restarts and failures", title_justify="left")

@@ -73,6 +73,52 @@ function renderHead(job, data) {
   $("job-checkpoint").textContent = data.checkpoint;
 }
 
+function secs(v) {
+  return v === null || v === undefined ? "-" : `${v.toFixed(1)} s`;
+}
+
+// an HA job (exactly run --ha): who leads, since when, the live standbys
+function renderLeader(leader) {
+  const line = $("job-leader");
+  line.hidden = !leader;
+  if (!leader) return;
+  const facts = [];
+  if (leader.generation !== null && leader.generation !== undefined) facts.push(`generation ${leader.generation}`);
+  if (leader.since !== null && leader.since !== undefined) facts.push(`since ${when(leader.since)}`);
+  if (leader.lease === "expired" && leader.age_s !== null && leader.lease_s) {
+    facts.push(`lease expired ${secs(leader.age_s - leader.lease_s)} ago`);
+  } else if (leader.lease === "released") facts.push("released its lease");
+  else if (leader.lease === "ended") {
+    const ended = leader.ended || {};
+    facts.push(`the job ${ended.state || "ended"} ${when(ended.at)}`);
+  } else if (!leader.lease && (leader.unreadable || []).length) facts.push("lease unreadable");
+  line.className = `leader ${leader.lease || "unknown"}`;
+  line.dataset.host = leader.host || "";
+  line.dataset.standbys = (leader.standbys || []).join(",");
+  line.replaceChildren(el("strong", {}, "leader "), el("span", { class: "host" }, leader.host || "unknown"),
+    facts.length ? ` (${facts.join(", ")})` : "",
+    el("span", { class: "muted" }, " · standbys: "),
+    el("span", { class: "standbys" }, (leader.standbys || []).join(", ") || "none"));
+}
+
+function failoverDuration(f) {
+  if (f.outcome === "in_progress") return `in progress (${secs(f.elapsed_s)})`;
+  if (f.outcome === "superseded") return "superseded by the next failover";
+  if (f.outcome === "ended") return "the job ended first";
+  return secs(f.duration_s);
+}
+
+function renderFailovers(failovers) {
+  const list = failovers || [];
+  $("failovers-panel").hidden = !list.length;
+  $("failovers").tBodies[0].replaceChildren(...list.slice().reverse().map((f) =>
+    el("tr", { class: f.in_progress ? "in_progress" : "", "data-outcome": f.outcome || "" },
+      el("td", { class: "nowrap" }, when(f.at)), el("td", { class: "nowrap" }, f.from_host || "-"),
+      el("td", { class: "nowrap" }, f.to_host || "-"), el("td", { class: "nowrap" }, when(f.since)),
+      el("td", { class: "num nowrap" }, failoverDuration(f)),
+      el("td", { class: "cause" }, f.cause || ""))));
+}
+
 function renderCards(counts) {
   const order = [["triggered", "triggered"], ["in_progress", "in progress"],
     ["completed", "completed"], ["failed", "failed"], ["restored", "restored"],
@@ -205,11 +251,13 @@ async function refresh() {
       getJson(`/jobs/${encodeURIComponent(state.job)}/checkpoints`),
       getJson(`/jobs/${encodeURIComponent(state.job)}/checkpoints/config`)]);
     renderHead(job, data);
+    renderLeader(data.leader);
     renderCards(data.counts);
     renderLatest(data.latest);
     renderHistory(data.history);
     renderSummary(data.summary);
     renderConfig(config);
+    renderFailovers(data.failovers);
     renderRestarts(data.restarts);
     renderWarnings(data.warnings);
     renderCharts(data.history);
