@@ -28,17 +28,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness as h  # noqa: E402
+import harness as h
 
-from exactly.checkpoint.leader import (  # noqa: E402
+from exactly.checkpoint.leader import (
     DEFAULT_LEASE_S,
     DEFAULT_RENEW_DEADLINE_S,
     DEFAULT_RENEW_S,
     DEFAULT_STANDBY_POLL_S,
     LeaderLease,
 )
-from exactly.checkpoint.location import open_store  # noqa: E402
-from exactly.procs import ProcessId, current_process  # noqa: E402
+from exactly.checkpoint.location import open_store
+from exactly.procs import ProcessId, current_process
 
 
 def measure(location: str, renewals: int) -> dict[str, list[float]]:

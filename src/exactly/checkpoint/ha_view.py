@@ -21,14 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from exactly.checkpoint import layout
+from exactly.checkpoint.leader import LEADER, MEMBERS
+from exactly.checkpoint.status import ENDED as _ENDED
 from exactly.checkpoint.store import LogStore
-
-#: the leader lease, relative to the job store (written by exactly.checkpoint.leader)
-LEADER = "ha/leader.json"
-#: one record per live launcher, ``<host>.json``
-MEMBERS = "ha/members"
-#: the job states after which no failover can still be in progress (job.json)
-_ENDED = ("stopped", "failed", "cancelled")
 
 
 def leader_view(store: LogStore, *, now: float | None = None) -> dict[str, Any] | None:
