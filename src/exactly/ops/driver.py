@@ -11,6 +11,7 @@ line on stderr); :data:`DRIVER_LOST` the JVM is gone, start a new process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -80,6 +81,9 @@ class DriverSpec:
     #: Spark settings the job file and ``--conf`` override (``exactly run --ha``: the
     #: sinks' lease duration)
     default_conf: dict[str, str] = field(default_factory=dict)
+    #: run by an ``exactly run --ha`` leader: a driver whose launcher is gone ends at once
+    #: (a standby takes the job over and replays its epoch in flight)
+    ha: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -298,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     run_id = spec.run_id or new_run_id()
     spark = None
     if spec.launcher is not None and spec.checkpoint:
-        watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id)
+        watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
+                       at_once=spec.ha)
     try:
         job_file = load_job_file(spec.job_file)
         strategy = spec.restart_strategy()
@@ -354,20 +359,26 @@ def _crashed(spec: DriverSpec, run_id: str, exc: BaseException, what: str) -> in
 LAUNCHER_POLL_S = 0.5
 
 
-def watch_launcher(launcher: ProcessId, checkpoint: str, run_id: str) -> threading.Thread:
+def watch_launcher(launcher: ProcessId, checkpoint: str, run_id: str, *,
+                   at_once: bool = False) -> threading.Thread:
     """Watch the launcher from a daemon thread of the driver: once it is gone (killed alone,
     its terminal closed), the driver records it in the restart history and in ``job.json``
     and sends itself a stop (the epoch in flight commits, then the driver exits and takes
     its Spark processes with it). A driver never outlives its launcher by more than
     :data:`LAUNCHER_POLL_S` plus its graceful stop; meanwhile ``exactly stop`` and
-    ``cancel`` reach it and a new ``exactly run`` waits for it."""
-    thread = threading.Thread(target=_watch, args=(launcher, checkpoint, run_id),
+    ``cancel`` reach it and a new ``exactly run`` waits for it.
+
+    ``at_once`` (a driver of an ``exactly run --ha`` leader): the driver kills its own
+    processes at once instead: a standby takes the job over and replays the epoch in
+    flight, and a driver finishing it meanwhile would hold its sinks' leases against the
+    new leader's."""
+    thread = threading.Thread(target=_watch, args=(launcher, checkpoint, run_id, at_once),
                               name="exactly-launcher-watch", daemon=True)
     thread.start()
     return thread
 
 
-def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
+def _watch(launcher: ProcessId, checkpoint: str, run_id: str, at_once: bool = False) -> None:
     import time
 
     from exactly.checkpoint.control import ControlChannel
@@ -376,6 +387,8 @@ def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
     while launcher.is_alive() is not False:
         time.sleep(LAUNCHER_POLL_S)
     directory = job_store(checkpoint)
+    if at_once:
+        _end_at_once(launcher, directory, run_id)
     cause = (f"LauncherLost: the launcher of this driver (`exactly run` pid {launcher.pid}) "
              "ended without stopping it; the driver stops (its epoch in flight commits) and "
              "exits: a driver never outlives its launcher")
@@ -385,6 +398,30 @@ def _watch(launcher: ProcessId, checkpoint: str, run_id: str) -> None:
     update_status(directory, run_id=run_id, state="stopping", detail=cause)
     ControlChannel(checkpoint).post("stop", drain=False,
                                     reason=f"its launcher (pid {launcher.pid}) ended")
+
+
+def _end_at_once(launcher: ProcessId, directory: LogStore, run_id: str) -> None:
+    """The HA driver whose launcher died: record it, then SIGKILL its own processes (the
+    JVM, PySpark's workers) and itself; the epoch in flight is replayed by the next leader."""
+    import psutil
+
+    from exactly.checkpoint.restarts import RestartHistory
+    from exactly.procs import JOB_TOKEN_ENV, job_processes, token_maker
+
+    cause = (f"LauncherLost: the HA launcher of this driver (`exactly run --ha` pid "
+             f"{launcher.pid}) is gone; the driver ended at once (a standby takes the job "
+             "over and replays the epoch in flight)")
+    log_event(logger, "launcher_lost", logging.WARNING, launcher_pid=launcher.pid, ha=True)
+    with contextlib.suppress(Exception):
+        RestartHistory(directory, run_id).append("failure", kind="launcher", cause=cause,
+                                                 action="stop")
+    token = os.environ.get(JOB_TOKEN_ENV)
+    if token and token_maker(token) == (launcher.pid, launcher.start_ticks):
+        for proc in job_processes(token):
+            if proc.pid != os.getpid():
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _end_orphaned(launcher: ProcessId) -> None:

@@ -12,8 +12,9 @@ checkpoint store (:mod:`exactly.checkpoint.leader`):
   once it is free -- its leader's host died, paused or was partitioned away for
   ``lease_s``, its leader released it (SIGTERM: a handover), or its leader's process is gone
   on this host;
-* a leader that cannot renew for ``renew_deadline_s`` (below ``lease_s``, so before a standby
-  may take over), or finds the lease taken, **SIGKILLs its driver's whole tree** at once -- a
+* a leader that has not renewed for ``renew_deadline_s`` (below ``lease_s``, so before a
+  standby may take over; a watchdog thread checks it, whatever a hanging call to the store
+  does), or finds the lease taken, **SIGKILLs its driver's whole tree** at once -- a
   graceful stop would let the epoch in flight commit -- records the lost leadership, and
   becomes a standby. The driver's sinks fence it as well: in HA their lease
   (``exactly.leaseStaleAfterSeconds``) defaults to ``lease_s``, so the new leader's driver
@@ -29,6 +30,7 @@ leader answers them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -193,12 +195,17 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
         if signalled:  # stopped by a signal before its driver started: hand over
             end = RunEnd(0, signalled=True)
         else:
-            driver_spec = replace(prepared(spec, checkpoint, run_id), default_conf={
+            driver_spec = replace(prepared(spec, checkpoint, run_id), ha=True, default_conf={
                 SESSION_LEASE_STALE_AFTER: f"{ha.lease_s:g}", **spec.default_conf})
             end = run_drivers(driver_spec, fence=fence)
     finally:
         keeper.stop()
     if end.fenced:
+        if keeper.taken_by is None:  # fenced by its deadline: who leads now, if anyone
+            with contextlib.suppress(Exception):
+                cur = lease.current()
+                if cur is not None and cur.generation > term.generation:
+                    keeper.taken_by = cur.host
         RestartHistory(directory, run_id).append(
             "failure", kind="leadership", action="standby", host=term.host,
             taken_by=keeper.taken_by, cause=fence.cause)
@@ -222,9 +229,9 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
 
 class LeaseRenewer(threading.Thread):
     """Renews the leader's term every ``renew_s``; loses the ``fence`` (which kills the
-    driver) when the lease was taken, or after ``renew_deadline_s`` without a successful
-    renewal -- one more renewal is tried first: when it succeeds, nobody can have taken the
-    lease meanwhile (compare-and-swap), and the driver runs on."""
+    driver) when the lease was taken, or once ``renew_deadline_s`` passed since the last
+    successful renewal started (a watchdog thread: a renewal hanging in the store cannot
+    delay it)."""
 
     def __init__(self, lease: LeaderLease, term: LeaderState, ha: HaSettings, fence: Fence,
                  members: Members, member: Member) -> None:
@@ -236,6 +243,8 @@ class LeaseRenewer(threading.Thread):
         self.members = members
         self.member = member
         self.taken_by: str | None = None
+        #: monotonic time the last successful renewal started
+        self.last_ok = time.monotonic()
         self._stopped = threading.Event()
 
     def stop(self) -> None:
@@ -243,21 +252,18 @@ class LeaseRenewer(threading.Thread):
         self.join(timeout=30)
 
     def run(self) -> None:
-        last_ok = time.monotonic()
+        self.last_ok = time.monotonic()
+        threading.Thread(target=self._watch_deadline, name="exactly-leader-deadline",
+                         daemon=True).start()
         while not self._stopped.wait(self.ha.renew_s):
-            overdue = time.monotonic() - last_ok >= self.ha.renew_deadline_s
+            if self.fence.lost.is_set():
+                return
             started = time.monotonic()
             try:
                 renewed = self.lease.renew(self.term)
-            except Exception as exc:  # the store is unreachable: try again, up to the deadline
+            except Exception as exc:  # the store is unreachable: the watchdog bounds it
                 log_event(logger, "leader_renewal_failed", logging.WARNING,
                           host=self.term.host, error=repr(exc))
-                if overdue:
-                    self._lose(f"LeadershipLost: the leader on host {self.term.host} could "
-                               f"not renew its lease for {self.ha.renew_deadline_s:g}s "
-                               f"({exc!r}); it killed its driver before a standby may take "
-                               "over")
-                    return
                 continue
             if renewed is None:
                 cur = self._current()
@@ -268,12 +274,28 @@ class LeaseRenewer(threading.Thread):
                            f"lease (term {self.term.generation}): {by}; it killed its driver "
                            "so that it commits nothing more")
                 return
+            if self.fence.lost.is_set():
+                return  # the deadline passed while this renewal was under way
             self.term = renewed
-            last_ok = started
+            self.last_ok = started
             try:
                 self.members.beat(self.member)
             except Exception as exc:  # a member record is for display: never fatal
                 log_event(logger, "member_beat_failed", logging.DEBUG, error=repr(exc))
+
+    def _watch_deadline(self) -> None:
+        """Lose the fence once no renewal succeeded for ``renew_deadline_s``, whatever the
+        renewal thread is doing (a call to the store can hang far longer: retries, TCP
+        timeouts), so the driver is dead before a standby may take the lease."""
+        step = min(0.5, self.ha.renew_s / 2)
+        while not self._stopped.wait(step):
+            late = time.monotonic() - self.last_ok
+            if late >= self.ha.renew_deadline_s:
+                self._lose(f"LeadershipLost: the leader on host {self.term.host} renewed its "
+                           f"lease last {late:.1f}s ago (deadline "
+                           f"{self.ha.renew_deadline_s:g}s: the store was unreachable or this "
+                           "host paused); it killed its driver before a standby may take over")
+                return
 
     def _current(self) -> LeaderState | None:
         try:

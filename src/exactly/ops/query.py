@@ -261,7 +261,10 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
         # a second live instance fails on fencing, before anything about its checkpoint
         stale = (built.settings.lease_stale_after if built
                  else opt.DEFAULT_LEASE_STALE_AFTER_S)
-        Lease(log_dir, stale_after=stale).refuse_if_held(driver_identity())
+        lease = Lease(log_dir, stale_after=stale)
+        if session_stale:  # exactly run --ha: the previous leader's driver may hold it
+            lease.wait_free(driver_identity(), timeout=2 * stale)  # until it goes stale
+        lease.refuse_if_held(driver_identity())
         if checkpoint.is_memory_storage and isinstance(log_dir, Path):
             refuse_memory_checkpoint_on_owned_log(log_dir)
         # a re-planned epoch fails here, on a local checkpoint or on S3

@@ -184,6 +184,28 @@ class Lease:
         if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
             raise self._fenced("not started yet", cur)
 
+    def wait_free(self, me: ProcessId, timeout: float, *, poll: float = 0.5) -> bool:
+        """Wait up to ``timeout`` seconds until no other live driver holds the lease (its
+        holder dies or its lease goes stale); True when free. For a driver that takes over
+        from another host (``exactly run --ha``): the previous leader's driver may have
+        renewed its sink lease shortly before it was stopped."""
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            cur = self.current()
+            if cur is None or cur.holder == me or not self._alive(cur, self._clock()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            if not told:
+                log_event(logger, "lease_wait", logging.WARNING, lease=str(self.path),
+                          holder_run=cur.run_id, holder_host=cur.holder.host,
+                          stale_after_s=self.stale_after,
+                          detail="another driver holds this sink's lease; waiting until it "
+                                 "goes stale (a failover from another host)")
+                told = True
+            time.sleep(poll)
+
     def verify(self, run_id: str, intent: dict | None = None) -> int:
         """Check that ``run_id`` still holds the lease (step 2b), renewing it when it is
         older than ``stale_after / 10``; returns the generation. Raises FencedError when
