@@ -130,10 +130,12 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
 def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
               checkpoint: str | None, strategy: RestartStrategy | None, run_id: str,
               stop_timeout_s: float = 600.0, where: str = "build(spark)",
-              restore: RestoreRequest | None = None, fault: FaultSpec | None = None) -> Outcome:
+              restore: RestoreRequest | None = None, fault: FaultSpec | None = None,
+              ha: bool = False) -> Outcome:
     """Build the job in ``spark`` and run it under a :class:`Supervisor` (SIGTERM and
     Ctrl-C stop it gracefully; a second Ctrl-C cancels). With ``restore``, the savepoint is
-    restored into the (new) checkpoint first. ``fault`` arms a crash point in the job's
+    restored into the (new) checkpoint first. ``ha``: run by an ``exactly run --ha`` leader
+    (a FencedError is restarted, see :class:`Supervisor`). ``fault`` arms a crash point in the job's
     exactly sink and at the savepoint and restore points. Raises JobFailedError /
     DriverLostError as the supervisor does, SavepointError when the savepoint cannot be
     restored."""
@@ -178,7 +180,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                           "this process")
     pacer = Pacer(admission, config.storage,
                   min_pause_s=config.min_pause_seconds, target_s=config.epoch_target_seconds)
-    supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer,
+    supervisor = Supervisor(job, strategy=chosen, run_id=run_id, pacer=pacer, ha=ha,
                             stop_timeout_s=stop_timeout_s, operators=operators, fault=fault)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
                             restore=_restore_request(spec, job_file.spark_conf),
-                            fault=spec.fault)
+                            fault=spec.fault, ha=spec.ha)
         print(f"exactly run: job {outcome.value}", file=sys.stderr, flush=True)
         return 0
     except DriverLostError as exc:

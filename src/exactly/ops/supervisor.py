@@ -121,7 +121,8 @@ class Supervisor:
                  run_id: str, poll_s: float = 0.2, stop_timeout_s: float = 600.0,
                  pacer: Any = None, rng: random.Random | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 operators: list[Any] | None = None, fault: FaultSpec | None = None) -> None:
+                 operators: list[Any] | None = None, fault: FaultSpec | None = None,
+                 ha: bool = False) -> None:
         if job.checkpoint.is_memory_storage:
             raise ExactlyError(
                 "a supervised job needs a durable checkpoint: its address for stop/cancel and "
@@ -149,6 +150,9 @@ class Supervisor:
         self._heartbeat_at = 0.0
         self._job_operators = operators  # for savepoints (uid -> operator number)
         self.fault = fault  # armed at the savepoint points (exactly run --fault)
+        #: run by an ``exactly run --ha`` leader: a FencedError is the previous leader's
+        #: driver still holding a sink's lease (a failover), restarted as the strategy says
+        self.ha = ha
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self, *, cancel: bool = False) -> None:
@@ -413,7 +417,7 @@ class Supervisor:
         if self._pending_failure_at is None:
             self._pending_failure_at = now
         tolerable = self.config.tolerable_failed_checkpoints
-        if is_fatal(text):
+        if is_fatal(text) and not (self.ha and root_cause(text).startswith("FencedError")):
             self.history.append("failure", kind=kind, cause=cause, action="give-up",
                                 fatal=True, repeats=repeats)
             self._status("failed", cause)
