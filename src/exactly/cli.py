@@ -536,6 +536,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     settings = None
     if ha:
         from exactly.checkpoint.leader import host_id_from
+        from exactly.errors import ConfigError
         from exactly.ops.ha import HaSettings
 
         settings = HaSettings(
@@ -544,6 +545,10 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
             renew_deadline_s=parse_duration(ha_renew_deadline, name="--ha-renew-deadline"),
             standby_poll_s=parse_duration(ha_standby_poll, name="--ha-standby-poll"),
             host_id=host_id_from(host_id))
+        try:
+            settings.check()
+        except ConfigError as exc:  # options that do not go together: a usage error
+            raise click.UsageError(str(exc)) from None
     elif host_id is not None:
         from exactly.checkpoint.leader import host_id_from
         from exactly.procs import HOST_ID_ENV

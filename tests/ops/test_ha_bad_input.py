@@ -144,6 +144,19 @@ def test_ha_with_a_host_id_that_a_live_launcher_on_this_machine_uses_is_refused_
     assert job_store(checkpoint).read(JOB_STATUS) is None
 
 
+def test_ha_settings_whose_renew_deadline_is_not_below_the_lease_are_a_usage_error(tmp_path):
+    checkpoint = tmp_path / "ck"
+    code, text = refused(JOBS / "datagen_job.py", checkpoint, "--ha", "--ha-renew-deadline",
+                         "20s", "--ha-lease-duration", "15s", tmp_path=tmp_path)
+    assert code == 2, text  # click's usage error
+    assert "Usage: " in text
+    assert last_line(text) == (
+        "Error: --ha-renew-interval (3s) < --ha-renew-deadline (20s) < --ha-lease-duration "
+        "(15s) must hold: the leader renews several times within its deadline and stops its "
+        "driver before a standby may take the lease over")
+    assert not checkpoint.exists()
+
+
 def test_a_plain_run_on_a_checkpoint_whose_ha_launchers_live_is_refused_saying_to_add_ha(
         tmp_path):
     checkpoint = tmp_path / "ck"
