@@ -132,6 +132,7 @@ def test_the_fence_is_lost_with_the_cause_when_renewals_fail_for_longer_than_the
     assert fence.cause.startswith("LeadershipLost: the leader on host host-a renewed its lease "
                                   "last ")
     assert "deadline 0.3s" in fence.cause
+    assert "last renewal error: OSError(113, 'store unreachable')" in fence.cause
     assert keeper.taken_by is None
     assert LeaderLease(store).current().generation == 1  # nobody took it: only unreachable
 

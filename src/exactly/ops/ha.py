@@ -245,6 +245,8 @@ class LeaseRenewer(threading.Thread):
         self.taken_by: str | None = None
         #: monotonic time the last successful renewal started
         self.last_ok = time.monotonic()
+        #: the error of the last renewal when it failed (for the deadline's cause)
+        self.last_error: str | None = None
         self._stopped = threading.Event()
 
     def stop(self) -> None:
@@ -262,6 +264,7 @@ class LeaseRenewer(threading.Thread):
             try:
                 renewed = self.lease.renew(self.term)
             except Exception as exc:  # the store is unreachable: the watchdog bounds it
+                self.last_error = repr(exc)
                 log_event(logger, "leader_renewal_failed", logging.WARNING,
                           host=self.term.host, error=repr(exc))
                 continue
@@ -278,6 +281,7 @@ class LeaseRenewer(threading.Thread):
                 return  # the deadline passed while this renewal was under way
             self.term = renewed
             self.last_ok = started
+            self.last_error = None
             try:
                 self.members.beat(self.member)
             except Exception as exc:  # a member record is for display: never fatal
@@ -294,8 +298,13 @@ class LeaseRenewer(threading.Thread):
                 self._lose(f"LeadershipLost: the leader on host {self.term.host} renewed its "
                            f"lease last {late:.1f}s ago (deadline "
                            f"{self.ha.renew_deadline_s:g}s: the store was unreachable or this "
-                           "host paused); it killed its driver before a standby may take over")
+                           f"host paused{self._last_error()}); it killed its driver before a "
+                           "standby may take over")
                 return
+
+    def _last_error(self) -> str:
+        error = self.last_error
+        return f"; last renewal error: {error}" if error else ""
 
     def _current(self) -> LeaderState | None:
         try:
