@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from exactly.checkpoint.leader import LEADER, LeaderLease, LeaderState, Member, Members
+from exactly.checkpoint.leader import TERMS, LeaderLease, LeaderState, Member, Members
 from exactly.checkpoint.store import LocalLogStore
 from exactly.errors import ConfigError
 from exactly.ops.ha import HaSettings, LeaseRenewer
@@ -29,7 +29,7 @@ PATIENCE = 20.0
 
 
 class UnreliableStore(LocalLogStore):
-    """A directory whose swaps of the leader lease fail (OSError, as an unreachable store)
+    """A directory whose writes of the leader's term fail (OSError, as an unreachable store)
     while ``failures_left`` > 0, or hang while ``hang`` is set; counts what they did."""
 
     def __init__(self, root) -> None:
@@ -41,8 +41,9 @@ class UnreliableStore(LocalLogStore):
         self.released = threading.Event()
         self._lock = threading.Lock()
 
-    def swap(self, name: str, data: bytes, token: str | None) -> bool:
-        if name == LEADER:
+    def write(self, name: str, data: bytes) -> None:
+        renewal = name.startswith(TERMS + "/")  # a renewal rewrites its term's file
+        if renewal:
             if self.hang.is_set():
                 self.released.wait(PATIENCE * 2)
             with self._lock:
@@ -50,11 +51,10 @@ class UnreliableStore(LocalLogStore):
                     self.failures_left -= 1
                     self.failed += 1
                     raise OSError(errno.EHOSTUNREACH, "store unreachable")
-        won = super().swap(name, data, token)
-        if name == LEADER and won and self.failed:
+        super().write(name, data)
+        if renewal and self.failed:
             with self._lock:
                 self.renewed_after_failing += 1
-        return won
 
 
 def leader(store: LocalLogStore, ha: HaSettings) -> tuple[LeaderLease, LeaderState]:

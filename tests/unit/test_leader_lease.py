@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from exactly.checkpoint.leader import LEADER, LeaderLease, Member, Members, boot_id
+from exactly.checkpoint.leader import LEADER, TERMS, LeaderLease, Member, Members, boot_id
 from exactly.checkpoint.store import LocalLogStore
 from exactly.errors import ConfigError, ExactlyError
 from exactly.procs import HOST_ID_ENV, ProcessId, current_process, host_identity, process_id
@@ -27,11 +27,10 @@ def other_host(name: str, pid: int = 7) -> ProcessId:
 
 @pytest.mark.parametrize("lease", ["first", "expired"])
 def test_two_standbys_racing_for_one_free_lease_exactly_one_wins_every_time(tmp_path, lease):
-    """Each race: both standbys read the lease -- none yet (``first``: the swap is a
-    create-if-absent), or host-old's 1 s lease last written 5 s ago by the standbys' clock
-    (``expired``) -- judge it free, and swap against the same version at once. The swap
-    lets exactly one through; the other's is refused, and reading again it finds the
-    winner's fresh 15 s lease and gets None. The lease holds the winner's term."""
+    """Each race: both standbys read the lease -- none yet (``first``), or host-old's 1 s
+    lease last written 5 s ago by the standbys' clock (``expired``) -- judge it free, and
+    create the same next term's file at once. Create-if-absent lets exactly one through;
+    the other gets None. The lease holds the winner's term."""
     clock = JumpingClock(5.0)
     for n in range(RACES):
         store = LocalLogStore(tmp_path / f"race-{n}")
@@ -39,9 +38,8 @@ def test_two_standbys_racing_for_one_free_lease_exactly_one_wins_every_time(tmp_
         if lease == "expired":
             old = LeaderLease(store, 1.0).try_acquire("host-old", other_host("host-old"),
                                                       "run-old", "job.py")
-        found = store.read_versioned(LEADER)
-        version = found[1] if found else None
-        written = store.modified(LEADER)
+        term_file = f"{TERMS}/{(1 if old is None else 2):012d}.json"
+        written = store.modified(f"{TERMS}/{1:012d}.json")
         race = LeaseRace(racers=2)
         outcome = race.run([LeaderLease(race.store(LocalLogStore, store.root), 15.0,
                                         clock=clock) for _ in range(2)])
@@ -57,9 +55,9 @@ def test_two_standbys_racing_for_one_free_lease_exactly_one_wins_every_time(tmp_
             assert took.expired_at == written + 1.0 and took.term.generation == 2
         assert (took.term.host, took.term.run_id) == (f"host-{winner}", f"run-{winner}")
         assert LeaderLease(store).current() == took.term, f"race {n}: not the winner's term"
-        # both swapped against the version both had read: the store's swap decided
+        # both created the same term's file: the store's create-if-absent decided
         assert sorted((s.racer, s.token, s.won) for s in outcome.swaps) == sorted(
-            [(winner, version, True), (loser, version, False)]), f"race {n}"
+            [(winner, term_file, True), (loser, term_file, False)]), f"race {n}"
 
 
 def test_a_live_leader_on_this_host_is_never_taken_however_old_its_lease(tmp_path):
@@ -94,12 +92,12 @@ def test_a_leader_on_this_host_whose_process_exited_is_taken_at_once_as_dead(tmp
 @pytest.mark.parametrize("holder_clock", [-3600.0, 3600.0], ids=["behind", "ahead"])
 def test_a_leader_on_another_host_is_taken_only_once_the_stores_write_time_is_lease_s_old(
         tmp_path, holder_clock):
-    """The age runs from the store's write time of leader.json, never from the times the
-    holder wrote into it (its clock an hour behind or ahead changes nothing)."""
+    """The age runs from the store's write time of the term's file, never from the times
+    the holder wrote into it (its clock an hour behind or ahead changes nothing)."""
     store = LocalLogStore(tmp_path)
     first = LeaderLease(store, 15.0, clock=JumpingClock(holder_clock)).try_acquire(
         "host-a", other_host("host-a"), "run-a", "job.py")
-    written = store.modified(LEADER)
+    written = store.modified(f"{TERMS}/{1:012d}.json")
     now = [written]
     standby = LeaderLease(store, 15.0, clock=lambda: now[0])
     for age in (0.0, 7.5, 14.999):

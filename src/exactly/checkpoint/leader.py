@@ -1,19 +1,25 @@
 """The leader lease of ``exactly run --ha``: which launcher runs a job, and who stands by.
 
 Several ``exactly run --ha`` launchers of one job (one per host) share its checkpoint. One of
-them is the leader: it holds ``exactly-job/ha/leader.json`` and runs the driver; the others
-are standbys that watch the lease and take it once it is free. Every change of the lease is a
-compare-and-swap of that one object (:meth:`LogStore.swap`: ``flock`` and a rename on a POSIX
-directory, a conditional PUT on S3), so two standbys racing for a free lease never both win.
+them is the leader: it holds the newest **term** and runs the driver; the others are
+standbys that watch the lease and take a new term once it is free.
 
-The lease is free when it is absent, when its job ended (``ended``: a standby then exits
+Each term is a file of its own, ``exactly-job/ha/terms/<generation>.json``, created only if
+absent (a hard link on a POSIX directory, a PUT ``If-None-Match: *`` on S3): of launchers
+racing for one term, exactly one creates it, so two standbys never both win -- even on a
+store whose ``If-Match`` is a check followed by a write rather than one atomic step (S3Proxy).
+Only its leader writes a term's file afterwards (renewals, the end of the job, a release),
+and a leader that finds a newer term has lost. ``exactly-job/ha/leader.json`` is a copy of
+the newest term that commands and views read.
+
+The lease is free when there is no term, when its job ended (``ended``: a standby then exits
 instead of starting the job again), when its leader released it (a graceful handover), when
 its leader's process is gone (a holder on this host, checked by pid and start time), or when
-it was last written ``lease_s`` seconds ago or more (a holder on another host: dead,
-paused or partitioned away). The age is measured from the store's own modification time of
-``leader.json``, never from a time the holder wrote: a holder whose clock runs ahead cannot
-keep its lease alive longer. Hosts' clocks must agree with the store's to well within
-``lease_s`` (NTP).
+its term file was last written ``lease_s`` seconds ago or more (a holder on another host:
+dead, paused or partitioned away). The age is measured from the store's own modification
+time, never from a time the holder wrote: a holder whose clock runs ahead cannot keep its
+lease alive longer. Hosts' clocks must agree with the store's to well within ``lease_s``
+(NTP).
 
 Each live launcher, leader or standby, also keeps a member record
 (``exactly-job/ha/members/<host>.json``): the standbys a command or the dashboard shows, and
@@ -34,7 +40,10 @@ from exactly.errors import ConfigError, ExactlyError
 from exactly.procs import ProcessId
 
 LEADER = "ha/leader.json"
+TERMS = "ha/terms"
 MEMBERS = "ha/members"
+#: term files kept behind the newest (older ones are deleted when a term is taken)
+KEEP_TERMS = 5
 
 #: default seconds a leader's lease lasts without a renewal
 DEFAULT_LEASE_S = 15.0
@@ -107,43 +116,62 @@ class LeaderLease:
         self._clock = clock
 
     def current(self) -> LeaderState | None:
-        """The lease as written; None when there is none. Raises ExactlyError naming the
-        file when it is damaged (delete it once no launcher of the job runs)."""
-        found = self.store.read_versioned(LEADER)
-        return None if found is None else self._parse(found[0])
+        """The newest term (a term taken, renewed, ended or released); None when there is
+        none. Raises ExactlyError naming the file when ``leader.json`` is damaged (delete it
+        once no launcher of the job runs)."""
+        return self._latest()[1]
 
     def age(self) -> float | None:
-        """Seconds since the store last wrote the lease; None when there is none."""
-        written = self.store.modified(LEADER)
+        """Seconds since the newest term was last written; None when there is none."""
+        written = self._latest()[2]
         return None if written is None else self._clock() - written
 
     def expired_at(self) -> float | None:
-        """When the current lease runs out unless renewed (store time + its lease_s)."""
-        written = self.store.modified(LEADER)
-        cur = self.current()
+        """When the newest term runs out unless renewed (store time + its lease_s)."""
+        _, cur, written = self._latest()
         return None if written is None or cur is None else written + cur.lease_s
+
+    def _latest(self) -> tuple[int, LeaderState | None, float | None]:
+        """``(generation, term, when the store last wrote it)`` of the newest term: the one
+        ``leader.json`` names, or a newer one whose leader has not written ``leader.json``
+        yet (``(0, None, None)`` when there is none)."""
+        raw = self.store.read(LEADER)
+        if raw is not None:
+            generation = self._parse(raw, LEADER).generation
+        else:  # a first start, or leader.json deleted by hand: the term files still count
+            numbers = [int(n.split(".")[0]) for n in self.store.list(TERMS)
+                       if n.endswith(".json") and n.split(".")[0].isdigit()]
+            generation = max(numbers, default=0)
+        while self.store.exists(_term(generation + 1)):
+            generation += 1
+        if generation == 0:
+            return 0, None, None
+        data = self.store.read(_term(generation))
+        if data is None:  # a leader.json older than term files (never deleted by exactly)
+            return generation, self._parse(raw, LEADER) if raw is not None else None, \
+                self.store.modified(LEADER)
+        return generation, self._parse(data, _term(generation)), \
+            self.store.modified(_term(generation))
 
     def try_acquire(self, host: str, launcher: ProcessId, run_id: str,
                     job: str = "") -> Takeover | None:
         """Take the lease for a new term when it is free; None while another live launcher
-        holds it. A launcher never takes a lease it holds again (a renewal is :meth:`renew`).
-        """
-        for _ in range(50):
-            found = self.store.read_versioned(LEADER)
-            cur = None if found is None else self._parse(found[0])
-            written = self.store.modified(LEADER) if found is not None else None
-            why = self._free(cur, written, launcher)
-            if why is None:
-                return None
-            now = self._clock()
-            term = LeaderState(host, launcher, run_id, (cur.generation + 1) if cur else 1,
-                               now, now, self.lease_s, job)
-            if self.store.swap(LEADER, _encode(term), None if found is None else found[1]):
-                expired = (written + cur.lease_s) if (cur and why == "expired"
-                                                      and written is not None) else None
-                return Takeover(term, cur, expired, why if cur else "")
-        raise ExactlyError(f"{self.store.describe(LEADER)}: the leader lease kept changing "
-                           "under 50 attempts to take it")
+        holds it, or when another launcher took the same term first (each term is a file
+        created only if absent: of launchers racing for one term, exactly one creates it).
+        A launcher never takes a lease it holds again (a renewal is :meth:`renew`)."""
+        generation, cur, written = self._latest()
+        why = self._free(cur, written, launcher)
+        if why is None:
+            return None
+        now = self._clock()
+        term = LeaderState(host, launcher, run_id, generation + 1, now, now, self.lease_s, job)
+        if not self.store.create(_term(term.generation), _encode(term)):
+            return None  # another launcher took this term first
+        self.store.write(LEADER, _encode(term))
+        self._prune(term.generation)
+        expired = (written + cur.lease_s) if (cur and why == "expired"
+                                              and written is not None) else None
+        return Takeover(term, cur, expired, why if cur else "")
 
     def _free(self, cur: LeaderState | None, written: float | None,
               launcher: ProcessId) -> str | None:
@@ -167,7 +195,7 @@ class LeaderLease:
 
     def renew(self, term: LeaderState) -> LeaderState | None:
         """Renew ``term``; the renewed term, or None when the lease is no longer this
-        term's (another launcher took it, or it was removed). Store errors propagate."""
+        term's (another launcher took a newer term, or it ended). Store errors propagate."""
         return self._update(term, lambda cur, now: replace(cur, renewed_at=now))
 
     def end(self, term: LeaderState, state: str, detail: str = "") -> bool:
@@ -181,33 +209,51 @@ class LeaderLease:
         return self._update(term, lambda cur, now: replace(cur, released=True)) is not None
 
     def holds(self, term: LeaderState) -> bool:
-        """Whether ``term`` is still the lease's term (a read, no write)."""
+        """Whether ``term`` is still the newest term (reads, no write)."""
         cur = self.current()
         return cur is not None and _same_term(cur, term)
 
     def _update(self, term: LeaderState,
                 change: Callable[[LeaderState, float], LeaderState]) -> LeaderState | None:
-        for _ in range(50):
-            found = self.store.read_versioned(LEADER)
-            if found is None:
-                return None
-            cur = self._parse(found[0])
-            if not _same_term(cur, term) or cur.ended is not None:
-                return None
-            new = change(cur, self._clock())
-            if self.store.swap(LEADER, _encode(new), found[1]):
-                return new
-        raise ExactlyError(f"{self.store.describe(LEADER)}: the leader lease kept changing "
-                           "under 50 attempts to update it")
+        """Rewrite ``term``'s own file (only its leader writes it) unless a newer term
+        exists or it ended; then ``leader.json``, the copy commands and views read."""
+        if self.store.exists(_term(term.generation + 1)):
+            return None
+        data = self.store.read(_term(term.generation))
+        if data is None:
+            return None
+        cur = self._parse(data, _term(term.generation))
+        if not _same_term(cur, term) or cur.ended is not None:
+            return None
+        new = change(cur, self._clock())
+        encoded = _encode(new)
+        self.store.write(_term(term.generation), encoded)
+        self.store.write(LEADER, encoded)
+        return new
 
-    def _parse(self, data: bytes) -> LeaderState:
+    def _prune(self, generation: int) -> None:
+        """Delete the term files older than the last few (best effort)."""
+        try:
+            for name in self.store.list(TERMS):
+                number = name.split(".")[0]
+                if name.endswith(".json") and number.isdigit() and \
+                        int(number) < generation - KEEP_TERMS:
+                    self.store.delete(f"{TERMS}/{name}")
+        except OSError:
+            pass
+
+    def _parse(self, data: bytes, name: str) -> LeaderState:
         try:
             return LeaderState.from_json(json.loads(data))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ExactlyError(
-                f"{self.store.describe(LEADER)} is damaged ({exc!r}): delete it once no "
+                f"{self.store.describe(name)} is damaged ({exc!r}): delete it once no "
                 "`exactly run --ha` of this job runs (the next launcher takes a fresh "
                 "lease)") from None
+
+
+def _term(generation: int) -> str:
+    return f"{TERMS}/{generation:012d}.json"
 
 
 def _same_term(a: LeaderState, b: LeaderState) -> bool:

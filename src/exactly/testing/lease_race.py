@@ -3,10 +3,10 @@
 A race left to the scheduler is mostly no race: one thread reads, swaps and is done before
 the other reads, and the compare-and-swap is never put to the test. :class:`LeaseRace`
 makes every race a real one: each racer's store is its LogStore class with a meeting
-point before the swap of ``leader.json``, so every racer has read the same version of the
-lease and judged it free before any of them swaps. The store's compare-and-swap alone then
-decides who wins (``flock`` on a directory, a conditional PUT on S3); the losers' swaps
-are refused, and each loser, reading again, finds a live leader.
+point before the creation of a term file (``ha/terms/<generation>.json``), so every racer
+has read the same lease and judged it free before any of them writes. The store's
+create-if-absent alone then decides who wins (a hard link on a directory, a PUT
+``If-None-Match: *`` on S3); the losers' creates are refused.
 
 ::
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from exactly.checkpoint.leader import LEADER, LeaderLease, Takeover
+from exactly.checkpoint.leader import TERMS, LeaderLease, Takeover
 from exactly.checkpoint.store import LogStore
 from exactly.procs import ProcessId
 
@@ -32,7 +32,7 @@ S = TypeVar("S", bound=LogStore)
 
 @dataclass
 class SwapSeen:
-    """One swap of ``leader.json`` in a race: by which racer, against which version, won."""
+    """One creation of a term file in a race: by which racer, which file, won."""
 
     racer: int
     token: str | None
@@ -70,12 +70,12 @@ class LeaseRace:
         race = self
 
         class Racing(cls):  # type: ignore[valid-type,misc]
-            def swap(self, name: str, data: bytes, token: str | None) -> bool:
-                if name != LEADER:
-                    return bool(super().swap(name, data, token))
+            def create(self, name: str, data: bytes) -> bool:
+                if not name.startswith(TERMS + "/"):
+                    return bool(super().create(name, data))
                 race._meet()
-                won = bool(super().swap(name, data, token))
-                race._seen(token, won)
+                won = bool(super().create(name, data))
+                race._seen(name, won)
                 return won
 
         Racing.__name__ = f"Racing{cls.__name__}"
