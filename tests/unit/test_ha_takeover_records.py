@@ -123,3 +123,28 @@ def test_a_fenced_query_fails_the_job_except_in_a_leaders_driver(tmp_path, ha):
     else:
         with pytest.raises(JobFailedError, match="not restarted"):
             supervisor._failure("query", cause, epoch_in_flight=False)
+
+
+def test_a_status_write_whose_run_was_taken_over_between_its_read_and_write_writes_nothing(
+        tmp_path):
+    """A driver paused after it read job.json and resumed after a new leader claimed it:
+    its write is a compare-and-swap against what it read, so it finds the new run's status
+    and leaves it alone (found by bench/failover.py's pause runs)."""
+    from exactly.checkpoint.store import LocalLogStore
+
+    class TakenOverMidway(LocalLogStore):
+        taken = False
+
+        def read_versioned(self, name):
+            found = super().read_versioned(name)
+            if name == "job.json" and not self.taken:  # the new leader claims right after
+                self.taken = True
+                JobStatus("term-2", current_process(), "running", leader=2).write(
+                    LocalLogStore(self.root))
+            return found
+
+    directory = job_dir(tmp_path)
+    JobStatus("term-1", current_process(), "running", leader=1).write(directory)
+    update_status(TakenOverMidway(directory), run_id="term-1", state="failed")
+    status = JobStatus.read(directory)
+    assert (status.run_id, status.state) == ("term-2", "running")

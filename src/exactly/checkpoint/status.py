@@ -115,13 +115,29 @@ def update_status(where: Where, *, run_id: str | None = None, **fields: Any) -> 
     """Set ``fields`` of the status in ``where`` (with a fresh heartbeat); nothing when
     there is none (a run that was never claimed, or whose checkpoint was deleted), or when
     ``run_id`` is given and the status is another run's (a driver whose HA leader lost its
-    lease never overwrites the status of the run that took over)."""
-    status = JobStatus.read(where)
-    if status is None or (run_id is not None and status.run_id != run_id):
-        return
-    for name, value in fields.items():
-        setattr(status, name, value)
-    status.write(where)
+    lease never overwrites the status of the run that took over). With ``run_id`` the
+    check and the write are one compare-and-swap: a driver paused between them and resumed
+    after a takeover finds the new run's status and writes nothing."""
+    store = as_store(where)
+    for _ in range(20):
+        found = _read_versioned(store)
+        if found is None:
+            return
+        status, token = found
+        if status is None:
+            return
+        if run_id is not None and status.run_id != run_id:
+            return
+        for name, value in fields.items():
+            setattr(status, name, value)
+        if run_id is None:
+            status.write(store)
+            return
+        status.heartbeat = time.time()
+        encoded = _encode(status)
+        if when_space(lambda: store.swap(layout.JOB_STATUS, encoded, token),  # noqa: B023
+                      what="write the job status"):
+            return
 
 
 def _encode(status: JobStatus) -> bytes:
