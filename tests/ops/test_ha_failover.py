@@ -567,8 +567,6 @@ def test_ha_sink_lease_fences_a_resumed_driver_whose_launcher_stays_paused(tmp_p
                                 "host-a's driver failing on the sink lease", timeout=120)
         assert "fenced off" in fenced[0]["cause"], fenced
         assert "FencedError" in a.output()
-        hosts.wait_for(lambda: not [p for p in driver if is_alive(p)],
-                       "host-a's driver ending", timeout=60)
         assert_decided_nothing_after(out / "_exactly", zombie_run, paused_at)
         assert sink_run(out / "_exactly") == b_run  # the zombie never took the lease back
         assert not hosts.entries(first.run_id, "failure", "leadership")  # launcher asleep
@@ -576,6 +574,9 @@ def test_ha_sink_lease_fences_a_resumed_driver_whose_launcher_stays_paused(tmp_p
         [lost] = hosts.wait_for(lambda: hosts.entries(first.run_id, "failure", "leadership"),
                                 "host-a's launcher noticing it lost the lease", timeout=60)
         assert lost["taken_by"] == "host-b", lost
+        hosts.wait_for(lambda: not [p for p in driver if is_alive(p)],
+                       "host-a's driver killed by its launcher", timeout=60)
+        assert_decided_nothing_after(out / "_exactly", zombie_run, paused_at)
         hosts.wait_for(lambda: "host-a" in hosts.standbys(), "host-a standing by", timeout=30)
         stopped = hosts.runs["host-b"].command("stop", str(ck))
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
