@@ -55,7 +55,7 @@ FOLDER_LANES = {
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("chaos/test_nemesis.py", "postgres/test_pg_chaos.py",
+LONGEST_FIRST = ("chaos/test_nemesis.py", "ops/test_ha_failover.py", "postgres/test_pg_chaos.py",
                  "ops/test_launcher_where_it_runs.py", "kafka/test_kafka_chaos.py",
                  "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
                  "chaos/test_cluster_lane.py", "ops/test_run_restarts.py",

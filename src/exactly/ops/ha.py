@@ -360,19 +360,23 @@ def _record_takeover(checkpoint: str, took: Takeover, lost: JobStatus | None, ru
 def _answer_stop_before_driver(checkpoint: str, directory: LogStore, run_id: str,
                                term: LeaderState) -> bool:
     """A stop or cancel sent while no leader ran (a failover in flight) is answered by the
-    new leader before it starts a driver: nothing is in flight. True when the job stops."""
+    new leader before it starts a driver: nothing is in flight. The oldest request decides
+    how the job ends; every other one pending is answered too (no command waits in vain,
+    none stays queued for a later run). True when the job stops."""
     control = ControlChannel(checkpoint)
     pending = control.pending()
     if any(r.action == "savepoint" or r.params.get("savepoint") is not None for r in pending):
         return False  # only a driver takes a savepoint: the new driver answers them in order
+    if not pending:
+        return False
+    state = "stopped" if pending[0].action == "stop" else "cancelled"
     for request in pending:
+        earlier = "" if request is pending[0] else f" (the job had already {state})"
         control.answer(request, "done", f"{request.action}: answered by the new leader on "
-                       f"host {term.host} after a failover, before it started a driver; "
-                       "nothing was in flight")
-        update_status(directory, run_id=run_id, detail="",
-                      state="stopped" if request.action == "stop" else "cancelled")
-        return True
-    return False
+                       f"host {term.host} after a failover, before it started a driver"
+                       f"{earlier}; nothing was in flight")
+    update_status(directory, run_id=run_id, detail="", state=state)
+    return True
 
 
 def _refuse_other_job(directory: LogStore, job: str) -> None:
