@@ -107,3 +107,23 @@ def test_a_job_file_without_build_names_the_fix(tmp_path):
 ])
 def test_only_failures_a_restart_cannot_fix_are_fatal(text, fatal):
     assert is_fatal(text) is fatal
+
+
+def test_requests_answered_without_a_driver_are_all_answered_and_the_oldest_decides(tmp_path):
+    """Between restarts, or by a new HA leader before its driver starts: every pending stop
+    and cancel gets its answer (none waits in vain or stays queued for a later run); a
+    savepoint pending leaves them all to the next driver, which answers them in order."""
+    from exactly.ops.launcher import answer_without_driver
+
+    channel = ControlChannel(tmp_path)
+    stop = channel.post("stop", drain=False)
+    cancel = channel.post("cancel")
+    assert answer_without_driver(channel, "no driver was running") == "stopped"
+    assert channel.wait_answer(stop, 1)["detail"] == (
+        "stop: no driver was running; nothing was in flight")
+    assert "the job had already stopped" in channel.wait_answer(cancel, 1)["detail"]
+    assert channel.pending() == []
+    savepoint = channel.post("savepoint")
+    late_stop = channel.post("stop", drain=False)
+    assert answer_without_driver(channel, "no driver was running") is None
+    assert [r.id for r in channel.pending()] == [savepoint.id, late_stop.id]

@@ -59,7 +59,7 @@ from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError
 from exactly.logs import log_event
 from exactly.ops.driver import JOB_FAILED, DriverSpec
-from exactly.ops.launcher import Fence, RunEnd, prepared, run_drivers
+from exactly.ops.launcher import Fence, RunEnd, answer_without_driver, prepared, run_drivers
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.options import SESSION_LEASE_STALE_AFTER
 from exactly.procs import HOST_ID_ENV, become_subreaper, current_process, host_identity
@@ -189,8 +189,9 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
             lease.release(keeper.term)  # a standby may try; this launcher ends on the error
             raise
         _record_takeover(checkpoint, took, lost, run_id, say)
-        if _answer_stop_before_driver(checkpoint, directory, run_id, term):
-            lease.end(keeper.term, "stopped", "stopped by a request during a failover")
+        answered = _answer_stop_before_driver(checkpoint, directory, run_id, term)
+        if answered is not None:
+            lease.end(keeper.term, answered, f"{answered} by a request during a failover")
             return 0, False
         if signalled:  # stopped by a signal before its driver started: hand over
             end = RunEnd(0, signalled=True)
@@ -200,6 +201,12 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
             end = run_drivers(driver_spec, fence=fence)
     finally:
         keeper.stop()
+    if not end.fenced and not end.signalled and end.code != 0 and not _still_leads(lease,
+                                                                                 keeper):
+        # the driver ended on its own (e.g. fenced by a sink) just as the lease was lost
+        fence.lose(f"LeadershipLost: the leader on host {term.host} lost its lease (term "
+                   f"{term.generation}) while its driver ended ({end.code}); it stands by")
+        end = RunEnd(end.code, fenced=True)
     if end.fenced:
         if keeper.taken_by is None:  # fenced by its deadline: who leads now, if anyone
             with contextlib.suppress(Exception):
@@ -318,6 +325,15 @@ class LeaseRenewer(threading.Thread):
         self.fence.lose(cause)
 
 
+def _still_leads(lease: LeaderLease, keeper: LeaseRenewer) -> bool:
+    """Whether the renewer's term is still the newest (a store error counts as leading:
+    the job's own end is then reported as it was)."""
+    try:
+        return lease.holds(keeper.term)
+    except Exception:
+        return True
+
+
 def _record_takeover(checkpoint: str, took: Takeover, lost: JobStatus | None, run_id: str,
                      say) -> None:
     """Write the failover (the previous leader's term was not ended) or the lost run (a
@@ -358,25 +374,18 @@ def _record_takeover(checkpoint: str, took: Takeover, lost: JobStatus | None, ru
 
 
 def _answer_stop_before_driver(checkpoint: str, directory: LogStore, run_id: str,
-                               term: LeaderState) -> bool:
+                               term: LeaderState) -> str | None:
     """A stop or cancel sent while no leader ran (a failover in flight) is answered by the
     new leader before it starts a driver: nothing is in flight. The oldest request decides
     how the job ends; every other one pending is answered too (no command waits in vain,
-    none stays queued for a later run). True when the job stops."""
-    control = ControlChannel(checkpoint)
-    pending = control.pending()
-    if any(r.action == "savepoint" or r.params.get("savepoint") is not None for r in pending):
-        return False  # only a driver takes a savepoint: the new driver answers them in order
-    if not pending:
-        return False
-    state = "stopped" if pending[0].action == "stop" else "cancelled"
-    for request in pending:
-        earlier = "" if request is pending[0] else f" (the job had already {state})"
-        control.answer(request, "done", f"{request.action}: answered by the new leader on "
-                       f"host {term.host} after a failover, before it started a driver"
-                       f"{earlier}; nothing was in flight")
-    update_status(directory, run_id=run_id, detail="", state=state)
-    return True
+    none stays queued for a later run). The job's end state (stopped, cancelled), or None
+    when there was nothing to answer."""
+    state = answer_without_driver(ControlChannel(checkpoint),
+                                  f"answered by the new leader on host {term.host} after a "
+                                  "failover, before it started a driver")
+    if state is not None:
+        update_status(directory, run_id=run_id, detail="", state=state)
+    return state
 
 
 def _refuse_other_job(directory: LogStore, job: str) -> None:

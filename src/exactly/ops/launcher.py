@@ -325,6 +325,25 @@ def _strategy(directory: LogStore) -> RestartStrategy:
     return default_strategy()
 
 
+def answer_without_driver(control: ControlChannel, why: str) -> str | None:
+    """Answer the pending stop and cancel requests while no driver runs (nothing is in
+    flight): the oldest decides how the job ends, every other one is answered too (no
+    command waits in vain, none stays queued for a later run). Returns the job's end state
+    (``stopped``, ``cancelled``), or None when nothing was pending -- or when a savepoint
+    is asked for: only a driver can take one, and the next driver answers every request in
+    order."""
+    pending = control.pending()
+    if not pending or any(r.action == "savepoint" or r.params.get("savepoint") is not None
+                          for r in pending):
+        return None
+    state = "stopped" if pending[0].action == "stop" else "cancelled"
+    for request in pending:
+        earlier = "" if request is pending[0] else f" (the job had already {state})"
+        control.answer(request, "done", f"{request.action}: {why}{earlier}; nothing was in "
+                       "flight")
+    return state
+
+
 def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int],
                      fence: Fence | None = None) -> bool:
     """Sleep before a restart; True when a stop/cancel arrived meanwhile (answered here:
@@ -339,13 +358,9 @@ def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int
         if stopping:
             update_status(control.store, state="stopped", detail="stopped between restarts")
             return True
-        for request in control.pending():
-            if request.action == "savepoint" or request.params.get("savepoint") is not None:
-                continue
-            control.answer(request, "done", f"{request.action}: no driver was running "
-                           "(between restarts); nothing was in flight")
-            update_status(control.store, detail="",
-                          state="stopped" if request.action == "stop" else "cancelled")
+        state = answer_without_driver(control, "no driver was running (between restarts)")
+        if state is not None:
+            update_status(control.store, detail="", state=state)
             return True
         time.sleep(min(0.2, max(0.0, until - time.monotonic())))
     return False
