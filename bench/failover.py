@@ -289,6 +289,7 @@ def failover_figures(job: Job, host: str, t0: float, jobs: list[Job]) -> dict[st
     return {"total": first - t0, "lease_wait": since - t0, "detection": at - t0,
             "startup": first - at, "recovery_s": float(recovered["recovery_s"]),
             "why": failover.get("why"), "to_host": failover.get("to_host"),
+            "run": failover["run"],
             "epoch_in_flight": failover.get("epoch_in_flight")}
 
 
@@ -345,7 +346,8 @@ def pause_leader(job: Job, jobs: list[Job]) -> dict[str, Any]:
         figures = failover_figures(job, host, t0, jobs)
         before = {run for _, mtime, run in sink_records(job.out) if mtime < t0}
         t_cont = time.time()
-    # resumed: the old launcher finds its lease taken and kills its driver
+    # resumed: the old launcher finds its lease taken and kills its driver; job.json stays
+    # the new leader's
     wait_for(lambda: not is_alive(driver), f"the old driver (pid {driver.pid}) dead",
              job.ha.renew_s + 60, every=0.05)
     figures["old_driver_dead_s"] = time.time() - t_cont
@@ -363,6 +365,10 @@ def pause_leader(job: Job, jobs: list[Job]) -> dict[str, Any]:
             if mtime >= t_cont and run in before]
     if late:
         raise BenchError(f"the paused driver committed after it was resumed: {late[:5]}")
+    status = job.status()
+    if status is None or status.run_id != figures["run"]:
+        raise BenchError(f"job.json names run {status.run_id if status else None} after the "
+                         f"old leader resumed, not the new leader's run {figures['run']}")
     figures["old_sink_runs"] = len(before)
     settled(job)
     return figures
