@@ -158,6 +158,8 @@ class Hosts:
         before = [root, *root.children(recursive=True)]  # quick: the epoch is in flight
         tokens = {t for t in (_token(p) for p in before) if t}
         kill_job(None, root, what=f"the tree of {host}")
+        for token in tokens:  # a host that dies takes every process of it: one the JVM
+            kill_job(token, what=f"the job processes of {host}")  # spawned mid-kill too
         assert run.proc.wait(timeout=30) == -signal.SIGKILL
         assert_dead(before, f"{host}'s tree")
         for token in tokens:
