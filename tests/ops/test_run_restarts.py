@@ -31,6 +31,10 @@ def _audit(out: Path, rows: int) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.slow  # CI budget: in-process query restarts after a UDF failure are in the
+# dashboard's live-job test and the checkpoint-timeout escalation (tests/ops/test_outages.py),
+# a killed driver's tree restarted as a new process in tests/ops/test_run_on_s3.py,
+# tests/ops/test_launcher_where_it_runs.py and the HA failovers, each audited by id
 def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_process(
         tmp_path):
     """Two UDF failures restart the query in the driver process; then the fault armed by
