@@ -56,7 +56,7 @@ from exactly.checkpoint.location import job_store
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
 from exactly.checkpoint.status import ENDED, JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
-from exactly.errors import ConfigError
+from exactly.errors import ConfigError, ExactlyError
 from exactly.logs import log_event
 from exactly.ops.driver import JOB_FAILED, DriverSpec
 from exactly.ops.launcher import Fence, RunEnd, answer_without_driver, prepared, run_drivers
@@ -135,18 +135,29 @@ def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
             if signalled:
                 say("stopped as a standby (the job runs on)")
                 return 0
-            cur = lease.current()
+            try:
+                cur = lease.current()
+                took = None if cur is not None and cur.ended is not None and \
+                    cur.generation != ended_at_start else lease.try_acquire(
+                        host, me, new_run_id(), job)
+            except ExactlyError:
+                raise  # a damaged lease: its message names the repair
+            except Exception as exc:  # the store unreachable: a standby waits it out
+                log_event(logger, "standby_store_error", logging.WARNING, host=host,
+                          error=repr(exc))
+                _sleep(ha.standby_poll_s, signalled)
+                continue
             if cur is not None and cur.ended is not None and cur.generation != ended_at_start:
                 state = str(cur.ended.get("state") or "stopped")
                 say(f"the job ended on host {cur.host} ({state}); this standby exits")
                 return JOB_FAILED if state == "failed" else 0
-            took = lease.try_acquire(host, me, new_run_id(), job)
             if took is None:
                 if not told_standby and cur is not None:
                     say(f"standby: host {cur.host} leads (term {cur.generation})")
                     told_standby = True
                 if time.monotonic() - last_beat >= min(ha.renew_s, ha.lease_s / 3):
-                    members.beat(replace(member, role="standby"))
+                    with contextlib.suppress(Exception):  # a record for display and checks
+                        members.beat(replace(member, role="standby"))
                     last_beat = time.monotonic()
                 _sleep(ha.standby_poll_s, signalled)
                 continue
@@ -159,7 +170,8 @@ def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        members.leave(member)
+        with contextlib.suppress(Exception):  # a stale record ages out by itself
+            members.leave(member)
 
 
 def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
