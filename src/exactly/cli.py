@@ -533,28 +533,28 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore, fault=_fault(fault, fault_marker, fault_action))
-    settings = None
-    if ha:
-        from exactly.checkpoint.leader import host_id_from
-        from exactly.errors import ConfigError
-        from exactly.ops.ha import HaSettings
+    from exactly.checkpoint.leader import host_id_from
 
-        settings = HaSettings(
-            lease_s=parse_duration(ha_lease_duration, name="--ha-lease-duration"),
-            renew_s=parse_duration(ha_renew_interval, name="--ha-renew-interval"),
-            renew_deadline_s=parse_duration(ha_renew_deadline, name="--ha-renew-deadline"),
-            standby_poll_s=parse_duration(ha_standby_poll, name="--ha-standby-poll"),
-            host_id=host_id_from(host_id))
-        try:
-            settings.check()
-        except ConfigError as exc:  # options that do not go together: a usage error
-            raise click.UsageError(str(exc)) from None
-    elif host_id is not None:
-        from exactly.checkpoint.leader import host_id_from
-        from exactly.procs import HOST_ID_ENV
+    if not ha:
+        if host_id is not None:
+            from exactly.procs import HOST_ID_ENV
 
-        os.environ[HOST_ID_ENV] = str(host_id_from(host_id))
-    sys.exit(launch(spec, ha=settings))
+            os.environ[HOST_ID_ENV] = str(host_id_from(host_id))
+        sys.exit(launch(spec))
+    from exactly.errors import ConfigError
+    from exactly.ops.ha import HaSettings, launch_ha
+
+    settings = HaSettings(
+        lease_s=parse_duration(ha_lease_duration, name="--ha-lease-duration"),
+        renew_s=parse_duration(ha_renew_interval, name="--ha-renew-interval"),
+        renew_deadline_s=parse_duration(ha_renew_deadline, name="--ha-renew-deadline"),
+        standby_poll_s=parse_duration(ha_standby_poll, name="--ha-standby-poll"),
+        host_id=host_id_from(host_id))
+    try:
+        settings.check()
+    except ConfigError as exc:  # options that do not go together: a usage error
+        raise click.UsageError(str(exc)) from None
+    sys.exit(launch_ha(spec, settings))
 
 
 def _strategy_name(value: str | None) -> str | None:

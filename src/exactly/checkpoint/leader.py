@@ -103,6 +103,19 @@ class Takeover:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class Look:
+    """The newest term seen by one launcher (:meth:`LeaderLease.look`)."""
+
+    generation: int  #: 0 when there is none
+    term: LeaderState | None
+    #: when the store last wrote the term (its age is judged from this)
+    written: float | None
+    #: why ``term`` may be taken ("" when there is none; see :meth:`LeaderLease._free`), or
+    #: None while another live launcher holds it
+    why: str | None
+
+
 class LeaderLease:
     """The leader lease of one job (its ``exactly-job`` store).
 
@@ -120,16 +133,6 @@ class LeaderLease:
         none. Raises ExactlyError naming the file when ``leader.json`` is damaged (delete it
         once no launcher of the job runs)."""
         return self._latest()[1]
-
-    def age(self) -> float | None:
-        """Seconds since the newest term was last written; None when there is none."""
-        written = self._latest()[2]
-        return None if written is None else self._clock() - written
-
-    def expired_at(self) -> float | None:
-        """When the newest term runs out unless renewed (store time + its lease_s)."""
-        _, cur, written = self._latest()
-        return None if written is None or cur is None else written + cur.lease_s
 
     def _latest(self) -> tuple[int, LeaderState | None, float | None]:
         """``(generation, term, when the store last wrote it)`` of the newest term: the one
@@ -153,18 +156,25 @@ class LeaderLease:
         return generation, self._parse(data, _term(generation)), \
             self.store.modified(_term(generation))
 
-    def try_acquire(self, host: str, launcher: ProcessId, run_id: str,
-                    job: str = "") -> Takeover | None:
-        """Take the lease for a new term when it is free; None while another live launcher
-        holds it, or when another launcher took the same term first (each term is a file
-        created only if absent: of launchers racing for one term, exactly one creates it).
-        A launcher never takes a lease it holds again (a renewal is :meth:`renew`)."""
+    def look(self, launcher: ProcessId) -> Look:
+        """The newest term as ``launcher`` sees it: whether it may take the lease, and why."""
         generation, cur, written = self._latest()
-        why = self._free(cur, written, launcher)
+        return Look(generation, cur, written, self._free(cur, written, launcher))
+
+    def try_acquire(self, host: str, launcher: ProcessId, run_id: str, job: str = "", *,
+                    seen: Look | None = None) -> Takeover | None:
+        """Take the lease for a new term when it is free (as ``seen`` by :meth:`look`, or
+        looked at now); None while another live launcher holds it, or when another launcher
+        took the same term first (each term is a file created only if absent: of launchers
+        racing for one term, exactly one creates it). A launcher never takes a lease it
+        holds again (a renewal is :meth:`renew`)."""
+        seen = seen or self.look(launcher)
+        cur, written, why = seen.term, seen.written, seen.why
         if why is None:
             return None
         now = self._clock()
-        term = LeaderState(host, launcher, run_id, generation + 1, now, now, self.lease_s, job)
+        term = LeaderState(host, launcher, run_id, seen.generation + 1, now, now, self.lease_s,
+                           job)
         if not self.store.create(_term(term.generation), _encode(term)):
             return None  # another launcher took this term first
         self.store.write(LEADER, _encode(term))
@@ -392,5 +402,5 @@ def host_id_from(option: str | None) -> str | None:
 
 __all__ = ["DEFAULT_LEASE_S", "DEFAULT_RENEW_DEADLINE_S", "DEFAULT_RENEW_S",
            "DEFAULT_STANDBY_POLL_S", "LEADER", "MEMBERS", "LeaderLease", "LeaderState",
-           "Member", "Members", "Takeover", "boot_id", "has_live_launcher", "host_id_from"]
+           "Look", "Member", "Members", "Takeover", "boot_id", "has_live_launcher", "host_id_from"]
 

@@ -115,24 +115,17 @@ def update_status(where: Where, *, run_id: str | None = None, **fields: Any) -> 
     """Set ``fields`` of the status in ``where`` (with a fresh heartbeat); nothing when
     there is none (a run that was never claimed, or whose checkpoint was deleted), or when
     ``run_id`` is given and the status is another run's (a driver whose HA leader lost its
-    lease never overwrites the status of the run that took over). With ``run_id`` the
-    check and the write are one compare-and-swap: a driver paused between them and resumed
-    after a takeover finds the new run's status and writes nothing."""
+    lease never overwrites the status of the run that took over). The read and the write
+    are one compare-and-swap (tried again when another write came between): a driver
+    paused between them and resumed after a takeover finds the new run's status and writes
+    nothing."""
     store = as_store(where)
     for _ in range(20):
-        found = _read_versioned(store)
-        if found is None:
-            return
-        status, token = found
-        if status is None:
-            return
-        if run_id is not None and status.run_id != run_id:
+        status, token = _read_versioned(store) or (None, None)
+        if status is None or (run_id is not None and status.run_id != run_id):
             return
         for name, value in fields.items():
             setattr(status, name, value)
-        if run_id is None:
-            status.write(store)
-            return
         status.heartbeat = time.time()
         encoded = _encode(status)
         if when_space(lambda: store.swap(layout.JOB_STATUS, encoded, token),  # noqa: B023
@@ -157,6 +150,19 @@ def _read_versioned(store: LogStore) -> tuple[JobStatus | None, str] | None:
         return JobStatus.from_json(parsed), token
     except (KeyError, TypeError, ValueError, AttributeError):
         return None, token
+
+
+def refuse_other_job(store: LogStore, current: JobStatus | None, job: str) -> None:
+    """Raise ConfigError when ``current`` (the checkpoint's status) is of another job file
+    than ``job`` (both known): a checkpoint is one job's address."""
+    if current is None or not current.job or not job or current.job == job:
+        return
+    checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
+    raise ConfigError(
+        f"checkpoint {checkpoint} holds the job {current.job} (run {current.run_id}, "
+        f"{current.state}), not {job}: give {job} a checkpoint of its own (if it is the same "
+        f"job renamed, delete {store.describe(layout.JOB_STATUS)} once no run of it is "
+        "alive). Nothing was started.")
 
 
 def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0,
@@ -184,14 +190,7 @@ def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0
     while True:
         found = _read_versioned(store)
         current, token = found if found else (None, None)
-        if current is not None and current.job and status.job and current.job != status.job:
-            checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
-            raise ConfigError(
-                f"checkpoint {checkpoint} holds the job {current.job} (run {current.run_id}, "
-                f"{current.state}), not {status.job}: give {status.job} a checkpoint of its "
-                f"own (if it is the same job renamed, delete "
-                f"{store.describe(layout.JOB_STATUS)} once no run of it is alive). Nothing "
-                "was started.")
+        refuse_other_job(store, current, status.job)
         mine = current is not None and current.supervisor == status.supervisor
         superseded = (leading and current is not None and current.leader is not None
                       and status.leader is not None and current.leader < status.leader)

@@ -54,12 +54,25 @@ from exactly.checkpoint.leader import (
 )
 from exactly.checkpoint.location import job_store
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
-from exactly.checkpoint.status import ENDED, JobStatus, claim_job, update_status
+from exactly.checkpoint.status import (
+    ENDED,
+    JobStatus,
+    claim_job,
+    refuse_other_job,
+    update_status,
+)
 from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError, ExactlyError
 from exactly.logs import log_event
 from exactly.ops.driver import JOB_FAILED, DriverSpec
-from exactly.ops.launcher import Fence, RunEnd, answer_without_driver, prepared, run_drivers
+from exactly.ops.launcher import (
+    Fence,
+    RunEnd,
+    answer_without_driver,
+    checkpoint_of,
+    prepared,
+    run_drivers,
+)
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.options import SESSION_LEASE_STALE_AFTER
 from exactly.procs import HOST_ID_ENV, become_subreaper, current_process, host_identity
@@ -102,14 +115,16 @@ class HaSettings:
 def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
     """Run as one of the job's HA launchers until the job ends (or this launcher is
     stopped by a signal); returns the exit code of ``exactly run``."""
+    spec.restart_strategy()  # a bad strategy fails here, before anything starts
     ha.check()
+    checkpoint = checkpoint_of(spec)
+    spec = replace(spec, checkpoint=checkpoint)
     host = ha.host
     os.environ[HOST_ID_ENV] = host  # the drivers and the liveness checks use the same id
-    checkpoint = str(spec.checkpoint)
     directory = job_store(checkpoint)
     check_compare_and_swap(directory, purpose="exactly run --ha (its leader lease)")
     job = os.path.basename(spec.job_file)
-    _refuse_other_job(directory, job)
+    refuse_other_job(directory, JobStatus.read(directory), job)
     me = current_process()
     member = Member(host, me, "standby", job, "", ha.lease_s)
     members = Members(directory)
@@ -136,10 +151,11 @@ def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
                 say("stopped as a standby (the job runs on)")
                 return 0
             try:
-                cur = lease.current()
+                seen = lease.look(me)
+                cur = seen.term
                 took = None if cur is not None and cur.ended is not None and \
                     cur.generation != ended_at_start else lease.try_acquire(
-                        host, me, new_run_id(), job)
+                        host, me, new_run_id(), job, seen=seen)
             except ExactlyError:
                 raise  # a damaged lease: its message names the repair
             except Exception as exc:  # the store unreachable: a standby waits it out
@@ -398,20 +414,6 @@ def _answer_stop_before_driver(checkpoint: str, directory: LogStore, run_id: str
     if state is not None:
         update_status(directory, run_id=run_id, detail="", state=state)
     return state
-
-
-def _refuse_other_job(directory: LogStore, job: str) -> None:
-    """Raise ConfigError when the checkpoint was last run by another job file."""
-    status = JobStatus.read(directory)
-    if status is not None and status.job and status.job != job:
-        from exactly.checkpoint.layout import JOB_DIR, JOB_STATUS
-
-        checkpoint = directory.describe().removesuffix("/" + JOB_DIR)
-        raise ConfigError(
-            f"checkpoint {checkpoint} holds the job {status.job} (run {status.run_id}, "
-            f"{status.state}), not {job}: give {job} a checkpoint of its own (if it is the "
-            f"same job renamed, delete {directory.describe(JOB_STATUS)} once no run of it is "
-            "alive). Nothing was started.")
 
 
 def _sleep(seconds: float, signalled: list[int]) -> None:

@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from exactly.checkpoint.control import ControlChannel
 from exactly.checkpoint.layout import DRIVER_EXIT, JOB_DIR
@@ -59,9 +58,6 @@ from exactly.procs import (
     reap_children,
 )
 
-if TYPE_CHECKING:
-    from exactly.ops.ha import HaSettings
-
 logger = logging.getLogger("exactly.ops.launcher")
 
 #: seconds between two reaps of ended children while the launcher waits
@@ -70,21 +66,11 @@ REAP_INTERVAL_S = 0.2
 ORPHAN_GRACE_S = 60.0
 
 
-def launch(spec: DriverSpec, *, out=sys.stderr, ha: HaSettings | None = None) -> int:
+def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     """Run the job of ``spec`` until it ends; returns the exit code (see module doc).
-    With ``ha``, as one of the job's high-availability launchers (:mod:`exactly.ops.ha`)."""
+    ``exactly run --ha`` is :func:`exactly.ops.ha.launch_ha`."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
-    if ha is not None:
-        ha.check()
-    if spec.checkpoint:  # the command line checked it (S3: settings, endpoint, bucket)
-        checkpoint = checkpoint_uri(spec.checkpoint)
-    else:  # named by the job file: checked here, in one line if not usable
-        checkpoint = checkpoint_uri(_resolved_checkpoint(spec))
-        check_reachable(checkpoint)
-    if ha is not None:
-        from exactly.ops.ha import launch_ha
-
-        return launch_ha(replace(spec, checkpoint=checkpoint), ha, out=out)
+    checkpoint = checkpoint_of(spec)
     directory = job_store(checkpoint)
     refuse_if_run_with_ha(directory)
     run_id = new_run_id()
@@ -99,6 +85,17 @@ def launch(spec: DriverSpec, *, out=sys.stderr, ha: HaSettings | None = None) ->
         print(f"exactly run: {entry['cause']}; recorded in the restart history",
               file=out, flush=True)
     return run_drivers(spec, out=out).code
+
+
+def checkpoint_of(spec: DriverSpec) -> str:
+    """The checkpoint of ``spec`` as every process names it: ``--checkpoint`` (the command
+    line checked it: S3 settings, endpoint, bucket), or the one the job file names, checked
+    here in one line if not usable."""
+    if spec.checkpoint:
+        return checkpoint_uri(spec.checkpoint)
+    checkpoint = checkpoint_uri(_resolved_checkpoint(spec))
+    check_reachable(checkpoint)
+    return checkpoint
 
 
 def prepared(spec: DriverSpec, checkpoint: str, run_id: str) -> DriverSpec:
@@ -248,12 +245,10 @@ def refuse_if_run_with_ha(directory: LogStore) -> None:
     from exactly.errors import FencedError
 
     live = Members(directory).live()
-    leader = LeaderLease(directory).current()
-    if live or (leader is not None and leader.ended is None and not leader.released
-                and leader.launcher.is_alive() is not False
-                and (LeaderLease(directory).age() or 0.0) < leader.lease_s):
+    leader = LeaderLease(directory).look(current_process())
+    if live or leader.why is None:
         hosts = ", ".join(sorted(f"{m.host} ({m.role})" for m in live)) or (
-            leader.host if leader else "?")
+            leader.term.host if leader.term else "?")
         checkpoint = directory.describe().removesuffix("/" + JOB_DIR)
         raise FencedError(
             f"checkpoint {checkpoint} is run by `exactly run --ha` launchers on {hosts}: "
