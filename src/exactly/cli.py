@@ -477,6 +477,12 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
                    "than the lease duration).")
 @click.option("--ha-standby-poll", default="3s",
               help="How often a standby looks at the lease.")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve the job's Prometheus metrics (Flink's names) on "
+                   "http://HOST:PORT/metrics while it runs, across driver restarts [default: "
+                   "off]. See docs/monitoring.md.")
+@click.option("--metrics-host", default="127.0.0.1",
+              help="Address of --metrics-port; the default keeps it on this machine.")
 @fault_options
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
@@ -485,8 +491,9 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
         restore_mode: str, parallelism: int | None, sink_rollback: str, ha: bool,
         host_id: str | None, ha_lease_duration: str, ha_renew_interval: str,
-        ha_renew_deadline: str, ha_standby_poll: str, fault: str | None,
-        fault_marker: str | None, fault_action: str | None) -> None:
+        ha_renew_deadline: str, ha_standby_poll: str, metrics_port: int | None,
+        metrics_host: str, fault: str | None, fault_marker: str | None,
+        fault_action: str | None) -> None:
     """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
 
     Failed queries restart in the same driver process, a dead driver process restarts as a
@@ -502,7 +509,6 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec
     from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint
-    from exactly.ops.launcher import launch
     from exactly.ops.restart import parse_option_pairs
     from exactly.savepoints.manifest import read_manifest
     from exactly.savepoints.restore import RestoreMode
@@ -533,9 +539,34 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore, fault=_fault(fault, fault_marker, fault_action))
+    if metrics_port is None:
+        _run(spec, ha, host_id, ha_lease_duration, ha_renew_interval, ha_renew_deadline,
+             ha_standby_poll)
+        return
+    from dataclasses import replace
+
+    from exactly.monitoring.endpoint import start
+    from exactly.ops.launcher import checkpoint_of
+
+    endpoint = start(metrics_host, metrics_port)  # a port in use fails here, before Spark
+    try:
+        spec = replace(spec, checkpoint=checkpoint_of(spec))
+        endpoint.watch(spec.checkpoint or "")
+        _run(spec, ha, host_id, ha_lease_duration, ha_renew_interval, ha_renew_deadline,
+             ha_standby_poll)
+    finally:
+        endpoint.close()
+
+
+def _run(spec: Any, ha: bool, host_id: str | None, ha_lease_duration: str,
+         ha_renew_interval: str, ha_renew_deadline: str, ha_standby_poll: str) -> None:
+    """``exactly run`` once its options are checked: one launcher, or an HA one."""
     from exactly.checkpoint.leader import host_id_from
+    from exactly.config import parse_duration
 
     if not ha:
+        from exactly.ops.launcher import launch
+
         if host_id is not None:
             from exactly.procs import HOST_ID_ENV
 

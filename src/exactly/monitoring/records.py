@@ -113,7 +113,8 @@ def epoch_record(progress: dict[str, Any], *, ended_at: float,
         "state": state,
         "checkpoint": {"new_bytes": new_bytes, "full_bytes": full_bytes},
         "sources": [{"description": s.get("description"), "rows": s.get("numInputRows"),
-                     "end_offset": s.get("endOffset")}
+                     "end_offset": s.get("endOffset"), "latest_offset": s.get("latestOffset"),
+                     "metrics": s.get("metrics") or {}}
                     for s in progress.get("sources") or []],
     }
     if completion is not None:

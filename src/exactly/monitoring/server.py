@@ -12,7 +12,10 @@ REST paths (JSON)::
                                                leader and failovers (``exactly run --ha``)
     /jobs/<id>/checkpoints/details/<epoch>     everything recorded about one epoch
     /jobs/<id>/checkpoints/config              the checkpoint configuration
-    /metrics                                   Prometheus text format
+    /metrics                                   Prometheus text format: Flink's names
+                                               (exactly.monitoring.flink_metrics, as
+                                               ``exactly run --metrics-port`` serves them)
+                                               and the earlier exactly_* gauges
 
 A job's id is its streaming query's id (stable across restarts). Unknown jobs and epochs
 answer 404 with ``{"errors": [...]}``, as Flink's REST API does.
@@ -39,6 +42,7 @@ from starlette.staticfiles import StaticFiles
 
 from exactly.checkpoint.location import checkpoint_uri
 from exactly.errors import ConfigError
+from exactly.monitoring.flink_metrics import FlinkCollector
 from exactly.monitoring.overview import Loaded, load
 
 STATIC = Path(__file__).with_name("static")
@@ -146,8 +150,9 @@ def create_app(jobs: Jobs) -> Starlette:
         return JSONResponse(loaded.overview.config)
 
     async def metrics(request: Request) -> Response:
-        registry = CollectorRegistry()
+        registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(jobs))
+        registry.register(FlinkCollector(jobs.all))
         return Response(generate_latest(registry),
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
