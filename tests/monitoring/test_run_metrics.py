@@ -11,6 +11,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import psutil
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exactly.testing.ports import free_port
@@ -36,20 +38,26 @@ def scrape(port: int) -> dict[str, float] | None:
     return values
 
 
-def test_the_launcher_serves_flink_named_metrics_across_a_driver_restart_matching_checkpoints_json(
-        tmp_path):
-    """800 rows in epochs of 100; in the 6th epoch a fault SIGKILLs the driver's whole tree
-    and the launcher starts a new driver process (epochs 2-5 leave time for a scrape
-    before). The endpoint answers before the kill and after it (one address for the whole
-    run), and once the input drained its Flink-named values equal ``exactly checkpoints
-    --json`` read right after; the record counters equal the input. (A query restart inside
-    the driver costs as much here, 45 s, and proves less: the driver stays.)"""
+@pytest.mark.parametrize("kill", [
+    False,
+    # CI budget: a second driver costs +25 s (45-53 s measured); the default variant shows
+    # the launcher, which outlives its drivers (tests/ops), holds the endpoint's socket
+    pytest.param(True, marks=pytest.mark.slow),
+])
+def test_the_launcher_serves_flink_named_metrics_matching_checkpoints_json(tmp_path, kill):
+    """800 rows in epochs of 100. The endpoint's socket belongs to the ``exactly run``
+    process (the launcher), not to the driver; once the input drained, its Flink-named
+    values equal ``exactly checkpoints --json`` read right after, and the record counters
+    equal the input. ``kill``: in the 6th epoch a fault SIGKILLs the driver's whole tree and
+    the launcher starts a new driver process (epochs 2-5 leave time for a scrape before):
+    the endpoint answers before the kill and after it, counting the restart."""
     rows, port = 800, free_port()
     ck = tmp_path / "ck"
     env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": str(rows), "JOB_RATE": "0",
            "JOB_MAX_ROWS": "100", "JOB_INTERVAL": "300ms"}
-    args = ["--metrics-port", str(port), "--fault", "after_intent@5", "--fault-marker",
-            str(tmp_path / "fired.json")]
+    args = ["--metrics-port", str(port)]
+    if kill:
+        args += ["--fault", "after_intent@5", "--fault-marker", str(tmp_path / "fired.json")]
     run = SupervisedRun(JOB, ck, env, *args, log=tmp_path / "run.log")
     seen: list[dict[str, float]] = []
 
@@ -59,24 +67,28 @@ def test_the_launcher_serves_flink_named_metrics_across_a_driver_restart_matchin
             return False
         seen.append(values)
         return (values.get(T + "numRecordsIn", 0) >= rows
-                and values[J + "numRestarts"] >= 1
+                and values[J + "numRestarts"] >= int(kill)
                 and values[J + "numberOfInProgressCheckpoints"] == 0)
 
     try:
-        run.wait_for(drained, "all rows read after a driver restart, seen on /metrics",
-                     timeout=240)
-        before = [v for v in seen if v[J + "numRestarts"] == 0
-                  and v[J + "numberOfCompletedCheckpoints"] >= 2]
-        assert before, "no scrape answered during the first driver with 2 checkpoints"
+        run.wait_for(drained, "all rows read, seen on /metrics", timeout=240)
+        status = run.status()
+        assert status is not None and status.driver is not None
+        assert _listens(run.proc.pid, port) and not _listens(status.driver.pid, port)
+        if kill:
+            before = [v for v in seen if v[J + "numRestarts"] == 0
+                      and v[J + "numberOfCompletedCheckpoints"] >= 2]
+            assert before, "no scrape answered during the first driver with 2 checkpoints"
         metrics = scrape(port)
         shown = run.command("checkpoints", str(ck), "--json")
         assert shown.returncode == 0, shown.stderr
         overview = json.loads(shown.stdout)
         assert metrics is not None
         counts, latest = overview["counts"], overview["latest"]["completed"]
-        assert counts["restarts"] == 1  # the one kill, as the restart history says
+        # the one kill, as the restart history says (none without it)
+        assert counts["restarts"] == int(kill)
         kills = [e for e in run.history() if e["event"] == "failure"]
-        assert [e["kind"] for e in kills] == ["process"]
+        assert [e["kind"] for e in kills] == ["process"] * int(kill)
         assert metrics[J + "numRestarts"] == counts["restarts"]
         assert metrics[J + "numberOfCompletedCheckpoints"] == counts["completed"] >= 8
         assert metrics[J + "numberOfFailedCheckpoints"] == counts["failed"]
@@ -86,7 +98,7 @@ def test_the_launcher_serves_flink_named_metrics_across_a_driver_restart_matchin
         assert metrics[J + "lastCheckpointSize"] == latest["new_bytes"]
         assert metrics[J + "lastCheckpointFullSize"] == latest["full_bytes"]
         assert metrics[J + "lastCompletedCheckpointId"] == latest["epoch"]
-        # the counters against the input: every row once, the replayed epoch counted once
+        # the counters against the input: every row once (a replayed epoch counted once)
         assert metrics[T + "numRecordsIn"] == rows
         assert metrics[T + "numRecordsOut"] == rows
         assert metrics[J + "uptime"] > 0 and metrics[J + "downtime"] == 0  # running
@@ -95,6 +107,11 @@ def test_the_launcher_serves_flink_named_metrics_across_a_driver_restart_matchin
         assert run.wait(timeout=120) == 0, run.output()[-3000:]
     finally:
         run.close()
+
+
+def _listens(pid: int, port: int) -> bool:
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+               for c in psutil.Process(pid).net_connections(kind="tcp"))
 
 
 def test_a_metrics_port_in_use_fails_exactly_run_before_anything_starts(tmp_path):

@@ -65,7 +65,7 @@ def checkpoint(tmp_path, base):
         _epoch(2, base + 7, 700, 300, 1500, 70),
         _epoch(3, base + 9, 2000, 400, 1900, 81, parts_ms={
             "processing": 1700.0, "sink_pre_commit": 3.5, "sink_commit": 12.25},
-            sources=[{"description": KAFKA, "rows": 81,
+            sources=[{"description": KAFKA + "@4ac3388b", "rows": 81,
                       "end_offset": {"orders": {"0": 40, "1": 20}},
                       "latest_offset": {"orders": {"0": 45, "1": 27}},
                       "metrics": {"maxOffsetsBehindLatest": "7"}}]),

@@ -20,6 +20,7 @@ source without a latest offset) is left out, never reported as 0.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -198,7 +199,10 @@ def job_values(loaded: Loaded, now: float) -> list[tuple[str, tuple[str, ...], f
     for part, millis in parts.items():
         put(f"{OWN}lastCheckpointPartDuration", millis, str(part))
     for index, source in enumerate(record.get("sources") or []):
-        operator = str(source.get("description") or f"source-{index}")
+        # Spark's description of a Python source ends with the object's hash, new in every
+        # driver: without it the label stays the same across restarts
+        operator = re.sub(r"@[0-9a-f]+$", "", str(source.get("description") or "")) or (
+            f"source-{index}")
         put(f"{OPERATOR}pendingRecords",
             pending_records(source.get("latest_offset"), source.get("end_offset")), operator)
         behind = (source.get("metrics") or {}).get("maxOffsetsBehindLatest")
