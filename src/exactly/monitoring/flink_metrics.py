@@ -34,6 +34,8 @@ JOB = "flink_jobmanager_job_"
 TASK = "flink_taskmanager_job_task_"
 OPERATOR = "flink_taskmanager_job_task_operator_"
 OWN = "exactly_job_"
+#: seconds a per-second rate looks back, as Flink's meters (``MeterView``'s 60 s)
+METER_S = 60.0
 #: job states in which the job is over: Flink's uptime and downtime are -1 then
 ENDED = ("stopped", "failed", "cancelled", "lost")
 
@@ -82,9 +84,9 @@ METRICS: tuple[Spec, ...] = (
          "sum of `epoch.rows_in`"),
     Spec(f"{TASK}numRecordsOut", "rows written by the job's completed epochs in the history",
          "sum of `epoch.rows_out`"),
-    Spec(f"{TASK}numRecordsInPerSecond", "rows in per second over the latest completed "
-         "epoch (its rows / the time since the previous epoch ended)", "`epoch.rows_in`, "
-         "`epoch.end_at`"),
+    Spec(f"{TASK}numRecordsInPerSecond", "rows in per second over the last 60 s (the rows "
+         "of the epochs that ended in it / 60, as Flink's meters: 0 once the job idles)",
+         "`epoch.rows_in`, `epoch.end_at`"),
     Spec(f"{TASK}numRecordsOutPerSecond", "rows out per second, likewise", "`epoch.rows_out`, "
          "`epoch.end_at`"),
     Spec(f"{OPERATOR}pendingRecords", "records the source has not read yet: its latest "
@@ -186,11 +188,11 @@ def job_values(loaded: Loaded, now: float) -> list[tuple[str, tuple[str, ...], f
     end_at = latest.get("end_at")
     put(f"{OWN}lastCheckpointCompletionTimestamp",
         round(end_at * 1000) if end_at is not None else None)
-    window = _window_s(epochs, latest)
-    for key, metric in (("rows_in", "numRecordsInPerSecond"),
-                        ("rows_out", "numRecordsOutPerSecond")):
-        if window and latest.get(key) is not None:
-            put(f"{TASK}{metric}", round(latest[key] / window, 3))
+    recent = [r for r in epochs if now - METER_S < (r.get("end_at") or 0.0) <= now]
+    put(f"{TASK}numRecordsInPerSecond",
+        sum(r.get("rows_in") or 0 for r in recent) / METER_S)
+    put(f"{TASK}numRecordsOutPerSecond",
+        sum(r.get("rows_out") or 0 for r in recent) / METER_S)
     record: dict[str, Any] = next(
         (r for r in reversed(epochs) if r.get("epoch") == latest["epoch"]), {})
     parts = record.get("parts_ms") or {}
@@ -219,20 +221,6 @@ def completed_epochs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if record.get("kind") == "epoch" and isinstance(record.get("epoch"), int):
             last[record["epoch"]] = record
     return sorted(last.values(), key=lambda r: (r.get("end_at") or 0.0, r["epoch"]))
-
-
-def _window_s(epochs: list[dict[str, Any]], latest: dict[str, Any]) -> float | None:
-    """Seconds the latest epoch's rows stand for: since the previous completed epoch ended,
-    else (the first epoch) its own duration."""
-    ends = [float(r["end_at"]) for r in epochs if r["epoch"] != latest["epoch"]
-            and r.get("end_at") is not None and r["end_at"] <= (latest.get("end_at") or 0.0)]
-    if ends and latest.get("end_at") is not None:
-        window = latest["end_at"] - max(ends)
-    elif latest.get("duration_ms"):
-        window = latest["duration_ms"] / 1000
-    else:
-        return None
-    return window if window > 0 else None
 
 
 def up_and_down(loaded: Loaded, now: float) -> tuple[float, float]:
