@@ -29,6 +29,8 @@ HIDDEN_TOOLS = ("javac", "jar", "mvn", "npm", "npx", "node")
 #: wheel is installed, so they cannot stand in for an undeclared runtime dependency)
 BUILD_TOOLS = ("setuptools>=77", "build>=1.2")
 STATE_WRITER = "exactly/spark/jvm/exactly-state-writer.jar"
+#: packages of the testkit extra: not installed by ``pip install exactly``
+TESTKIT_MODULES = ("port_for", "pytest", "selenium")
 
 
 def pinned_pyspark() -> str:
@@ -131,6 +133,8 @@ def installed_wheel(tmp_path_factory) -> InstalledWheel:
     # the install: pip alone (dependencies from the pip cache or PyPI)
     _pip(venv, "install", str(wheel))
     assert list(venv.glob("lib/python3.*/site-packages/exactly/cli.py")), "installed"
+    for module in TESTKIT_MODULES:  # the scenarios run without the testkit extra
+        assert not list(venv.glob(f"lib/python3.*/site-packages/{module}")), module
 
     cache, workdir = root / "cache", root / "work"
     cache.mkdir()
