@@ -119,8 +119,7 @@ def test_a_savepoint_restored_rescaled_2_to_4_rewrites_state_with_the_wheels_sta
     assert record["restored"] == ["totals: #0->#0 (rewrite)"]  # exactly's state writer
     # the state writer the driver put on the class path is the wheel's (none compiled: no
     # javac here, and the user cache holds no jar)
-    shown = installed_wheel.run("python", "-c", "from exactly.spark.state_writer_jar import "
-                                "ensure_jar; print(ensure_jar())")
+    shown = installed_wheel.run("python", "-m", "exactly.spark.state_writer_jar")
     jar = Path(shown.stdout.strip())
     assert jar.is_relative_to(installed_wheel.site_packages) and jar.is_file(), jar
     assert not list(installed_wheel.cache.rglob("*.jar"))
