@@ -4,8 +4,9 @@
 #     PATH), PostgreSQL and its JDBC driver, Maven (for the jars below); with --browser also
 #     chromium and chromium-driver (the dashboard's browser tests) -- one apt transaction
 #   - .venv with exactly and its test dependencies (reinstalled only when pyproject changes)
-#   - every extra installer in scripts/install-*.sh (PostgreSQL, Kafka and S3 jars, the
-#     dashboard's chart library, ...), the state writer's jar, the driver's class archive
+#   - every extra installer in scripts/install-*.sh (PostgreSQL, Kafka and S3 jars, ...), the
+#     state writer's jar, the driver's class archive (the dashboard's chart library is
+#     committed: scripts/vendor-js.sh, for maintainers only, re-vendors it)
 # Steps that do not need each other run side by side (the apt transaction beside the pip
 # install; the jar downloads beside the class archive build): on a fresh machine most of the
 # time is network and unpacking.
@@ -73,8 +74,9 @@ for installer in scripts/install-*.sh; do
   [ -e "$installer" ] || continue
   installers+="bash $installer && "
 done
-# exactly's state writer (savepoint restores that rescale or switch the state backend):
-# compiled against the installed PySpark once, cached in ~/.cache/exactly/jvm. The driver's
+# exactly's state writer (savepoint restores that rescale or switch the state backend): a
+# wheel carries it; the checkout's editable install compiles it against the installed PySpark
+# once, cached in ~/.cache/exactly/jvm. The driver's
 # class archive (JDK class-data sharing): every driver start, restart and test loads Spark's
 # classes from it (about half a driver's start-up CPU); built once per PySpark and Java runtime
 jvm_files='.venv/bin/python -c "from exactly.spark.state_writer_jar import ensure_jar; ensure_jar()" && .venv/bin/python -c "

@@ -49,13 +49,15 @@ FOLDER_LANES = {
     "savepoints": ("spark",),  # its PostgreSQL and Kafka cases also carry ``server``
     "monitoring": ("spark",),  # a live job, `exactly ui`, headless Chromium
     "objectstore": ("server",),  # S3Proxy: the S3 server, logs and checkpoints on it
+    "install": ("spark",),  # the wheel in a fresh virtualenv: its CLI runs Spark jobs
 }
 
 
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("chaos/test_nemesis.py", "ops/test_ha_failover.py", "postgres/test_pg_chaos.py",
+LONGEST_FIRST = ("install/test_wheel_install.py", "chaos/test_nemesis.py",
+                 "ops/test_ha_failover.py", "postgres/test_pg_chaos.py",
                  "ops/test_launcher_where_it_runs.py", "kafka/test_kafka_chaos.py",
                  "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
                  "chaos/test_cluster_lane.py", "ops/test_run_restarts.py",

@@ -235,9 +235,11 @@ def check_port_free(host: str, port: int) -> None:
 
 def check_assets() -> None:
     if not VENDOR_CHART.is_file():
-        raise ConfigError(f"the dashboard's chart library is missing ({VENDOR_CHART}); run "
-                          "scripts/setup.sh (or scripts/install-js.sh), which fetches it from "
-                          "the npm registry")
+        raise ConfigError(f"the dashboard's chart library is missing ({VENDOR_CHART}): it "
+                          "ships in exactly's wheel and checkout; reinstall exactly (pip "
+                          "install --force-reinstall exactly), or in a checkout restore it "
+                          "with `git checkout src/exactly/monitoring/static/vendor` (maintainers"
+                          ": scripts/vendor-js.sh re-vendors it)")
 
 
 def serve(checkpoints: Sequence[str | Path], *, host: str = "127.0.0.1",

@@ -3,8 +3,9 @@
 Spark can read any operator's state (``format("statestore")``) but writes it back only for
 RocksDB and only in place (its offline repartition). Restoring a savepoint into another
 number of partitions or another state backend needs a writer for both providers; it is the
-small Java class ``exactly/spark/jvm/StateWriter.java`` (compiled against the
-installed PySpark's jars on first use and cached), which hands every row to Spark's provider
+small Java class ``exactly/spark/jvm/StateWriter.java`` (prebuilt in the wheel, or compiled
+against the installed PySpark's jars on first use and cached; see
+:mod:`exactly.spark.state_writer_jar`), which hands every row to Spark's provider
 (``put`` and ``commit``), so the files are Spark's own format:
 
 * RocksDB: an empty store at version N, the rows, ``commit`` -> version N+1, a snapshot
@@ -23,7 +24,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from exactly.errors import ConfigError
-from exactly.spark.state_writer_jar import jar_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -44,8 +44,8 @@ def writer_class(spark: SparkSession) -> Any:
         raise ConfigError(
             "this Spark session lacks exactly's state writer (needed to rescale or switch the "
             "state backend of a savepoint): start the session with exactly.spark_session() "
-            f"or add {jar_path()} to spark.jars (it is compiled on first use; a JDK with "
-            "javac is needed once)")
+            "or add the jar `python -m exactly.spark.state_writer_jar` prints to spark.jars "
+            "(spark-submit --jars)")
     return cls
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from exactly.errors import ConfigError
+
 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on now, outside the OS's ephemeral range.
@@ -12,6 +14,10 @@ def free_port() -> int:
     in use": measured once in a full test run, the Kafka broker failing to start).
     ``port-for`` picks a random unused port outside that range instead.
     """
-    import port_for
-
+    try:
+        import port_for
+    except ModuleNotFoundError as exc:
+        raise ConfigError("exactly's throw-away servers (the test kit, `exactly demo --sink "
+                          "postgres|kafka`) need the testkit extra: pip install "
+                          "'exactly[testkit]'") from exc
     return int(port_for.select_random())

@@ -35,13 +35,17 @@ def get_text(url: str, timeout: float = 10) -> str:
 
 
 @contextmanager
-def ui_server(*checkpoints: str | Path, timeout: float = 60) -> Iterator[str]:
-    """Run ``exactly ui CHECKPOINT...`` on a free port of 127.0.0.1; yields its base URL
-    once ``/jobs`` answers. Raises AssertionError with the server's output when it exits."""
+def ui_server(*checkpoints: str | Path, timeout: float = 60,
+              python: str | Path = sys.executable,
+              env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run ``exactly ui CHECKPOINT...`` (``python -m exactly.cli``, in ``env``) on a free
+    port of 127.0.0.1; yields its base URL once ``/jobs`` answers. Raises AssertionError
+    with the server's output when it exits."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "exactly.cli", "ui",
+    proc = subprocess.Popen([str(python), "-m", "exactly.cli", "ui",
                              *map(str, checkpoints), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
