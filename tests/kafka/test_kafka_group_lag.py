@@ -163,6 +163,35 @@ def test_commits_refused_by_the_broker_are_not_fatal_and_the_epochs_land_exactly
                                                                                      1: 15}
 
 
+def test_the_group_never_holds_an_epoch_before_spark_has_committed_it(spark, broker, topic,
+                                                                       tmp_path):
+    bootstrap = broker.bootstrap
+    group = f"held-{topic}"
+    produce(bootstrap, topic, range(30))
+    hold, out = tmp_path / "hold", tmp_path / "out"
+    hold.touch()
+    events = read_exactly_kafka(spark, bootstrap, topic, max_offsets_per_trigger=10,
+                                options={opt.KAFKA_GROUP_ID: group})
+    query = (events.writeStream.format("exactly.files").option(opt.PATH, str(out))
+             .option(opt.CHECKPOINT_LOCATION, str(tmp_path / "ck"))
+             # epoch 1 stops after its output is committed, before Spark's commit log
+             .option(opt.FAULT, "after_complete@1").option(opt.FAULT_ACTION, f"pause:{hold}")
+             .option(opt.FAULT_MARKER, str(tmp_path / "fired"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: len(rows(out)) == 20, "epoch 1's output")
+        assert (tmp_path / "fired").exists()  # held at the point: no commit log for epoch 1
+        assert group_offsets(bootstrap, group, topic) == {0: 5, 1: 5}  # epoch 0's end only
+        hold.unlink()
+        wait_until(lambda: group_offsets(bootstrap, group, topic) == {0: 15, 1: 15},
+                   "the group at the log end")
+        assert_exactly(out, range(30))
+        assert query.exception() is None
+    finally:
+        hold.unlink(missing_ok=True)
+        query.stop()
+
+
 # -- in-process: the reader's own calls -----------------------------------------------------
 def reader(bootstrap: str, topic: str, **extra: str) -> KafkaStreamReader:
     return KafkaStreamReader({opt.KAFKA_BOOTSTRAP: bootstrap, opt.SUBSCRIBE: topic, **extra})
