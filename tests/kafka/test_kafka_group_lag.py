@@ -23,6 +23,7 @@ from exactly.connectors.kafka.reader import KafkaStreamReader
 from exactly.connectors.kafka.source import read_exactly_kafka
 from exactly.ops.job import load_job_file
 from exactly.testing.kafka_broker import broker_jars_dir
+from exactly.testing.supervised import SupervisedRun
 
 pytestmark = pytest.mark.server
 
@@ -53,21 +54,18 @@ def describe_group(bootstrap: str, group: str) -> dict[tuple[str, int], dict[str
 
 
 def wait_for_lag_zero(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:
-    """Run the tool until it shows ``group`` at the log end, lag 0, on every partition of
-    ``topic``; fail with what it showed last when that does not happen in time."""
-    shown: dict[tuple[str, int], dict[str, str]] = {}
-
-    def at_zero() -> bool:
-        shown.clear()
-        shown.update(describe_group(bootstrap, group))
-        return all(shown.get((topic, p), {}).get("CURRENT-OFFSET") == str(end)
-                   and shown[(topic, p)]["LOG-END-OFFSET"] == str(end)
-                   and shown[(topic, p)]["LAG"] == "0" for p, end in ends.items())
-
+    """Wait until the group's offsets reach ``ends`` (asked with an admin client, cheaply),
+    then check that the tool shows ``group`` at the log end, lag 0, on every partition."""
     try:
-        wait_until(at_zero, f"lag 0 on every partition of group {group}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; kafka-consumer-groups showed {shown}") from None
+        wait_until(lambda: group_offsets(bootstrap, group, topic) == ends,
+                   f"group {group} at the log end {ends}")
+    finally:
+        shown = describe_group(bootstrap, group)
+    for p, end in ends.items():
+        row = shown.get((topic, p))
+        assert row is not None, f"kafka-consumer-groups shows no {topic}[{p}]: {shown}"
+        assert (row["CURRENT-OFFSET"], row["LOG-END-OFFSET"], row["LAG"]) == (
+            str(end), str(end), "0"), shown
 
 
 def log_ends(bootstrap: str, topic: str) -> dict[int, int]:
@@ -190,6 +188,26 @@ def test_the_group_never_holds_an_epoch_before_spark_has_committed_it(spark, bro
     finally:
         hold.unlink(missing_ok=True)
         query.stop()
+
+
+@pytest.mark.slow  # a driver process of its own (~1 min); the default lane names the job in
+# the shared session (test_lag_tool_shows_...) and checks JobFile.session_conf below
+def test_an_exactly_run_jobs_group_is_named_after_its_job_file_and_reaches_lag_zero(
+        broker, topic, tmp_path):
+    bootstrap = broker.bootstrap
+    produce(bootstrap, topic, range(40))
+    ck = tmp_path / "ck"
+    run = SupervisedRun(Path(__file__).with_name("lag_job.py"), ck,
+                        {"LAG_BOOTSTRAP": bootstrap, "LAG_TOPIC": topic,
+                         "LAG_OUT": str(tmp_path / "out")}, log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len(rows(tmp_path / "out")) == 40, "every record", timeout=240)
+        wait_for_lag_zero(bootstrap, "exactly-lag_job", topic, {0: 20, 1: 20})
+        assert run.command("stop", str(ck)).returncode == 0
+        assert run.wait(timeout=120) == 0
+    finally:
+        run.close()
+    assert_exactly(tmp_path / "out", range(40))
 
 
 # -- in-process: the reader's own calls -----------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,13 +79,8 @@ class GroupOffsets:
         self._committed: dict[tuple[str, int], int] | None = None
         self._failures = 0
         self._last_error = ""
-        #: milliseconds of each answered commit, for measurements
-        self.durations_ms: list[float] = []
-
-    @property
-    def committed(self) -> dict[tuple[str, int], int] | None:
-        """The offsets of the last successful commit of this process (None before one)."""
-        return None if self._committed is None else dict(self._committed)
+        #: milliseconds of the latest answered commits, for measurements
+        self.durations_ms: deque[float] = deque(maxlen=1000)
 
     def commit(self, offsets: Offsets, *, forward_only: bool = False) -> bool:
         """Commit ``offsets`` to the group unless the group already holds them.

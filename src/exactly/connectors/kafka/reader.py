@@ -37,6 +37,10 @@ the high watermark under ``read_uncommitted`` and the last stable offset under
 ``read_committed``: every transaction below it is decided, so aborted records (and
 transaction markers, which occupy offsets) are never delivered, and a replay after a crash
 sees the same committed records.
+``maxOffsetsPerTrigger`` and the admission row budget count offsets, so an epoch holds at most
+that many records. Failures: an unreachable broker is retried for ``readTimeoutMs``, then the
+query fails with :class:`KafkaSourceError`; deleted records fail it with the same error when
+``failOnDataLoss`` is true.
 
 Consumer group offsets, for lag tools only (:mod:`exactly.connectors.kafka.group_offsets`):
 once an epoch is complete (Spark's commit log holds it), its end offsets are committed to the
@@ -49,10 +53,6 @@ is logged and retried on the next trigger, never fatal; one waits at most
 ``commitTimeoutMs``. Under Spark's async progress tracking (which Spark allows only with its
 own sinks) the commit log is written after the next epoch starts, so the group may show an
 epoch that a crash would replay.
-``maxOffsetsPerTrigger`` and the admission row budget count offsets, so an epoch holds at most
-that many records. Failures: an unreachable broker is retried for ``readTimeoutMs``, then the
-query fails with :class:`KafkaSourceError`; deleted records fail it with the same error when
-``failOnDataLoss`` is true.
 """
 
 from __future__ import annotations
