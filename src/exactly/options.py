@@ -94,6 +94,15 @@ KAFKA_ISOLATION_LEVEL = "kafka.isolation.level"
 DEFAULT_ISOLATION_LEVEL = "read_committed"
 KAFKA_READ_TIMEOUT_MS = "exactly.kafka.readTimeoutMs"  #: give up without progress after this
 DEFAULT_READ_TIMEOUT_MS = 120_000
+KAFKA_GROUP_ID = "kafka.group.id"  #: the reader's consumer group: lag tools read it
+#: true (default) | false: commit each completed epoch's end offsets to the consumer group
+KAFKA_COMMIT_GROUP_OFFSETS = "exactly.kafka.commitGroupOffsets"
+#: the longest the reader waits for the group's answer to one commit (then logs, goes on)
+KAFKA_COMMIT_TIMEOUT_MS = "exactly.kafka.commitTimeoutMs"
+DEFAULT_COMMIT_GROUP_TIMEOUT_MS = 5_000
+#: the session's name of the job (``exactly run`` sets it to the job file's stem): the
+#: default consumer group of ``read_exactly_kafka`` is ``exactly-<job name>``
+SESSION_JOB_NAME = "spark.exactly.jobName"
 
 # -- Kafka reader (exactly.kafka read side; kafka.<option> goes to the consumers) ----------
 SUBSCRIBE = "subscribe"
@@ -119,7 +128,8 @@ SOURCE_OPTIONS: dict[str, tuple[str, ...]] = {
     "exactly.postgres": (*_CONNECTION, KEY_COLUMN, MAX_ROWS_PER_TRIGGER, NUM_PARTITIONS,
                          COLUMNS),
     "exactly.kafka": (KAFKA_BOOTSTRAP, SUBSCRIBE, STARTING_OFFSETS, MAX_OFFSETS_PER_TRIGGER,
-                      FAIL_ON_DATA_LOSS, KAFKA_READ_TIMEOUT_MS),
+                      FAIL_ON_DATA_LOSS, KAFKA_READ_TIMEOUT_MS, KAFKA_COMMIT_GROUP_OFFSETS,
+                      KAFKA_COMMIT_TIMEOUT_MS),
 }
 #: write side: format -> option names its sink reads
 SINK_OPTIONS: dict[str, tuple[str, ...]] = {

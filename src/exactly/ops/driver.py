@@ -242,7 +242,7 @@ def run_job(build: Callable[[SparkSession], Any] | str | Path, *, checkpoint: st
     """
     if isinstance(build, (str, Path)):
         job_file = load_job_file(build)
-        build_fn, conf, where = job_file.build, dict(job_file.spark_conf), str(job_file.path)
+        build_fn, conf, where = job_file.build, job_file.session_conf(), str(job_file.path)
     else:
         build_fn, conf, where = build, {}, getattr(build, "__name__", "build")
     run_id = new_run_id()
@@ -278,7 +278,8 @@ def resolve_checkpoint(spec: DriverSpec) -> str:
     job_file = load_job_file(spec.job_file)
     # building the job only defines its DataFrames: a small local session does (no cluster
     # application is registered for it)
-    spark = start_spark(replace(spec, master="local[1]", spark_ui=False), job_file.spark_conf)
+    spark = start_spark(replace(spec, master="local[1]", spark_ui=False),
+                        job_file.session_conf())
     try:
         job = check_job(job_file.build(spark), str(job_file.path))
     finally:
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job_file = load_job_file(spec.job_file)
         strategy = spec.restart_strategy()
-        spark = start_spark(spec, job_file.spark_conf)
+        spark = start_spark(spec, job_file.session_conf())
         outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),

@@ -85,6 +85,12 @@ class JobFile:
     build: Callable[[SparkSession], Job]
     spark_conf: Mapping[str, str]
 
+    def session_conf(self) -> dict[str, str]:
+        """The Spark settings the job's session starts with: the job's name
+        (``spark.exactly.jobName``, the file's stem, e.g. the default consumer group of
+        exactly's Kafka reader) unless ``SPARK_CONF`` names it, then ``SPARK_CONF``."""
+        return {opt.SESSION_JOB_NAME: self.path.stem, **self.spark_conf}
+
 
 def load_job_file(path: str | Path) -> JobFile:
     """Import the job file at ``path`` and check it follows the contract.

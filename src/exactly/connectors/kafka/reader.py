@@ -16,7 +16,13 @@ Options (``spark.readStream.format("exactly.kafka")``, case-insensitive, keys na
 ``failOnDataLoss``           ``true`` (default): fail when records to be read were deleted
                              (retention, ``DeleteRecords``); ``false``: skip them
 ``kafka.<librdkafka option>``  passed to the consumers; ``kafka.isolation.level`` defaults to
-                             ``read_committed``, ``kafka.group.id`` to a throw-away group
+                             ``read_committed``
+``kafka.group.id``           the consumer group the epochs' end offsets are committed to, for
+                             lag tools; default ``exactly-<subscribe>``
+                             (:func:`~exactly.connectors.kafka.source.read_exactly_kafka` gives
+                             ``exactly-<job name>`` in an ``exactly run`` job)
+``exactly.kafka.commitGroupOffsets``  ``true`` (default) | ``false``: commit to the group
+``exactly.kafka.commitTimeoutMs``  the longest one group commit may wait (default 5000)
 ``exactly.kafka.readTimeoutMs``  fail when fetching end offsets or reading a range makes no
                              progress for this long (default 120000)
 
@@ -30,11 +36,23 @@ records in ``[start, end)`` of each partition, so a replay reads the same record
 the high watermark under ``read_uncommitted`` and the last stable offset under
 ``read_committed``: every transaction below it is decided, so aborted records (and
 transaction markers, which occupy offsets) are never delivered, and a replay after a crash
-sees the same committed records. Consumer group offsets are never committed.
+sees the same committed records.
 ``maxOffsetsPerTrigger`` and the admission row budget count offsets, so an epoch holds at most
 that many records. Failures: an unreachable broker is retried for ``readTimeoutMs``, then the
 query fails with :class:`KafkaSourceError`; deleted records fail it with the same error when
 ``failOnDataLoss`` is true.
+
+Consumer group offsets, for lag tools only (:mod:`exactly.connectors.kafka.group_offsets`):
+once an epoch is complete (Spark's commit log holds it), its end offsets are committed to the
+group. Spark asks ``latestOffset(start, ...)`` for epoch n+1 only after writing epoch n's
+commit log entry, and ``start`` is epoch n's end, so the reader commits ``start`` there (its
+own ``commit(end)`` comes one epoch later still, and never for the last epoch before the input
+drains). The ``start`` of a new query's first epoch (its initial offsets) is not committed.
+The group's offsets are never read: positions come from the checkpoint only. A failed commit
+is logged and retried on the next trigger, never fatal; one waits at most
+``commitTimeoutMs``. Under Spark's async progress tracking (which Spark allows only with its
+own sinks) the commit log is written after the next epoch starts, so the group may show an
+epoch that a crash would replay.
 """
 
 from __future__ import annotations
@@ -69,6 +87,7 @@ from pyspark.sql.types import (
 from exactly import options as opt
 from exactly.connectors.admission import current_admission
 from exactly.connectors.kafka.broker import is_transient
+from exactly.connectors.kafka.group_offsets import GroupOffsets
 from exactly.errors import ConfigError, ExactlyError
 from exactly.retry import retry_call
 
@@ -90,7 +109,8 @@ ARROW_SCHEMA = pa.schema([
 #: every option name the reader knows, besides ``kafka.<librdkafka option>``
 READER_OPTIONS = frozenset({opt.KAFKA_BOOTSTRAP, opt.SUBSCRIBE, opt.STARTING_OFFSETS,
                             opt.MAX_OFFSETS_PER_TRIGGER, opt.FAIL_ON_DATA_LOSS,
-                            opt.KAFKA_ISOLATION_LEVEL, opt.KAFKA_READ_TIMEOUT_MS})
+                            opt.KAFKA_ISOLATION_LEVEL, opt.KAFKA_READ_TIMEOUT_MS,
+                            opt.KAFKA_COMMIT_GROUP_OFFSETS, opt.KAFKA_COMMIT_TIMEOUT_MS})
 #: options of Spark's built-in Kafka source that this reader does not have
 SPARK_ONLY_OPTIONS = ("subscribePattern", "assign", "endingOffsets", "includeHeaders",
                       "minOffsetsPerTrigger", "maxTriggerDelay", "startingTimestamp",
@@ -99,7 +119,8 @@ SPARK_ONLY_OPTIONS = ("subscribePattern", "assign", "endingOffsets", "includeHea
                       "kafkaConsumer.pollTimeoutMs", "minPartitions", "maxRecordsPerPartition",
                       "groupIdPrefix")
 #: librdkafka settings the reader owns: positions live in Spark's offset log only
-_RESERVED = {"enable.auto.commit": "positions live in Spark's offset log; nothing is committed",
+_RESERVED = {"enable.auto.commit": "positions live in Spark's offset log; completed epochs are "
+                                   f"committed to the group (see {opt.KAFKA_COMMIT_GROUP_OFFSETS})",
              "auto.offset.reset": f"use {opt.STARTING_OFFSETS} and {opt.FAIL_ON_DATA_LOSS}"}
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _EARLIEST, _LATEST = -2, -1
@@ -125,6 +146,9 @@ class KafkaReaderOptions:
     read_timeout_s: float = opt.DEFAULT_READ_TIMEOUT_MS / 1000
     #: ``kafka.*`` options without the prefix (bootstrap and isolation level included)
     consumer_conf: dict[str, str] = field(default_factory=dict)
+    #: the consumer group completed epochs are committed to; None: no commits
+    commit_group: str | None = None
+    commit_timeout_s: float = opt.DEFAULT_COMMIT_GROUP_TIMEOUT_MS / 1000
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaReaderOptions:
@@ -148,6 +172,11 @@ class KafkaReaderOptions:
             raise ConfigError(f"{_WHERE}: {opt.KAFKA_ISOLATION_LEVEL}={isolation!r} is not "
                               f"one of {' | '.join(ISOLATION_LEVELS)}")
         conf["isolation.level"] = isolation
+        group = conf.get("group.id")
+        if group is not None and not group.strip():
+            raise ConfigError(f"{_WHERE}: {opt.KAFKA_GROUP_ID} is empty; name the consumer "
+                              "group lag tools should show, or remove the option")
+        commits = _bool(given, opt.KAFKA_COMMIT_GROUP_OFFSETS, True)
         return cls(
             bootstrap=bootstrap, topics=topics,
             starting=parse_starting_offsets(
@@ -157,7 +186,20 @@ class KafkaReaderOptions:
             isolation_level=isolation,
             read_timeout_s=(_positive_int(given, opt.KAFKA_READ_TIMEOUT_MS)
                             or opt.DEFAULT_READ_TIMEOUT_MS) / 1000,
-            consumer_conf=conf)
+            consumer_conf=conf,
+            commit_group=(group or default_group(topics)) if commits else None,
+            commit_timeout_s=(_positive_int(given, opt.KAFKA_COMMIT_TIMEOUT_MS)
+                              or opt.DEFAULT_COMMIT_GROUP_TIMEOUT_MS) / 1000)
+
+
+def default_group(topics: tuple[str, ...]) -> str:
+    """The consumer group of a reader given no ``kafka.group.id``: ``exactly-<topics>``."""
+    return "exactly-" + ",".join(topics)
+
+
+def job_group(job_name: str) -> str:
+    """The consumer group of the reader of the job named ``job_name``: ``exactly-<name>``."""
+    return f"exactly-{job_name}"
 
 
 def check_option_names(options: Mapping[str, str]) -> None:
@@ -303,11 +345,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._consumer: Any = None  # driver side: metadata and watermarks (created lazily)
         self._target: Offsets | None = None  # availableNow: the end fixed at its start
         self._latest: Offsets | None = None  # the newest end seen, for reportLatestOffset
+        self._initial: Offsets | None = None  # initialOffset's answer: no epoch ended there
+        self._group: GroupOffsets | None = None  # created at the first commit
 
     # -- driver side ----------------------------------------------------------------------
     def _client_conf(self) -> dict[str, Any]:
         # a throw-away group unless kafka.group.id names one (e.g. for ACLs): nothing joins
-        # it (partitions are assigned) and nothing is committed to it
+        # it (partitions are assigned) and these consumers commit nothing (GroupOffsets does)
         return {"group.id": f"exactly-reader-{uuid.uuid4().hex}",
                 **self.options.consumer_conf, "bootstrap.servers": self.options.bootstrap,
                 "enable.auto.commit": False, "enable.auto.offset.store": False}
@@ -371,6 +415,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return dict(self._broker("fetch end offsets", fetch))
 
     def initialOffset(self) -> Offsets:
+        self._initial = self._initial_offsets()
+        return self._initial
+
+    def _initial_offsets(self) -> Offsets:
         marks = self.watermarks()
         starting = self.options.starting
         offsets: Offsets = {t: {} for t in self.options.topics}
@@ -429,6 +477,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ends
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        if start != self._initial:  # Spark wrote the commit log of the epoch ending at start
+            self._commit_group(start)
         budget = current_admission().row_budget(bounded_run=self._target is not None)
         if budget == 0:  # paused or closed: no epoch now
             return start
@@ -466,10 +516,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return found
 
     def commit(self, end: Offsets) -> None:
-        pass  # positions live in Spark's offset log; no consumer group offsets
+        # positions live in Spark's offset log; the group (for lag tools) has this epoch's
+        # end already (latestOffset committed it), unless Spark's order differs
+        self._commit_group(end, forward_only=True)
+
+    def _commit_group(self, offsets: Offsets, *, forward_only: bool = False) -> None:
+        """Commit a completed epoch's end to the group, when commits are on (never raises)."""
+        group = self.options.commit_group
+        if group is None:
+            return
+        if self._group is None:
+            self._group = GroupOffsets(
+                group, {**self.options.consumer_conf, "bootstrap.servers": self.options.bootstrap},
+                self.options.commit_timeout_s)
+        self._group.commit(offsets, forward_only=forward_only)
 
     def stop(self) -> None:
         self._drop_client()
+        if self._group is not None:
+            self._group.close()
 
     # -- executor side --------------------------------------------------------------------
     def read(self, partition: KafkaPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]

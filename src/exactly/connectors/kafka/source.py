@@ -113,9 +113,14 @@ def read_exactly_kafka(spark: SparkSession, bootstrap_servers: str, topics: str 
     ``{topic: {partition: offset}}`` (-2 = earliest, -1 = latest) and is used only on the
     first start; ``options`` adds reader options (``failOnDataLoss``, ``kafka.*``, ...).
 
+    Completed epochs are committed to a consumer group, for lag tools: ``kafka.group.id`` when
+    given, else ``exactly-<job name>`` when the session names its job (``exactly run`` sets
+    ``spark.exactly.jobName`` to the job file's name), else ``exactly-<topics>``;
+    ``exactly.kafka.commitGroupOffsets=false`` turns the commits off.
+
     Raises ConfigError, naming the fix, for a wrong or unknown option before Spark is asked.
     """
-    from exactly.connectors.kafka.reader import KafkaReaderOptions
+    from exactly.connectors.kafka.reader import KafkaReaderOptions, job_group
 
     names = [topics] if isinstance(topics, str) else list(topics)
     given: dict[str, str] = {opt.KAFKA_BOOTSTRAP: bootstrap_servers,
@@ -129,5 +134,8 @@ def read_exactly_kafka(spark: SparkSession, bootstrap_servers: str, topics: str 
     if max_offsets_per_trigger is not None:
         given[opt.MAX_OFFSETS_PER_TRIGGER] = str(max_offsets_per_trigger)
     given.update({k: str(v) for k, v in (options or {}).items()})
+    job = spark.conf.get(opt.SESSION_JOB_NAME, None)
+    if job and opt.KAFKA_GROUP_ID.lower() not in {k.lower() for k in given}:
+        given[opt.KAFKA_GROUP_ID] = job_group(job)
     KafkaReaderOptions.from_options(given)  # fail here, not when the query starts
     return spark.readStream.format("exactly.kafka").options(**given).load()
