@@ -221,3 +221,11 @@ def test_a_sink_interval_option_that_disagrees_with_the_checkpoint_interval_is_r
                                                     storage=str(tmp_path / "ck")))
     query.await_termination()
     assert len(data_files(tmp_path / "out")) >= 1
+
+
+def test_read_kafka_on_a_session_without_the_connector_names_kafka_true(spark):
+    from exactly.connectors.kafka.source import read_kafka
+
+    with pytest.raises(ConfigError, match=r"spark_session\(kafka=True\)") as error:
+        read_kafka(spark, "127.0.0.1:9", topics="never-read")
+    assert "exactly packages --kafka" in str(error.value)
