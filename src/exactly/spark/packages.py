@@ -28,8 +28,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from exactly import maven
 from exactly.connectors.kafka.jars import connector_conf, connector_packages
-from exactly.maven import EXCLUDES, IVY_SETTINGS, PACKAGES, Packages, merged_conf
+from exactly.maven import EXCLUDES, PACKAGES, Packages, merged_conf
 from exactly.spark import s3a as _s3a
 
 
@@ -90,10 +91,9 @@ def download(directory: Path, *, kafka: bool = False, s3a: bool = False) -> list
     wanted = packages(kafka=kafka, s3a=s3a)
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="exactly-ivy-") as ivy:
-        from exactly.maven import packages_conf as maven_conf
         from exactly.spark.session import spark_session
 
-        conf = {**maven_conf(wanted), "spark.jars.ivy": ivy}
+        conf = {**maven.packages_conf(wanted), "spark.jars.ivy": ivy}
         spark = spark_session(master="local[1]", app_name="exactly-packages", conf=conf)
         spark.stop()
         copied = []
@@ -103,6 +103,3 @@ def download(directory: Path, *, kafka: bool = False, s3a: bool = False) -> list
             copied.append(target)
     return copied
 
-
-__all__ = ["IVY_SETTINGS", "download", "kafka_packages", "packages", "packages_conf",
-           "s3a_packages", "submit_args"]
