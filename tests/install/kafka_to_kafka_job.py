@@ -10,7 +10,8 @@ Needs only the installed wheel, Java and a reachable broker (no checkout, no tes
 
 It creates two topics of its own, produces ``N`` records ``{"id": i}`` (unique ids), runs the
 job to the end of the input (``availableNow``, at most ``N/4`` records an epoch, so several
-epochs commit), reads the output with a ``read_committed`` consumer and prints one JSON line:
+epochs commit), reads the output with a ``read_committed`` consumer and prints one JSON line
+(the last stdout line starting with ``{``; Spark's Ivy writes a line there too):
 ``{"ok", "records", "found", "missing", "duplicates", "unexpected", "epochs", "jars"}``
 (``jars``: the jars the executors fetch from the driver). Exit status 0 only when every
 input id is in the output exactly once and nothing else is. ``--ivy`` is Spark's Ivy
