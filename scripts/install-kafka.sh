@@ -59,10 +59,9 @@ fetch() {  # fetch PROFILE EXTRA_MVN_ARGS...
 }
 
 fetch broker -DincludeScope=runtime
-fetch connector -DexcludeTransitive=true
 
 if [ -x .venv/bin/python ] && ! .venv/bin/python -c 'import confluent_kafka' 2>/dev/null; then
   log "installing confluent-kafka into .venv"
   .venv/bin/pip install -q 'confluent-kafka>=2.3'
 fi
-log "ready in $CACHE: $(ls "$CACHE/broker" | wc -l) broker jars, $(ls "$CACHE/connector" | wc -l) connector jars"
+log "ready in $CACHE: $(ls "$CACHE/broker" | wc -l) broker jars"

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Object storage for exactly. Idempotent, cached:
+# Object storage for exactly's tests. Idempotent, cached:
 #   - S3Proxy (org.gaul:s3proxy), the S3-compatible server of the tests  -> $CACHE/s3proxy/jars/
-#   - Spark's S3A file system (hadoop-aws + the AWS SDK v2 modules it needs), for
-#     checkpoints on s3a://                                              -> $CACHE/s3a/jars/
 # CACHE is the per-user cache ${XDG_CACHE_HOME:-~/.cache}/exactly, where
-# exactly.testing.s3_server and exactly.spark.object_store look (EXACTLY_S3PROXY_JARS /
-# EXACTLY_S3A_JARS name other directories instead); it does not depend on where exactly is
-# installed from. Jars come from Maven Central through scripts/<kind>/pom.xml and are fetched
+# exactly.testing.s3_server looks (EXACTLY_S3PROXY_JARS names another directory instead); it
+# does not depend on where exactly is installed from. Spark's S3A file system is not fetched
+# here: spark_session(s3a=True) asks Spark for it (spark.jars.packages), and
+# `exactly packages --s3a --download DIR` fills an offline directory (EXACTLY_S3A_JARS). Jars come from Maven Central through scripts/<kind>/pom.xml and are fetched
 # again only when that pom changes. Called by scripts/setup.sh; runs on its own too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,4 +46,3 @@ fetch() {  # fetch KIND: the runtime jars of scripts/KIND/pom.xml into $cache_ho
 }
 
 fetch s3proxy
-fetch s3a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -357,6 +358,33 @@ def faults() -> None:
     for info in registered_points().values():
         where = "driver" if info.on_driver else "executor"
         click.echo(f"{info.name:24} {where:9} {info.description}")
+
+
+@main.command()
+@click.option("--kafka", is_flag=True, help="Spark's Kafka connector (format(\"kafka\")).")
+@click.option("--s3a", is_flag=True, help="Spark's S3A file system (checkpoints on s3a://).")
+@click.option("--submit", is_flag=True, help="Print spark-submit arguments, not settings.")
+@click.option("--download", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Resolve the jars from Maven Central and copy them into this directory "
+                   "(for EXACTLY_KAFKA_CONNECTOR_JARS / EXACTLY_S3A_JARS offline).")
+@reports_failure("packages")
+def packages(kafka: bool, s3a: bool, submit: bool, download: Path | None) -> None:
+    """The jars PySpark lacks, the Spark way: the settings (`key=value` a line) that make
+    Spark resolve them from Maven Central when the driver starts, for spark-submit --conf
+    or a notebook's session builder. spark_session(kafka=True, s3a=True) applies the same.
+    """
+    from exactly.spark import packages as jars
+
+    if not (kafka or s3a):
+        raise click.UsageError("name what to load: --kafka, --s3a or both")
+    if download is not None:
+        for jar in jars.download(download, kafka=kafka, s3a=s3a):
+            click.echo(str(jar))
+    elif submit:
+        click.echo(" ".join(shlex.quote(a) for a in jars.submit_args(kafka=kafka, s3a=s3a)))
+    else:
+        for key, value in jars.packages_conf(kafka=kafka, s3a=s3a).items():
+            click.echo(f"{key}={value}")
 
 
 @main.command()

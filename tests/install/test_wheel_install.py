@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from exactly.testing.ports import free_port
 from exactly.testing.ui import headless_chromium, ui_server
 from exactly.testing.waits import wait_until
 
@@ -68,10 +72,11 @@ def committed(checkpoint: Path) -> list[int]:
 
 
 def run_until_drained(installed_wheel, checkpoint: Path, env: dict[str, str], *args: str,
-                      after_epoch: int = -1, savepoint: Path | None = None) -> str:
+                      after_epoch: int = -1, savepoint: Path | None = None,
+                      while_running: Callable[[], None] | None = None) -> str:
     """``exactly run JOB`` in the background until it committed an epoch after
-    ``after_epoch``, then ``exactly stop --drain`` (with ``--savepoint``); returns the stop's
-    output."""
+    ``after_epoch`` (then calls ``while_running``), then ``exactly stop --drain`` (with
+    ``--savepoint``); returns the stop's output."""
     log = checkpoint.parent / f"{checkpoint.name}.log"
     proc = installed_wheel.start("exactly", "run", JOB, "--checkpoint", checkpoint, *args,
                                  log=log, env=env)
@@ -80,6 +85,8 @@ def run_until_drained(installed_wheel, checkpoint: Path, env: dict[str, str], *a
                                                           default=-1) > after_epoch,
                    f"a committed epoch in {checkpoint}", timeout=300)
         assert proc.poll() is None, log.read_text()[-5000:]
+        if while_running is not None:
+            while_running()
         stop = installed_wheel.run("exactly", "stop", "--drain", *(
             ["--savepoint", savepoint] if savepoint else []), checkpoint, env=env)
         assert proc.wait(timeout=120) == 0, log.read_text()[-5000:]
@@ -90,10 +97,28 @@ def run_until_drained(installed_wheel, checkpoint: Path, env: dict[str, str], *a
     return stop.stdout
 
 
+J, T = "flink_jobmanager_job_", "flink_taskmanager_job_task_"
+
+
+def scrape(port: int) -> dict[str, float] | None:
+    """``{metric name: value}`` of the job ``exactly run --metrics-port`` serves (job-level
+    samples only); None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if not sample.labels.get("part") and not sample.labels.get("operator_name")}
+
+
 @pytest.fixture(scope="module")
-def restored(installed_wheel) -> tuple[Path, dict, pd.DataFrame]:
+def restored(installed_wheel) -> tuple[Path, dict, pd.DataFrame, dict, dict]:
     """A job run on 2 state partitions, stopped with a savepoint, restored from it with
-    ``--parallelism 4`` and run over more input: (checkpoint, restore record, all input)."""
+    ``--parallelism 4`` and run over more input: (checkpoint, restore record, all input, the
+    restored run's ``/metrics`` once its input drained, ``exactly checkpoints --json`` read
+    right after that scrape)."""
     base = installed_wheel.workdir / "restore"
     base.mkdir()
     inputs, out, savepoints = base / "in", base / "out", base / "savepoints"
@@ -104,17 +129,32 @@ def restored(installed_wheel) -> tuple[Path, dict, pd.DataFrame]:
     [savepoint] = savepoints.glob("savepoint-*")
     assert str(savepoint) in stopped
     write_input(inputs, 4, 2, 50, seed=2)
-    ck2 = base / "ck2"
+    ck2, port, seen = base / "ck2", free_port(), {}
+
+    def scrape_drained() -> None:
+        """Scrape until the restored run read its 100 new rows and no epoch is in flight,
+        then read ``exactly checkpoints --json`` (nothing runs between: no new input)."""
+        def drained() -> bool:
+            values = scrape(port)
+            if values and values.get(T + "numRecordsIn", 0) >= 100 \
+                    and values.get(J + "numberOfInProgressCheckpoints") == 0:
+                seen["metrics"] = values
+            return "metrics" in seen
+        wait_until(drained, "the restored run's input on /metrics", timeout=120)
+        shown = installed_wheel.run("exactly", "checkpoints", ck2, "--json")
+        seen["overview"] = json.loads(shown.stdout)
+
     run_until_drained(installed_wheel, ck2, env, "-s", str(savepoint), "--parallelism", "4",
-                      after_epoch=max(committed(base / "ck1")))
+                      "--metrics-port", str(port), after_epoch=max(committed(base / "ck1")),
+                      while_running=scrape_drained)
     record = json.loads((ck2 / "exactly-job" / "restore.json").read_text())
     rows = pd.concat([pd.read_json(f, lines=True) for f in sorted(inputs.glob("*.jsonl"))])
-    return ck2, record, rows
+    return ck2, record, rows, seen["metrics"], seen["overview"]
 
 
 def test_a_savepoint_restored_rescaled_2_to_4_rewrites_state_with_the_wheels_state_writer(
         installed_wheel, restored):
-    ck2, record, rows = restored
+    ck2, record, rows, _, _ = restored
     assert record["state"] == "done" and record["partitions"] == "2->4"
     assert record["restored"] == ["totals: #0->#0 (rewrite)"]  # exactly's state writer
     # the state writer the driver put on the class path is the wheel's (none compiled: no
@@ -136,6 +176,26 @@ def test_a_savepoint_restored_rescaled_2_to_4_rewrites_state_with_the_wheels_sta
     assert result["total"].tolist() == expected["total"].tolist()
 
 
+def test_the_restored_run_serves_flink_named_metrics_equal_to_checkpoints_json(restored):
+    """``exactly run --metrics-port`` from the wheel: once the restored run drained its new
+    input, its ``/metrics`` under Flink's names equal ``exactly checkpoints --json`` read right
+    after, and ``numRecordsIn`` counts the rows the restored run read (100, the input written
+    after the savepoint; the 200 before it live only in the restored state)."""
+    *_, metrics, overview = restored
+    counts, latest = overview["counts"], overview["latest"]["completed"]
+    assert metrics[J + "numberOfCompletedCheckpoints"] == counts["completed"] > 0
+    assert metrics[J + "numberOfFailedCheckpoints"] == counts["failed"] == 0
+    assert metrics[J + "numberOfInProgressCheckpoints"] == counts["in_progress"] == 0
+    assert metrics[J + "totalNumberOfCheckpoints"] == counts["triggered"]
+    assert metrics[J + "numRestarts"] == counts["restarts"] == 0
+    assert metrics[J + "lastCheckpointDuration"] == latest["duration_ms"]
+    assert metrics[J + "lastCheckpointSize"] == latest["new_bytes"]
+    assert metrics[J + "lastCheckpointFullSize"] == latest["full_bytes"]
+    assert metrics[J + "lastCompletedCheckpointId"] == latest["epoch"]
+    assert metrics[T + "numRecordsIn"] == 100
+    assert metrics[J + "uptime"] > 0 and metrics[J + "downtime"] == 0
+
+
 #: the dashboard's charts: the Chart.js version loaded, the points of the duration chart and
 #: how many pixels of each canvas are drawn
 CHARTS = """
@@ -154,7 +214,7 @@ return {
 
 def test_the_dashboard_of_the_restored_job_shows_its_charts_in_chromium(installed_wheel,
                                                                          restored):
-    ck2, record, _ = restored
+    ck2, record, *_ = restored
     pin = json.loads((installed_wheel.site_packages / "exactly" / "monitoring" / "static"
                       / "vendor" / "chart.js.pin").read_text())
     ran = [epoch for epoch in committed(ck2) if epoch > record["epoch"]]

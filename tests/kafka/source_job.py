@@ -1,5 +1,5 @@
-"""Run by test_kafka_source.py in its own process (Spark's connector jars must be on the
-classpath when the JVM starts): reads topics with
+"""Run by test_kafka_source.py in its own process (Spark's connector, spark_session(kafka=True),
+loads when the JVM starts): reads topics with
 exactly.connectors.kafka.source.read_kafka and prints one JSON line of findings."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 
 def main(bootstrap: str, topic: str, pattern: str, workdir: str) -> None:
-    from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
+    from exactly.connectors.kafka.source import read_kafka
     from exactly.spark.session import spark_session
 
-    spark = spark_session(app_name="exactly-kafka-source-test", conf=spark_kafka_conf())
+    spark = spark_session(app_name="exactly-kafka-source-test", kafka=True)
     found: dict[str, object] = {}
     try:
         def drain(name: str, df, **_: object) -> list[int]:

@@ -1,4 +1,5 @@
-"""Where the Kafka jars are looked for (exactly.connectors.kafka.jars), without a broker."""
+"""Where the Kafka jars are looked for (exactly.connectors.kafka.jars), without a broker: the
+connector's offline directory, the broker's jars in the per-user cache."""
 
 from __future__ import annotations
 
@@ -20,14 +21,19 @@ def test_an_explicit_directory_wins(monkeypatch, tmp_path):
     assert jars.connector_jars() == sorted(str(p) for p in tmp_path.glob("*.jar"))
 
 
-def test_else_the_per_user_cache_never_the_source_tree(monkeypatch, tmp_path):
+def test_without_the_offline_directory_the_connector_comes_from_maven_central(monkeypatch):
     monkeypatch.delenv(jars.CONNECTOR_ENV, raising=False)
-    monkeypatch.delenv(jars.BROKER_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert jars.jars_dir("connector", jars.CONNECTOR_ENV) == tmp_path / "exactly/kafka/connector"
-    with pytest.raises(ConfigError, match=r"run scripts/setup\.sh") as info:
+    assert "spark.jars" not in jars.connector_conf()
+    with pytest.raises(ConfigError, match=r"spark_session\(kafka=True\)") as info:
         jars.connector_jars()
     assert jars.CONNECTOR_ENV in str(info.value)
+
+
+def test_the_broker_jars_are_in_the_per_user_cache_never_the_source_tree(monkeypatch,
+                                                                          tmp_path):
+    monkeypatch.delenv(jars.BROKER_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert jars.jars_dir("broker", jars.BROKER_ENV) == tmp_path / "exactly/kafka/broker"
     with pytest.raises(ConfigError, match=jars.BROKER_ENV):
         broker_jars_dir()
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # ignored, as the XDG spec says

@@ -221,3 +221,26 @@ def test_a_sink_interval_option_that_disagrees_with_the_checkpoint_interval_is_r
                                                     storage=str(tmp_path / "ck")))
     query.await_termination()
     assert len(data_files(tmp_path / "out")) >= 1
+
+
+def test_read_kafka_on_a_session_without_the_connector_names_kafka_true(spark):
+    from exactly.connectors.kafka.source import read_kafka
+
+    with pytest.raises(ConfigError, match=r"spark_session\(kafka=True\)") as error:
+        read_kafka(spark, "127.0.0.1:9", topics="never-read")
+    assert "exactly packages --kafka" in str(error.value)
+
+
+def test_a_package_spark_cannot_resolve_fails_the_start_naming_the_offline_override(tmp_path):
+    script = textwrap.dedent(f"""
+        from exactly.spark.session import spark_session
+        spark_session(conf={{"spark.jars.packages": "dev.exactly.missing:nothing:0.0.1",
+                             "spark.jars.ivy": {str(tmp_path / "ivy")!r}}})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("exactly.errors.ConfigError: Spark's driver did not start"), last
+    assert "dev.exactly.missing:nothing:0.0.1" in last and "EXACTLY_S3A_JARS" in last
+    assert "unresolved dependency: dev.exactly.missing#nothing" in done.stderr

@@ -1,8 +1,10 @@
-"""Spark settings for checkpoints on s3a:// (exactly.spark.s3a): the jars on the class path
-and fs.s3a.* from the AWS_* variables, with the mistakes refused in one line."""
+"""Spark settings for checkpoints on s3a:// (exactly.spark.s3a): the jars (Maven coordinates,
+or an offline directory on the class path) and fs.s3a.* from the AWS_* variables, with the
+mistakes refused in one line."""
 
 from __future__ import annotations
 
+import pyspark
 import pytest
 
 from exactly.errors import ConfigError
@@ -45,8 +47,19 @@ def test_a_plain_http_endpoint_needs_an_explicit_allowance(jars):
         s3a.s3a_conf({"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
 
 
-def test_missing_jars_name_the_installer_and_the_variable(tmp_path, monkeypatch):
+def test_missing_jars_name_the_download_command_and_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(s3a.JARS_ENV, str(tmp_path / "none"))
-    with pytest.raises(ConfigError, match=r"install-objectstore\.sh") as error:
+    with pytest.raises(ConfigError, match=r"exactly packages --s3a --download") as error:
         s3a.jars_dir()
     assert "EXACTLY_S3A_JARS" in str(error.value)
+
+
+def test_without_the_offline_directory_spark_resolves_s3a_from_maven_central(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.delenv(s3a.JARS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    conf = s3a.s3a_conf({})
+    assert "spark.driver.extraClassPath" not in conf
+    assert conf["spark.jars.packages"].split(",") == list(
+        s3a.S3A_PACKAGES[pyspark.__version__].coordinates)
+    assert "software.amazon.awssdk:bundle" in conf["spark.jars.excludes"].split(",")

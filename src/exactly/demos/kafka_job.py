@@ -42,7 +42,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from exactly import options as opt
 from exactly.config import CheckpointConfig
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
-from exactly.connectors.kafka.source import read_kafka, spark_kafka_conf
+from exactly.connectors.kafka.source import read_kafka
 from exactly.demos.fault_flags import add_fault_flags, fault_of
 from exactly.ops.query import start_query, with_sink_log_dir
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec, maybe_crash
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
 def _session(checkpoint: str) -> SparkSession:
     from exactly.spark.session import spark_session
 
-    return spark_session(app_name="exactly-kafka-job", conf=spark_kafka_conf(),
+    return spark_session(app_name="exactly-kafka-job", kafka=True,
                          s3a=checkpoint.startswith("s3a://"))
 
 

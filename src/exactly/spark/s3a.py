@@ -1,12 +1,14 @@
 """Spark's checkpoint on S3 (``s3a://``): the S3A jars and their settings for a session.
 
-PySpark ships Hadoop's client without S3A. ``scripts/install-objectstore.sh`` fetches
-``hadoop-aws`` at PySpark's Hadoop version with only the AWS SDK v2 modules S3A loads
-(35 jars, 12 MB, instead of the 659 MB SDK bundle) into ``~/.cache/exactly/s3a/jars``
-(``EXACTLY_S3A_JARS`` names another directory). :func:`s3a_conf` turns them and the usual
-``AWS_*`` environment variables into Spark settings; ``spark_session(s3a=True)`` applies
-them. On a cluster, every node needs the jars at the same path (or pass them with
-``--jars``).
+PySpark ships Hadoop's client without S3A. :func:`s3a_conf` asks Spark for it the Spark way:
+``hadoop-aws`` at PySpark's Hadoop version with only the AWS SDK v2 modules S3A loads (35
+jars, 12 MB, instead of the 659 MB SDK bundle), as exact Maven coordinates for the installed
+PySpark (:data:`S3A_PACKAGES`) in ``spark.jars.packages``, resolved from Maven Central and
+cached by Spark when the driver starts (:mod:`exactly.maven`); plus the usual ``AWS_*``
+environment variables as Spark settings. ``spark_session(s3a=True)`` applies them. For a
+cluster without Maven Central, ``EXACTLY_S3A_JARS`` names a directory holding the jars
+instead (put on the driver's and executors' class path, nothing resolved; every node needs
+them at that path): fill it with ``exactly packages --s3a --download DIR``.
 
 What a checkpoint on S3A relies on: Spark writes each checkpoint file to a temporary name
 and renames it, which on S3 is a copy and a delete -- not atomic, but every file is written
@@ -22,22 +24,68 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError
+from exactly.maven import Packages, for_pyspark, packages_conf
 from exactly.objectstore import S3_KEYS, checked_endpoint
 
 JARS_ENV = "EXACTLY_S3A_JARS"
 _HADOOP = "spark.hadoop.fs.s3a."
+_WHAT = "Spark's S3A jars (hadoop-aws and the AWS SDK modules it needs)"
+
+#: S3A per PySpark version: hadoop-aws at the version of PySpark's hadoop-client, without
+#: the AWS SDK bundle (659 MB); instead the SDK modules S3A loads, at the SDK version
+#: hadoop-aws declares: s3, s3-transfer-manager (ObjectTransfer; netty-nio-client comes with
+#: it, for RocksDB state uploads) and, from hadoop-aws, analyticsaccelerator-s3. Left out:
+#: what pyspark/jars already has (netty, httpclient/httpcore, commons-codec, slf4j-api, ...;
+#: checked by tests/unit/test_maven_packages.py). Resolved: 35 jars, 12 MB.
+S3A_PACKAGES: dict[str, Packages] = {
+    "4.3.0": Packages(
+        coordinates=("org.apache.hadoop:hadoop-aws:3.5.0",
+                     "software.amazon.awssdk:s3:2.35.4",
+                     "software.amazon.awssdk:s3-transfer-manager:2.35.4"),
+        excludes=("software.amazon.awssdk:bundle",
+                  "org.wildfly.openssl:wildfly-openssl",
+                  "io.netty:*",
+                  "org.apache.httpcomponents:httpclient",
+                  "org.apache.httpcomponents:httpcore",
+                  "commons-codec:commons-codec",
+                  "commons-logging:commons-logging",
+                  "org.slf4j:slf4j-api")),
+}
+
+
+def s3a_packages(version: str | None = None) -> Packages:
+    """S3A's coordinates for the installed PySpark (or ``version``); raises ConfigError,
+    naming ``EXACTLY_S3A_JARS``, for a version exactly does not know."""
+    return for_pyspark(S3A_PACKAGES, _WHAT, JARS_ENV, version)
 
 
 def jars_dir() -> Path:
-    """The directory of the S3A jars; raises ConfigError naming both fixes if missing."""
-    directory = configured_dir(JARS_ENV, user_cache("s3a") / "jars")
-    if any(directory.glob("hadoop-aws-*.jar")):
+    """The directory ``EXACTLY_S3A_JARS`` names (the offline override); raises ConfigError
+    naming the fix when it is unset or holds no ``hadoop-aws`` jar."""
+    configured = os.environ.get(JARS_ENV)
+    if not configured:
+        raise ConfigError(f"{JARS_ENV} is not set: it names a directory holding {_WHAT} for "
+                          "a cluster without Maven Central; without it, "
+                          "spark_session(s3a=True) resolves them from Maven Central")
+    directory = Path(configured).expanduser()
+    if any(directory.glob("*hadoop-aws-*.jar")):
         return directory
-    raise missing_jars("Spark's S3A jars (hadoop-aws and the AWS SDK modules it needs)",
-                       directory, JARS_ENV, "scripts/install-objectstore.sh",
-                       user_cache("s3a") / "jars")
+    raise ConfigError(
+        f"{_WHAT} are missing in {directory} (from {JARS_ENV}): fill it with "
+        f"`exactly packages --s3a --download {directory}` on a machine that reaches Maven "
+        f"Central, or unset {JARS_ENV} to let Spark resolve them")
+
+
+def jars_conf() -> dict[str, str]:
+    """Spark settings that load S3A when the JVM starts: the directory ``EXACTLY_S3A_JARS``
+    names on the driver's and executors' class path when it is set (offline), else
+    ``spark.jars.packages`` (:func:`s3a_packages`)."""
+    if os.environ.get(JARS_ENV):
+        classpath = f"{jars_dir()}/*"
+        return {"spark.driver.extraClassPath": classpath,
+                "spark.executor.extraClassPath": classpath}
+    return packages_conf(s3a_packages())
 
 
 def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -52,9 +100,7 @@ def s3a_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     markers); Spark's UI redacts the secret key and token. Raises ConfigError naming the
     fix."""
     env = os.environ if env is None else env
-    classpath = f"{jars_dir()}/*"
-    conf = {"spark.driver.extraClassPath": classpath,
-            "spark.executor.extraClassPath": classpath}
+    conf = jars_conf()
     for key in S3_KEYS:
         if env.get(key):
             conf[f"spark.executorEnv.{key}"] = env[key]
@@ -83,11 +129,21 @@ def require_s3a(spark, location: str) -> None:
     """Fail in one line when ``location`` is on ``s3a://`` and the session cannot open it."""
     if not location.startswith("s3a://"):
         return
-    try:
-        spark.sparkContext._jvm.java.lang.Class.forName("org.apache.hadoop.fs.s3a.S3AFileSystem")
-    except Exception:  # py4j wraps the ClassNotFoundException
+    if not has_class(spark, "org.apache.hadoop.fs.s3a.S3AFileSystem"):
         raise ConfigError(
             f"checkpoint {location}: this Spark session has no S3A file system; create it "
-            "with exactly.spark.session.spark_session(s3a=True) (the jars come from "
-            "scripts/install-objectstore.sh, the settings from the AWS_* environment "
-            "variables)") from None
+            "with exactly.spark.session.spark_session(s3a=True) (Spark resolves the jars "
+            "from Maven Central, or takes them from EXACTLY_S3A_JARS; the settings come "
+            "from the AWS_* environment variables), or pass the settings of "
+            "`exactly packages --s3a` to spark-submit")
+
+
+def has_class(spark, name: str) -> bool:
+    """True when the driver loads class ``name`` the way Spark loads a data source or file
+    system: from its class path and from the jars added at start (``spark.jars``,
+    ``spark.jars.packages``), which the JVM's system class loader does not see."""
+    try:
+        spark.sparkContext._jvm.org.apache.spark.util.Utils.classForName(name, True, False)
+    except Exception:  # py4j wraps the ClassNotFoundException
+        return False
+    return True

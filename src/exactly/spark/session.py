@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import sys
+from typing import Any
 from urllib.parse import urlsplit
 
 from pyspark.sql import SparkSession
@@ -109,17 +110,30 @@ def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | Non
 def spark_session(master: str | None = None, app_name: str = "exactly",
                   conf: dict[str, str] | None = None, *, ui: bool = False,
                   shuffle_partitions: int | None = None,
-                  adaptive: bool | None = None, s3a: bool = False) -> SparkSession:
+                  adaptive: bool | None = None, s3a: bool = False,
+                  kafka: bool = False) -> SparkSession:
     """Get or create a session with exactly's sources registered (settings:
     :func:`session_conf`).
 
-    ``s3a=True`` adds Spark's S3A file system, for checkpoints on ``s3a://`` (jars and
-    settings: :func:`exactly.spark.s3a.s3a_conf`, from the ``AWS_*`` environment variables).
+    ``kafka=True`` adds Spark's Kafka connector (``format("kafka")``,
+    :func:`exactly.connectors.kafka.source.read_kafka`); ``s3a=True`` adds Spark's S3A file
+    system, for checkpoints on ``s3a://`` (settings from the ``AWS_*`` environment
+    variables: :func:`exactly.spark.s3a.s3a_conf`). Both ask Spark for their jars with
+    ``spark.jars.packages``: the exact Maven coordinates for the installed PySpark, resolved
+    from Maven Central into Spark's Ivy cache when the JVM starts (the first start downloads,
+    later ones find them cached; :mod:`exactly.spark.packages`), or, when
+    ``EXACTLY_KAFKA_CONNECTOR_JARS`` / ``EXACTLY_S3A_JARS`` name a directory of jars, those
+    jars with no resolution (a cluster without Maven Central). Raises ConfigError for a
+    PySpark version exactly has no coordinates for; a failed resolution fails the start with
+    Spark's error (an unreachable repository, a missing artifact). Most sessions need
+    neither: each start with them pays the resolution (half a second to a second warm).
 
     ``master`` defaults to ``EXACTLY_SPARK_MASTER``, else ``local[2]``. ``ui=True`` keeps
     Spark's web UI (on 127.0.0.1 for masters on this machine). ``conf`` overrides every
-    other setting. Settings apply when this call creates the session; an existing session
-    is returned as it is, except for the SQL settings ``getOrCreate`` applies to it. Python
+    other setting, except the lists ``spark.jars``, ``spark.jars.packages`` and
+    ``spark.jars.excludes``, which it extends. Settings apply when this call creates the
+    session; an existing session is returned as it is, except for the SQL settings
+    ``getOrCreate`` applies to it. Python
     workers run the interpreter of this process (``PYSPARK_PYTHON``), so they see the same
     installed packages, exactly included. The driver loads its classes from exactly's class
     archive when one is built (:mod:`exactly.spark.class_archive`).
@@ -130,10 +144,7 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     if on_this_machine(master):
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)  # the UI and block manager too
     builder = SparkSession.builder.master(master).appName(app_name)
-    if s3a:
-        from exactly.spark.s3a import s3a_conf
-
-        conf = {**s3a_conf(), **(conf or {})}
+    conf = _with_jars(conf or {}, kafka=kafka, s3a=s3a)
     settings = session_conf(master, ui=ui, shuffle_partitions=shuffle_partitions,
                             adaptive=adaptive, conf=conf)
     settings = with_env_java_options(settings)
@@ -143,10 +154,60 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
         settings["spark.jars"] = jars
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # PySparkRuntimeError: [JAVA_GATEWAY_EXITED] ...
+        if settings.get("spark.jars.packages") and "JAVA_GATEWAY_EXITED" in str(exc):
+            raise ConfigError(
+                "Spark's driver did not start; it resolves spark.jars.packages ("
+                f"{settings['spark.jars.packages']}) from Maven Central first, and the lines "
+                "above say why that failed ('download failed', 'unresolved dependency': no "
+                "network, or a repository that lacks them). Reach Maven Central or a mirror "
+                "(spark.jars.repositories), or set EXACTLY_KAFKA_CONNECTOR_JARS / "
+                "EXACTLY_S3A_JARS to directories of the jars (exactly packages --download)"
+            ) from exc
+        raise
+    ship_resolved_jars(spark)
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))
     register(spark)
     return spark
+
+
+def ship_resolved_jars(spark: SparkSession) -> list[str]:
+    """Hand the executors the jars ``spark.jars.packages`` resolved; returns those added.
+
+    spark-submit resolves the packages, puts their jars on the driver's class path and
+    lists them in the JVM's ``spark.jars`` property; but PySpark's builder sets ``spark.jars``
+    again from its own settings (exactly's state writer, a user's jars), and the jars the
+    executors fetch follow that list, so the resolved ones would reach the driver only (a
+    Kafka source or S3A failing on a cluster's executors). Added here with ``addJar``, which
+    executors fetch before their next task; jars already shared are left alone."""
+    jsc = spark.sparkContext._jsc.sc()
+    jvm: Any = spark.sparkContext._jvm
+    started_with = str(jvm.java.lang.System.getProperty("spark.jars") or "")
+    shared = {j.rsplit("/", 1)[-1] for j in str(jsc.listJars().mkString(",")).split(",") if j}
+    added = []
+    for jar in (j for j in started_with.split(",") if j):
+        if jar.rsplit("/", 1)[-1] not in shared:
+            jsc.addJar(jar)
+            added.append(jar)
+    return added
+
+
+def _with_jars(conf: dict[str, str], *, kafka: bool, s3a: bool) -> dict[str, str]:
+    """``conf`` over the settings that load the Kafka connector and S3A (lists merged)."""
+    from exactly.maven import merged_conf
+
+    base: dict[str, str] = {}
+    if kafka:
+        from exactly.connectors.kafka.jars import connector_conf
+
+        base = merged_conf(base, connector_conf())
+    if s3a:
+        from exactly.spark.s3a import s3a_conf
+
+        base = merged_conf(base, s3a_conf())
+    return merged_conf(base, conf) if base else conf
 
 
 def with_env_java_options(settings: dict[str, str]) -> dict[str, str]:

@@ -19,10 +19,13 @@ move them. What this helper adds are the defaults an exactly-once pipeline wants
   were read;
 * ``fetchOffset.numRetries`` - ride out a broker restart while fetching end offsets.
 
-The connector jar and the jars it needs come from the per-user cache that
-``scripts/install-kafka.sh`` fills, or from the directory ``EXACTLY_KAFKA_CONNECTOR_JARS``
-names (:mod:`exactly.connectors.kafka.jars`); pass :func:`spark_kafka_conf` to the session
-builder (``exactly.spark.session.spark_session(conf=...)``).
+The connector is not in PySpark: start the session with
+``exactly.spark.session.spark_session(kafka=True)``, which asks Spark for it with
+``spark.jars.packages`` (exact Maven coordinates for the installed PySpark, resolved from
+Maven Central and cached by Spark; :mod:`exactly.connectors.kafka.jars`), or give another
+builder / ``spark-submit`` the settings of :func:`spark_kafka_conf` (``exactly packages
+--kafka``). ``EXACTLY_KAFKA_CONNECTOR_JARS`` names a directory of jars instead, for clusters
+without Maven Central.
 """
 
 from __future__ import annotations
@@ -33,18 +36,23 @@ from collections.abc import Mapping
 from pyspark.sql import DataFrame, SparkSession
 
 from exactly import options as opt
-from exactly.connectors.kafka.jars import connector_jars
+from exactly.connectors.kafka.jars import connector_conf
 from exactly.errors import ConfigError
 
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+#: the fix named when a session has no Kafka connector
+NO_CONNECTOR = ("this Spark session has no Kafka connector (format(\"kafka\")): create it "
+                "with exactly.spark.session.spark_session(kafka=True), or give spark-submit "
+                "or the session builder the settings `exactly packages --kafka` prints "
+                "(spark.jars.packages); Spark reads them only when its JVM starts")
 
 
 def spark_kafka_conf() -> dict[str, str]:
-    """Spark settings that load the Kafka connector (``spark.jars``) from the install cache.
-
-    Spark reads ``spark.jars`` only when the JVM starts: give this to the first session.
-    """
-    return {"spark.jars": ",".join(connector_jars())}
+    """Spark settings that load the Kafka connector when the JVM starts: its Maven
+    coordinates (``spark.jars.packages``), or the jars of ``EXACTLY_KAFKA_CONNECTOR_JARS``
+    (``spark.jars``). The same as ``spark_session(kafka=True)`` applies; give it to the
+    first session (a running JVM ignores it)."""
+    return connector_conf()
 
 
 def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
@@ -61,7 +69,8 @@ def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
     (-2 = earliest, -1 = latest). Extra ``options`` go to the connector unchanged
     (``kafka.*`` ones to its consumers).
 
-    Raises ConfigError for a wrong combination, naming the fix.
+    Raises ConfigError for a wrong combination, or for a session without the connector,
+    naming the fix.
     """
     if (topics is None) == (pattern is None):
         raise ConfigError("read_kafka: give exactly one of topics=... or pattern=...")
@@ -96,7 +105,12 @@ def read_kafka(spark: SparkSession, bootstrap_servers: str, *,
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     for key, value in (options or {}).items():
         reader = reader.option(key, value)
-    return reader.load()
+    try:
+        return reader.load()
+    except Exception as exc:  # pyspark's AnalysisException: [DATA_SOURCE_NOT_FOUND] ...
+        if "DATA_SOURCE_NOT_FOUND" in str(exc) or "Failed to find data source: kafka" in str(exc):
+            raise ConfigError(f"read_kafka: {NO_CONNECTOR}") from exc
+        raise
 
 
 def read_exactly_kafka(spark: SparkSession, bootstrap_servers: str, topics: str | list[str],
