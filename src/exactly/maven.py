@@ -46,10 +46,12 @@ IVY_SETTINGS_XML = f"""<?xml version="1.0" encoding="UTF-8"?>
      ~/.m2 (a pom there without its jar fails the resolution), no spark-packages.org. Spark
      sets the cache (spark.jars.ivy, else ~/.ivy2.5.2) and adds spark.jars.repositories
      after this resolver. The resolver's name is that of Spark's own Maven Central resolver,
-     so that a cache Spark filled before stays usable. Written by exactly; edits are
-     overwritten. -->
+     so that a cache Spark filled before stays usable. Cache entries are locked (NIO file
+     locks): drivers starting at once on a fresh cache would otherwise fail each other's
+     downloads. Written by exactly; edits are overwritten. -->
 <ivysettings>
   <settings defaultResolver="central"/>
+  <caches lockStrategy="artifact-lock-nio"/>
   <resolvers>
     <ibiblio name="central" m2compatible="true" usepoms="true"
              root="{MAVEN_CENTRAL}"/>

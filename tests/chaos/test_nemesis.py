@@ -309,7 +309,11 @@ def pg_proxy(pg):
         yield proxy
 
 
-@pytest.mark.parametrize("sink", ["postgres", "wal"])
+@pytest.mark.parametrize("sink", [
+    "postgres",
+    # CI budget (issue 30, 41.6 s): the write-ahead sink's default-lane proof under faults is
+    # its kills on the cluster (tests/chaos/test_cluster_lane.py[wal])
+    pytest.param("wal", marks=pytest.mark.slow)])
 def test_a_postgres_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, pg, conn, table_name, pg_proxy, sink):
     target = _pg_target(sink, pg, conn, table_name, pg_proxy)

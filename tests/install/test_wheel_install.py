@@ -2,14 +2,16 @@
 cache, ``java`` but no ``javac``/``jar``/``mvn``/``npm``, no checkout in sight
 (``installed_wheel``, tests/install/conftest.py). It runs the file demo, a savepoint restore
 rescaled 2 -> 4 that rewrites state through the wheel's prebuilt state writer, and the
-dashboard in headless Chromium on the restored job's checkpoint; each audited against its
-input. (Kafka-to-Kafka with Spark's Kafka source through ``spark.jars.packages``: to come,
-on the same fixture.)"""
+dashboard in headless Chromium on the restored job's checkpoint, the restored run's
+``/metrics`` against ``exactly checkpoints --json``, and a Kafka-to-Kafka job with Spark's
+Kafka source whose connector comes through ``spark.jars.packages`` into an empty Ivy
+directory; each audited against its input."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from exactly.testing.ui import headless_chromium, ui_server
 from exactly.testing.waits import wait_until
 
 JOB = Path(__file__).parent / "jobs" / "totals_job.py"
+KAFKA_JOB = Path(__file__).parent / "kafka_to_kafka_job.py"
 KEYS = 10
 
 
@@ -227,3 +230,53 @@ def test_the_dashboard_of_the_restored_job_shows_its_charts_in_chromium(installe
     assert page["points"] == len(ran) > 0  # one point per epoch the restored job ran
     assert set(page["canvases"]) == {"chart-duration", "chart-size", "chart-rows"}
     assert all(n > 0 for n in page["canvases"].values()), page["canvases"]
+
+
+def artifact(jar_name: str) -> str:
+    """``kafka-clients`` for ``org.apache.kafka_kafka-clients-3.9.2.jar`` (Ivy's retrieve
+    name) or ``kafka-clients-3.9.2.jar`` (PySpark's)."""
+    group, _, rest = jar_name.partition("_")
+    grouped = rest and "." in group and not re.search(r"-\d+\.\d", group)
+    name = rest if grouped else jar_name  # Ivy's [organisation]_[artifact]-[revision]
+    return re.sub(r"-\d+\.\d.*$", "", name)
+
+
+def poisoned_home(home: Path) -> Path:
+    """A home whose ~/.m2 holds kafka-clients' pom without its jar, as Maven leaves it after
+    resolving a project that never needed the jar; Spark's default Ivy settings find the pom
+    there and then fail the download (exactly's Ivy settings look at Maven Central only)."""
+    pom_dir = home / ".m2/repository/org/apache/kafka/kafka-clients/3.9.2"
+    pom_dir.mkdir(parents=True)
+    (pom_dir / "kafka-clients-3.9.2.pom").write_text(
+        "<project><modelVersion>4.0.0</modelVersion><groupId>org.apache.kafka</groupId>"
+        "<artifactId>kafka-clients</artifactId><version>3.9.2</version></project>")
+    return home
+
+
+@pytest.mark.server
+def test_a_kafka_to_kafka_job_from_the_wheel_gets_sparks_connector_through_packages(
+        installed_wheel, broker):
+    """``spark_session(kafka=True)`` in the installed wheel with an empty Ivy directory (and
+    a Maven repository in the home directory holding a pom without its jar) resolves Spark's
+    Kafka connector from Maven Central; the job (Spark's Kafka source -> exactly's Kafka sink)
+    moves every record exactly once, audited by id with a read_committed consumer; the
+    executors get the jars too; nothing PySpark ships is resolved twice."""
+    base = installed_wheel.workdir / "kafka"
+    base.mkdir()
+    ivy, home = base / "ivy", poisoned_home(base / "home")
+    done = installed_wheel.run("python", KAFKA_JOB, "--bootstrap", broker.bootstrap,
+                               "--workdir", base / "job", "--records", "40", "--ivy", ivy,
+                               env={"JAVA_TOOL_OPTIONS": f"-Duser.home={home}"},
+                               check=False, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, done.stderr[-4000:]  # the job died before its audit
+    report = json.loads(lines[-1])
+    assert report["ok"], report  # every input id once in the committed output, nothing else
+    assert report["found"] == 40 and report["epochs"] >= 2
+    assert done.returncode == 0, done.stderr[-4000:]
+    resolved = {artifact(p.name) for p in (ivy / "jars").glob("*.jar")}
+    assert {"spark-sql-kafka-0-10_2.13", "kafka-clients"} <= resolved
+    assert resolved <= {artifact(name) for name in report["jars"]}  # the executors' too
+    shipped = {artifact(p.name)
+               for p in (installed_wheel.site_packages / "pyspark" / "jars").glob("*.jar")}
+    assert resolved & shipped == set()

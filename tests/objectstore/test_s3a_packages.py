@@ -44,6 +44,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# CI budget (28-41 s): every S3 test of the default lane (tests/ops/test_run_on_s3.py, the
+# savepoint and checkpoint-store tests on S3, the cluster lane) gets S3A through
+# spark.jars.packages too, from the shared Ivy cache; this one adds the empty cache
+@pytest.mark.slow
 def test_s3a_true_resolves_s3a_from_maven_central_and_keeps_the_checkpoint_on_s3(
         s3_server, s3_bucket, tmp_path):
     ivy, source = tmp_path / "ivy", tmp_path / "in"

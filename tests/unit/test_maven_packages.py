@@ -73,6 +73,8 @@ def test_kafka_asks_spark_for_exact_coordinates_through_exactlys_ivy_settings():
     # Maven Central only: no ~/.m2 (a pom without its jar there fails the resolution)
     assert [r.get("root") for r in resolvers] == [maven.MAVEN_CENTRAL]
     assert settings.find("settings").get("defaultResolver") == resolvers[0].get("name")
+    # drivers sharing a cache lock its entries (tests/spark/test_packages_concurrent.py)
+    assert settings.find("caches").get("lockStrategy") == "artifact-lock-nio"
 
 
 def test_the_ivy_settings_file_is_rewritten_when_it_differs(tmp_path):
