@@ -36,8 +36,21 @@ _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\
 
 
 def default_master() -> str:
-    """``EXACTLY_SPARK_MASTER`` when set, else ``local[2]``."""
-    return os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+    """The master ``spark-submit --master`` gave this program (when it runs under
+    ``spark-submit``), else ``EXACTLY_SPARK_MASTER``, else ``local[2]``."""
+    return submitted_master() or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+
+
+def submitted_master() -> str | None:
+    """``spark.master`` as ``spark-submit`` set it for this Python program, or None when the
+    program was not started by ``spark-submit`` (which starts the JVM first and hands Python
+    its gateway through ``PYSPARK_GATEWAY_PORT``)."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # joins spark-submit's JVM: its system properties
+    return SparkConf().get("spark.master", None)
 
 
 def local_cores(master: str) -> int | None:
@@ -128,7 +141,8 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     Spark's error (an unreachable repository, a missing artifact). Most sessions need
     neither: each start with them pays the resolution (half a second to a second warm).
 
-    ``master`` defaults to ``EXACTLY_SPARK_MASTER``, else ``local[2]``. ``ui=True`` keeps
+    ``master`` defaults to the one ``spark-submit --master`` gave (under ``spark-submit``),
+    else ``EXACTLY_SPARK_MASTER``, else ``local[2]``. ``ui=True`` keeps
     Spark's web UI (on 127.0.0.1 for masters on this machine). ``conf`` overrides every
     other setting, except the lists ``spark.jars``, ``spark.jars.packages`` and
     ``spark.jars.excludes``, which it extends. Settings apply when this call creates the
