@@ -96,6 +96,25 @@ def for_pyspark(table: Mapping[str, Packages], what: str, override: str,
         f"of your own")
 
 
+def offline_dir(env: str, what: str, marker: str, flag: str) -> Path:
+    """The directory environment variable ``env`` names (the offline override of a package
+    set: jars instead of resolution), checked to hold a jar matching ``marker`` (a glob);
+    raises ConfigError naming the fix (``exactly packages --<flag> --download``) when it is
+    unset or lacks that jar."""
+    configured = os.environ.get(env)
+    if not configured:
+        raise ConfigError(f"{env} is not set: it names a directory holding {what} for a "
+                          f"cluster without Maven Central; without it, "
+                          f"spark_session({flag}=True) resolves them from Maven Central")
+    directory = Path(configured).expanduser()
+    if not any(directory.glob(marker)):
+        raise ConfigError(
+            f"{what} are missing in {directory} (from {env}): fill it with "
+            f"`exactly packages --{flag} --download {directory}` on a machine that reaches "
+            f"Maven Central, or unset {env} to let Spark resolve them")
+    return directory
+
+
 def ivy_settings_file() -> Path:
     """exactly's Ivy settings (:data:`IVY_SETTINGS_XML`), written to
     ``<cache>/exactly/ivy/ivysettings.xml`` when missing or different (atomically: a

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from exactly.errors import ConfigError
-from exactly.maven import Packages, for_pyspark, packages_conf
+from exactly.maven import Packages, for_pyspark, offline_dir, packages_conf
 from exactly.objectstore import S3_KEYS, checked_endpoint
 
 JARS_ENV = "EXACTLY_S3A_JARS"
@@ -63,18 +63,7 @@ def s3a_packages(version: str | None = None) -> Packages:
 def jars_dir() -> Path:
     """The directory ``EXACTLY_S3A_JARS`` names (the offline override); raises ConfigError
     naming the fix when it is unset or holds no ``hadoop-aws`` jar."""
-    configured = os.environ.get(JARS_ENV)
-    if not configured:
-        raise ConfigError(f"{JARS_ENV} is not set: it names a directory holding {_WHAT} for "
-                          "a cluster without Maven Central; without it, "
-                          "spark_session(s3a=True) resolves them from Maven Central")
-    directory = Path(configured).expanduser()
-    if any(directory.glob("*hadoop-aws-*.jar")):
-        return directory
-    raise ConfigError(
-        f"{_WHAT} are missing in {directory} (from {JARS_ENV}): fill it with "
-        f"`exactly packages --s3a --download {directory}` on a machine that reaches Maven "
-        f"Central, or unset {JARS_ENV} to let Spark resolve them")
+    return offline_dir(JARS_ENV, _WHAT, "*hadoop-aws-*.jar", "s3a")
 
 
 def jars_conf() -> dict[str, str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError
-from exactly.maven import JARS, Packages, for_pyspark, packages_conf
+from exactly.maven import JARS, Packages, for_pyspark, offline_dir, packages_conf
 
 CONNECTOR_ENV = "EXACTLY_KAFKA_CONNECTOR_JARS"
 BROKER_ENV = "EXACTLY_KAFKA_JARS"
@@ -83,16 +83,5 @@ def connector_jars() -> list[str]:
     """Paths of the connector's jars in the directory ``EXACTLY_KAFKA_CONNECTOR_JARS`` names
     (the offline override); raises ConfigError naming the fix when it is unset or holds no
     ``spark-sql-kafka`` jar."""
-    configured = os.environ.get(CONNECTOR_ENV)
-    if not configured:
-        raise ConfigError(f"{CONNECTOR_ENV} is not set: it names a directory holding {_WHAT} "
-                          "for a cluster without Maven Central; without it, "
-                          "spark_session(kafka=True) resolves them from Maven Central")
-    directory = Path(configured).expanduser()
-    jars = sorted(str(p) for p in directory.glob("*.jar"))
-    if not any("spark-sql-kafka" in Path(j).name for j in jars):
-        raise ConfigError(
-            f"{_WHAT} are missing in {directory} (from {CONNECTOR_ENV}): fill it with "
-            f"`exactly packages --kafka --download {directory}` on a machine that reaches "
-            f"Maven Central, or unset {CONNECTOR_ENV} to let Spark resolve them")
-    return jars
+    directory = offline_dir(CONNECTOR_ENV, _WHAT, "*spark-sql-kafka*.jar", "kafka")
+    return sorted(str(p) for p in directory.glob("*.jar"))
