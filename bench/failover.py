@@ -115,7 +115,7 @@ from exactly.checkpoint.status import JobStatus
 from exactly.config import parse_duration
 from exactly.ops.ha import HaSettings
 from exactly.procs import HOST_ID_ENV, is_alive, processes_with_env
-from exactly.testing.nemesis.processes import paused, tree_pids
+from exactly.testing.nemesis.processes import paused, tree_pids, tree_processes
 
 JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
@@ -134,15 +134,6 @@ class BenchError(Exception):
 def say(text: str) -> None:
     minutes = (time.monotonic() - STARTED) / 60
     print(f"[{minutes:5.1f} min] {text}", flush=True)
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    """``pid`` and every descendant, the root first."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
 
 
 def sigkill(victims: Iterable[psutil.Process]) -> None:
@@ -301,7 +292,7 @@ def kill_leader(job: Job, jobs: list[Job]) -> dict[str, Any]:
         raise BenchError("no leader to kill")
     host, _ = found
     proc = job.launchers.pop(host)
-    victims = tree(proc.pid)
+    victims = tree_processes(proc.pid)
     t0 = time.time()
     sigkill(victims)
     wait_for(lambda: not (left := processes_with_env(HOST_ID_ENV, host)) or sigkill(left),
@@ -379,7 +370,7 @@ def kill_driver(job: Job, jobs: list[Job]) -> dict[str, Any]:
     status = job.status()
     if status is None or status.driver is None:
         raise BenchError("no driver to kill")
-    victims = tree(status.driver.pid)
+    victims = tree_processes(status.driver.pid)
     t0 = time.time()
     sigkill(victims)
     wait_for(lambda: not [p for p in victims if is_alive(p)] or sigkill(victims),
@@ -452,7 +443,7 @@ def cleanup(jobs: list[Job]) -> None:
     for job in jobs:
         for host, proc, log in job.started:
             if proc.poll() is None:
-                sigkill(tree(proc.pid))
+                sigkill(tree_processes(proc.pid))
             sigkill(processes_with_env(HOST_ID_ENV, host))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)

@@ -567,23 +567,23 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore, fault=_fault(fault, fault_marker, fault_action))
-    if metrics_port is None:
-        _run(spec, ha, host_id, ha_lease_duration, ha_renew_interval, ha_renew_deadline,
-             ha_standby_poll)
-        return
-    from dataclasses import replace
+    endpoint = None
+    if metrics_port is not None:
+        from dataclasses import replace
 
-    from exactly.monitoring.endpoint import start
-    from exactly.ops.launcher import checkpoint_of
+        from exactly.monitoring.endpoint import start
+        from exactly.ops.launcher import checkpoint_of
 
-    endpoint = start(metrics_host, metrics_port)  # a port in use fails here, before Spark
+        endpoint = start(metrics_host, metrics_port)  # a port in use fails here, before Spark
     try:
-        spec = replace(spec, checkpoint=checkpoint_of(spec))
-        endpoint.watch(spec.checkpoint or "")
+        if endpoint is not None:
+            spec = replace(spec, checkpoint=checkpoint_of(spec))
+            endpoint.watch(spec.checkpoint or "")
         _run(spec, ha, host_id, ha_lease_duration, ha_renew_interval, ha_renew_deadline,
              ha_standby_poll)
     finally:
-        endpoint.close()
+        if endpoint is not None:
+            endpoint.close()
 
 
 def _run(spec: Any, ha: bool, host_id: str | None, ha_lease_duration: str,

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import random
 import re
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from exactly.testing.metrics import scrape
 from exactly.testing.ports import free_port
 from exactly.testing.ui import headless_chromium, ui_server
 from exactly.testing.waits import wait_until
@@ -101,19 +100,6 @@ def run_until_drained(installed_wheel, checkpoint: Path, env: dict[str, str], *a
 
 
 J, T = "flink_jobmanager_job_", "flink_taskmanager_job_task_"
-
-
-def scrape(port: int) -> dict[str, float] | None:
-    """``{metric name: value}`` of the job ``exactly run --metrics-port`` serves (job-level
-    samples only); None while it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if not sample.labels.get("part") and not sample.labels.get("operator_name")}
 
 
 @pytest.fixture(scope="module")

@@ -8,34 +8,18 @@ import json
 import signal
 import socket
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from exactly.testing.metrics import scrape
 from exactly.testing.ports import free_port
 from exactly.testing.supervised import EXACTLY, SupervisedRun
 
 JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
 J = "flink_jobmanager_job_"
 T = "flink_taskmanager_job_task_"
-
-
-def scrape(port: int) -> dict[str, float] | None:
-    """``{metric name: value}`` of the one job the endpoint serves (None: no answer)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.labels.get("part") and not sample.labels.get("operator_name"):
-                values[sample.name] = sample.value
-    return values
 
 
 # CI budget: both variants run with EXACTLY_SLOW=1. The default lane scrapes the restored run

@@ -86,14 +86,19 @@ def driver(token: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def started_driver(fence: Fence) -> subprocess.Popen:
+    """A stand-in driver started under ``fence`` (a new token, accepted by the fence)."""
+    token = new_job_token()
+    assert fence.starting(token)
+    return driver(token)
+
+
 def test_the_fence_is_lost_and_the_driver_killed_when_another_launcher_takes_the_lease(
         tmp_path):
     store = LocalLogStore(tmp_path)
     ha = HaSettings(lease_s=1.0, renew_s=0.05, renew_deadline_s=0.5)
     fence = Fence()
-    token = new_job_token()
-    assert fence.starting(token)
-    running = driver(token)
+    running = started_driver(fence)
     keeper = renewer(store, ha, fence)
     try:
         first = keeper.term
@@ -161,9 +166,7 @@ def test_the_fence_is_lost_at_the_deadline_while_a_renewal_hangs(tmp_path):
     store = UnreliableStore(tmp_path)
     ha = HaSettings(lease_s=1.0, renew_s=0.05, renew_deadline_s=0.3)
     fence = Fence()
-    token = new_job_token()
-    assert fence.starting(token)
-    running = driver(token)
+    running = started_driver(fence)
     keeper = renewer(store, ha, fence)
     try:
         store.hang.set()  # every renewal from now on waits for `released` (40 s)

@@ -49,7 +49,8 @@ def _cmdline(proc: psutil.Process) -> str:
         return ""
 
 
-def _tree(root_pid: int) -> list[psutil.Process]:
+def tree_processes(root_pid: int) -> list[psutil.Process]:
+    """``root_pid`` and every descendant, the root first (none once it is gone)."""
     try:
         root = psutil.Process(root_pid)
         return [root, *root.children(recursive=True)]
@@ -65,15 +66,15 @@ def _is_python_worker(proc: psutil.Process) -> bool:
 def driver_pids(driver_pid: int) -> list[int]:
     """A job's driver: the Python driver process ``driver_pid`` and its driver JVM (its
     descendants that are not PySpark workers)."""
-    return [p.pid for p in _tree(driver_pid) if not _is_python_worker(p)]
+    return [p.pid for p in tree_processes(driver_pid) if not _is_python_worker(p)]
 
 
 def executor_pids(driver_pid: int) -> list[int]:
     """The Python workers under a ``local[N]`` driver (the executors' Python side): the
     worker daemons and the workers they forked."""
-    return [p.pid for p in _tree(driver_pid) if _is_python_worker(p)]
+    return [p.pid for p in tree_processes(driver_pid) if _is_python_worker(p)]
 
 
 def tree_pids(root_pid: int) -> list[int]:
     """A server's process and every descendant (PostgreSQL's postmaster and backends)."""
-    return [p.pid for p in _tree(root_pid)]
+    return [p.pid for p in tree_processes(root_pid)]
