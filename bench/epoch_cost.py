@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                       + (f"  ERRORS {result['errors']}" if result["errors"] else ""),
                       flush=True)
                 failed |= bool(result["errors"])
+                (work / "results.json").write_text(json.dumps(runs, indent=1, default=str))
         finally:
             spark.stop()
     rows, summaries = [], {}
