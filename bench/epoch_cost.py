@@ -247,6 +247,9 @@ def check_output(variant: str, name: str, out: Path, found: dict[str, Any],
 
         ids = ds.dataset(str(out), format="parquet").to_table(columns=["id"])["id"]
     elif sink in ("postgres", "wal", "upsert"):
+        # the epoch the stop interrupted may have left prepared transactions: they hold
+        # locks on the table (its rows were never committed; no intent finished them)
+        found["pg"].rollback_prepared()
         with found["pg"].connect() as conn:
             ids = [r[0] for r in conn.execute(f'SELECT id FROM "{name}"').fetchall()]
             conn.execute(f'DROP TABLE IF EXISTS "{name}" CASCADE')
