@@ -26,7 +26,6 @@ import hashlib
 import logging
 import os
 import shutil
-import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -225,37 +224,6 @@ class LocalLogStore(LogStore):
         return self.root.exists()
 
 
-#: the settings a boto3 client is made from: a client is shared while they stay the same
-_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-               "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE")
-_CLIENTS: dict[tuple[Any, ...], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def shared_client(read_timeout: float | None = None) -> Any:
-    """The process's boto3 S3 client for the current ``AWS_*`` settings and ``read_timeout``.
-
-    Making a client costs tens of milliseconds (its service model is loaded and its endpoint
-    resolved), and a sink opens its commit log and lease every epoch: every store of this
-    process shares one client per settings (boto3 clients are thread-safe). A changed
-    ``AWS_*`` variable gets a new client; a forked child makes its own (the key holds the
-    pid)."""
-    key = (os.getpid(), read_timeout,
-           hashlib.sha256(repr([os.environ.get(k) for k in _CLIENT_ENV]).encode()).digest())
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            import boto3
-            from botocore.config import Config
-
-            timeouts = {} if read_timeout is None else {"read_timeout": read_timeout}
-            client = _CLIENTS[key] = boto3.client(
-                "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-                config=Config(s3={"addressing_style": "path"},
-                              retries={"max_attempts": 5, "mode": "standard"}, **timeouts))
-        return client
-
-
 class S3LogStore(LogStore):
     """An S3 prefix through boto3, with conditional PUTs for create-if-absent and swaps.
 
@@ -279,7 +247,14 @@ class S3LogStore(LogStore):
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = shared_client(self.read_timeout)
+            import boto3
+            from botocore.config import Config
+
+            timeouts = {} if self.read_timeout is None else {"read_timeout": self.read_timeout}
+            self._client = boto3.client(
+                "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+                config=Config(s3={"addressing_style": "path"},
+                              retries={"max_attempts": 5, "mode": "standard"}, **timeouts))
         return self._client
 
     def key(self, name: str) -> str:
