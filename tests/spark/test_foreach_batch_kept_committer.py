@@ -30,7 +30,13 @@ def _ids(out) -> list[int]:
     return sorted(ds.dataset(str(out), format="parquet").to_table()["id"].to_pylist())
 
 
-def test_a_run_through_foreach_batch_begins_once_not_every_epoch(spark, tmp_path, monkeypatch):
+def test_a_run_begins_once_and_a_second_driver_is_still_fenced_with_the_committer_kept(
+        spark, tmp_path, monkeypatch):
+    """Epochs 0 and 1 run under one begin of the run (owner, lease, recovery). The driver
+    then pauses after epoch 1 is complete; another driver (on another host, whose clock runs
+    ahead) takes the lease over meanwhile. The paused driver's kept committer does not take
+    the lease again before epoch 2, so its tasks write -- and its intent check fences it:
+    nothing of epoch 2 becomes visible, its pre-commits are aborted."""
     began: list[tuple[str, str]] = []
     begin_run = Committer.begin_run
 
@@ -39,22 +45,6 @@ def test_a_run_through_foreach_batch_begins_once_not_every_epoch(spark, tmp_path
         return begin_run(self, query_id, run_id, keep)
 
     monkeypatch.setattr(Committer, "begin_run", counted)
-    out = tmp_path / "out"
-    query = start_query(_input(spark, 4 * EPOCH_ROWS), sink_format="exactly.files",
-                        path=str(out), available_now=True,
-                        checkpoint=CheckpointConfig(storage=str(tmp_path / "ck"))).query
-    query.awaitTermination()
-    assert CommitLog(out / "_exactly").completed_epochs() == [0, 1, 2, 3]
-    assert began == [(str(query.id), str(query.runId))]  # one run, begun once
-    assert _ids(out) == list(range(4 * EPOCH_ROWS))
-
-
-def test_a_second_driver_is_still_fenced_when_the_committer_is_kept_across_epochs(
-        spark, tmp_path, monkeypatch):
-    """The driver pauses after epoch 1 is complete; another driver (on another host, whose
-    clock runs ahead) takes the lease over meanwhile. The paused driver's kept committer
-    does not take the lease again before epoch 2, so its tasks write -- and its intent check
-    fences it: nothing of epoch 2 becomes visible, its pre-commits are aborted."""
     monkeypatch.setenv(HOST_ID_ENV, "host-a")  # this driver: judged by lease age elsewhere
     out, hold = tmp_path / "out", tmp_path / "hold"
     hold.write_text("")
@@ -68,6 +58,7 @@ def test_a_second_driver_is_still_fenced_when_the_committer_is_kept_across_epoch
     while not waiting.exists() and time.monotonic() < deadline:
         threading.Event().wait(0.1)
     assert waiting.exists(), "the driver never reached the pause after epoch 1"
+    assert began == [(str(query.id), str(query.runId))]  # epochs 0 and 1: begun once
     monkeypatch.setenv(HOST_ID_ENV, "host-b")  # the other driver, ahead of the store by 1 h
     other = Lease(out / "_exactly", clock=lambda: time.time() + 3600)
     assert other.acquire("run-b", driver_identity()) is True
@@ -79,3 +70,4 @@ def test_a_second_driver_is_still_fenced_when_the_committer_is_kept_across_epoch
     assert log.read_intent(2) is None
     assert _ids(out) == list(range(2 * EPOCH_ROWS))
     assert not list((out / "_staging").glob("*/*/task.json"))  # epoch 2's pre-commits
+    assert len(began) == 1
