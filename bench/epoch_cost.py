@@ -30,6 +30,14 @@ all repetitions (>= 100 values). Runs alternate their order per repetition after
 run of each variant; every output is read back: its ids must be ``0 .. n-1`` exactly once,
 with n at least the rows of the epochs the history recorded, else exit status 1.
 
+``--driver-only``: the driver side of an epoch alone, without Spark -- what
+``TwoPhaseForeachBatch`` does around the tasks of each epoch with the code on the path (a
+committer kept across the run if the code has ``Committer.ensure_run``, else a new committer
+and ``begin_run`` every epoch, as before), over the same sinks and servers: ``--epochs``
+epochs of 2 tasks of ``--rate / 5`` rows each, 3 repetitions; per sink the median and p99 of
+the driver's milliseconds per epoch (begin + commit), the tasks not counted. Spark's
+``offsets/N`` is not read (no checkpoint). Less exposed to a loaded machine than a query.
+
 Run from the repository root::
 
     PYTHONPATH=src .venv/bin/python bench/epoch_cost.py [--sinks files,postgres] [--epochs 100]
@@ -309,6 +317,92 @@ def steps_table(runs: list[dict[str, Any]], variants: list[str]) -> str | None:
     return h.table(["sink (commit steps, ms p50 / p99)", *names], rows)
 
 
+def driver_epochs(variant: str, name: str, args: argparse.Namespace, found: dict[str, Any],
+                  workdir: Path) -> list[float]:
+    """``--driver-only``: milliseconds of the driver side of each epoch (see the module doc)."""
+    import uuid
+
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+    from exactly.protocol.committer import Committer
+    from exactly.protocol.contract import TaskInfo
+    from exactly.protocol.task import write_task
+    from exactly.spark.formats import sink_for
+
+    sink_name = base_sink(variant)
+    out = workdir / name / "out"
+    options = {**sink_options(variant, name, found), opt.MODE: "exactly_once"}
+    if sink_name in ("files", "delta"):
+        options[opt.PATH] = str(out)
+    else:
+        options.setdefault(opt.LOG_DIR, str(workdir / name / "log"))
+    if sink_name == "kafka":
+        columns = [("key", pa.string()), ("value", pa.string())]
+    else:
+        columns = [("id", pa.int64())]
+    schema = pa.schema(columns)
+    built = sink_for(FORMATS[sink_name], options, StructType.fromJson(
+        {"type": "struct", "fields": [{"name": n, "type": "string" if t == pa.string()
+                                        else "long", "nullable": True, "metadata": {}}
+                                       for n, t in columns]}))
+    assert built is not None
+    sink, settings = built.sink, built.settings
+    sink.prepare_target(schema, 2)
+    query_id, run_id = str(uuid.uuid4()), str(uuid.uuid4())
+    kept = Committer(sink, settings) if hasattr(Committer, "ensure_run") else None
+    per_epoch = max(1, args.rate // 5)
+    times, next_id = [], 0
+    for epoch in range(args.skip + args.epochs):
+        started = time.perf_counter()
+        committer = kept or Committer(sink, settings)
+        if kept is not None:
+            committer.ensure_run(query_id, run_id)
+        else:
+            committer.begin_run(query_id, run_id)
+        begun = time.perf_counter() - started
+        handles = []
+        for partition in range(2):
+            ids = list(range(next_id, next_id + per_epoch // 2))
+            next_id += len(ids)
+            batch = (pa.record_batch({"key": [str(i) for i in ids],
+                                      "value": [str(i) for i in ids]}, schema=schema)
+                     if sink_name == "kafka" else pa.record_batch({"id": ids}, schema=schema))
+            task = TaskInfo(query_id, run_id, epoch, partition, epoch * 2 + partition)
+            handles.append(write_task(sink, task, [batch]).handle)
+        started = time.perf_counter()
+        committer.commit_epoch(epoch, [h for h in handles if h is not None])
+        if epoch >= args.skip:
+            times.append((begun + time.perf_counter() - started) * 1000)
+    return times
+
+
+def driver_only(variants: list[str], args: argparse.Namespace, work: Path) -> int:
+    print(h.machine())
+    print(f"{args.label} driver side only (no Spark): {args.epochs} epochs per run after "
+          f"{args.skip}, 2 tasks of {max(1, args.rate // 5) // 2} rows each, "
+          f"{args.repeat} repetitions in alternating order", flush=True)
+    found_times: dict[str, list[list[float]]] = {}
+    with servers(variants, work) as found:
+        for rep, variant in h.schedule([v for v in variants if v != "noop"], args.repeat):
+            times = driver_epochs(variant, f"drv_{variant}_{rep}", args, found, work)
+            found_times.setdefault(variant, []).append(times)
+            print(f"rep {rep} {variant:12} driver ms p50 {h.fmt_ms(h.p50(times))}  {h.load()}",
+                  flush=True)
+    rows = []
+    for variant, runs in found_times.items():
+        medians = [float(np.median(t)) for t in runs]
+        every = [x for t in runs for x in t]
+        rows.append([variant, str(len(every)), f"{statistics.median(medians):.1f}",
+                     h.fmt_ms(h.p99(every))])
+    print(f"\n{args.label} driver side per epoch, ms (median of the runs' medians, p99 over "
+          "all epochs)")
+    print(h.table(["sink", "epochs", "p50", "p99"], rows))
+    print(f"\n{h.machine()}")
+    (work / "driver.json").write_text(json.dumps(found_times))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--sinks", default=",".join(SINKS))
@@ -320,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=h.MIN_REPEAT)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--label", default="", help="printed with the tables (e.g. before/after)")
+    p.add_argument("--driver-only", action="store_true",
+                   help="time the driver side of each epoch alone, without Spark")
     args = p.parse_args(argv)
     # a TERM stops the servers too (the context managers run on SystemExit)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -328,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         variants.insert(0, "noop")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-epoch-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.driver_only:
+        return driver_only(variants, args, work)
     broken = []
     if args.epochs < h.MIN_P99_VALUES:
         broken.append(f"{args.epochs} epochs per run < {h.MIN_P99_VALUES}")
