@@ -335,7 +335,7 @@ def driver_epochs(variant: str, name: str, args: argparse.Namespace, found: dict
     options = {**sink_options(variant, name, found), opt.MODE: "exactly_once"}
     if sink_name in ("files", "delta"):
         options[opt.PATH] = str(out)
-    else:
+    if sink_name != "files":  # the files sink keeps its log under its output
         options.setdefault(opt.LOG_DIR, str(workdir / name / "log"))
     if sink_name == "kafka":
         columns = [("key", pa.string()), ("value", pa.string())]
