@@ -331,6 +331,7 @@ def driver_epochs(variant: str, name: str, args: argparse.Namespace, found: dict
     from exactly.spark.formats import sink_for
 
     sink_name = base_sink(variant)
+    shutil.rmtree(workdir / name, ignore_errors=True)
     out = workdir / name / "out"
     options = {**sink_options(variant, name, found), opt.MODE: "exactly_once"}
     if sink_name in ("files", "delta"):
