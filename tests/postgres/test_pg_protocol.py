@@ -274,3 +274,34 @@ def test_an_upsert_table_created_by_the_sink_is_accepted_on_restart(pg, tmp_path
                                       write_mode="upsert", key_columns=["key"])
     upsert_2pc.prepare_target(schema, 1)
     upsert_2pc.prepare_target(schema, 1)
+
+
+def test_2pc_driver_keeps_one_connection_across_epochs_and_reconnects_after_the_server_drops_it(
+        two_pc, pg, conn, table_name, monkeypatch):
+    """The commit side (recovery, COMMIT PREPARED, the epochs table, the leftover sweep)
+    opens one connection for all the epochs of a run, not one per step; when the server
+    drops it while it sits idle between epochs, the next epoch's step fails as transient,
+    reconnects and commits."""
+    import exactly.connectors.postgres.two_phase as mod
+
+    real = mod.pg_connect
+    opened: list[int] = []
+
+    def counted(*args, **kwargs):
+        c = real(*args, **kwargs)
+        if kwargs.get("application") == "exactly-commit":
+            opened.append(c.info.backend_pid)
+        return c
+
+    monkeypatch.setattr(mod, "pg_connect", counted)
+    h = ProtocolHarness(two_pc)
+    for epoch in range(3):
+        h.run_epoch(epoch, parts(epoch))
+    assert len(opened) == 1
+    conn.execute("SELECT pg_terminate_backend(%s)", (opened[0],))  # dropped while idle
+    h.run_epoch(3, parts(3))
+    assert len(opened) == 2
+    want = sorted(i for epoch in range(4) for part in parts(epoch)
+                  for i in part["id"].to_pylist())
+    assert sorted_ids(conn, table_name) == want
+    assert prepared_count(conn, h.query_id) == 0

@@ -101,3 +101,43 @@ def test_the_completion_keeps_the_slowest_pre_commit_of_the_handles_it_committed
     h.committer.commit_epoch(1, [o.handle for o in retried], pre_commit_ms=2.0)
     assert "pre_commit_ms" not in h.completion(1)
     assert slowest([None, None]) is None
+
+
+def test_a_kept_committer_neither_lists_nor_looks_up_its_log_after_its_first_epoch(
+        tmp_path, monkeypatch):
+    """Per epoch, a committer kept across a run's epochs writes its lease check, intent and
+    completion, and prunes from what it knows: no listing of the commit log and no lookup
+    of the next epoch's completion or intent (this run writes each epoch once; another run
+    that wrote them holds the lease and the intent check fences this one). Pruning still
+    keeps the newest ``retain_epochs`` and recovery still reads what a new run needs."""
+    from exactly.checkpoint.store import LocalLogStore
+    from exactly.protocol.commitlog import CommitLog
+    from exactly.protocol.contract import SinkSettings
+
+    sink = FileSink(str(tmp_path / "out"))
+    h = ProtocolHarness(sink, SinkSettings(retain_epochs=2),
+                        visible=lambda: visible_ids(sink.root))
+    h.run_epoch(0, [pa.record_batch({"id": [0]})])  # the run's first epoch: begins, lists
+    calls: list[tuple[str, str]] = []
+
+    def counting(method: str):
+        real = getattr(LocalLogStore, method)
+
+        def counted(self, name, *rest):
+            calls.append((method, name))
+            return real(self, name, *rest)
+        return counted
+
+    for method in ("list", "read", "read_versioned", "exists"):
+        monkeypatch.setattr(LocalLogStore, method, counting(method))
+    for epoch in range(1, 5):
+        h.run_epoch(epoch, [pa.record_batch({"id": [epoch]})])
+    assert [c for c in calls if c[0] == "list"] == []
+    assert [c for c in calls if c[1].startswith(("complete/", "intents/"))] == []
+    assert ("read", "query.json") not in calls  # the owner is checked once per run
+    monkeypatch.undo()
+    assert CommitLog(sink.log_directory).completed_epochs() == [3, 4]
+    assert h.visible() == [0, 1, 2, 3, 4]
+    h.restart()  # a new run looks its epoch up again: the replay of epoch 4 is recognised
+    h.run_epoch(4, [pa.record_batch({"id": [4]})])
+    assert h.visible() == [0, 1, 2, 3, 4]

@@ -36,7 +36,7 @@ import re
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -155,6 +155,56 @@ def answer_deadline(conn, seconds: float | None, *, what: str) -> Iterator[None]
         timer.cancel()
         with lock:
             state["open"] = False
+
+
+class KeptConnection:
+    """One driver-side connection, opened on first use and kept across calls and epochs: a
+    sink's commit steps are a few short statements, and opening a connection costs more than
+    they do.
+
+    :meth:`use` hands it out under :func:`answer_deadline`; any failure inside closes and
+    forgets it, so the next use (a retry of an idempotent step, the next epoch) connects
+    afresh -- after a server restart, a dropped connection or a statement left unanswered. A
+    connection the server closed while it sat idle is noticed at its next use the same way:
+    the statement fails as transient and the retry reconnects. One thread uses it at a time;
+    a pickled copy (an executor's sink) carries no connection."""
+
+    def __init__(self) -> None:
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    @contextmanager
+    def use(self, connect: Callable[[], Any], seconds: float | None, *,
+            what: str) -> Iterator[Any]:
+        """The kept connection -- ``connect()`` opens one when there is none or it is closed
+        or broken -- its statements bounded by ``seconds`` (:func:`answer_deadline`)."""
+        with self._lock:
+            conn = self._conn
+            if conn is None or conn.closed or conn.broken:
+                conn = self._conn = connect()
+            try:
+                with answer_deadline(conn, seconds, what=what):
+                    yield conn
+            except BaseException:
+                self._drop()
+                raise
+
+    def close(self) -> None:
+        """Close the kept connection (the next use opens a new one)."""
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with suppress(Exception):  # a broken connection: nothing left to close
+                conn.close()
 
 
 def is_transient(exc: BaseException) -> bool:

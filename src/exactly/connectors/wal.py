@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from exactly import options as opt
 from exactly.connectors.sql import (
+    KeptConnection,
     TableName,
     answer_deadline,
     clean_error,
@@ -131,9 +132,14 @@ class PostgresWalTarget(WalTarget):
         self.retry_seconds = retry_seconds
         #: seconds to wait for the answer to a load's COMMIT or a marker lookup (0: no bound)
         self.commit_timeout = commit_timeout_ms / 1000
+        #: the driver's connection for marker lookups, kept across epochs
+        self._lookups = KeptConnection()
 
     def describe(self) -> str:
         return f"PostgreSQL {redact_dsn(self.dsn)} table {self.table}"
+
+    def _connect_driver(self) -> Any:
+        return pg_connect(self.dsn, application="exactly-commit", autocommit=True)
 
     def prepare(self, schema: pa.Schema) -> None:
         from psycopg import sql
@@ -151,8 +157,8 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         def step() -> bool:
-            with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
-                    answer_deadline(conn, self.commit_timeout, what="reading a marker"):
+            with self._lookups.use(self._connect_driver, self.commit_timeout,
+                                   what="reading a marker") as conn:
                 return conn.execute(sql.SQL(
                     "SELECT 1 FROM {} WHERE query_id = %s AND target = %s AND epoch = %s").format(
                     self.markers.sql()), (query_id, str(self.table), epoch)).fetchone() is not None

@@ -201,6 +201,10 @@ class CommitLog:
     def prune(self, keep: int) -> None:
         """Forget all but the newest ``keep`` completed epochs (their intents too)."""
         done = self.completed_epochs()
-        for epoch in done[:-keep] if keep > 0 else done:
+        self.forget(done[:-keep] if keep > 0 else done)
+
+    def forget(self, epochs: list[int]) -> None:
+        """Delete the intents and completions of ``epochs`` (completed ones: pruning)."""
+        for epoch in epochs:
             self.store.delete(f"intents/{_name(epoch)}")
             self.store.delete(f"complete/{_name(epoch)}")

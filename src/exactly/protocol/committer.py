@@ -39,6 +39,7 @@ operator should see each one.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Sequence
@@ -69,6 +70,10 @@ class Committer:
         self.lease = Lease(sink.log_directory, stale_after=settings.lease_stale_after)
         #: the (query, run) this committer has begun: an epoch begins its run once
         self._begun: tuple[str, str] | None = None
+        #: (run, epoch) of the last epoch this committer completed for its run
+        self._last_done: tuple[str, int] | None = None
+        #: the log's completed epochs, listed once by the first prune, then kept up to date
+        self._completed: list[int] | None = None
         ensure_console()  # driver-side workers have no logging set up: warnings must show
 
     # -- steps 4 and 5 ----------------------------------------------------------------
@@ -90,6 +95,15 @@ class Committer:
         self.recover(query_id, keep=keep)
         return True
 
+    def ensure_run(self, query_id: str, run_id: str) -> None:
+        """:meth:`begin_run` unless this committer has begun ``run_id`` already: a committer
+        kept across the epochs of a run (``foreachBatch``) checks owner and lease, and
+        recovers, once per run; fencing still holds at every epoch's intent check (2b)."""
+        if self._begun != (query_id, run_id):
+            self.begin_run(query_id, run_id)
+        else:
+            self.sink.open_run(query_id, run_id)  # the contract: before every commit
+
     # -- step 2 ----------------------------------------------------------------------
     def commit_epoch(self, epoch: int, handles: Sequence[Handle], *,
                      pre_commit_ms: float | None = None) -> None:
@@ -98,6 +112,7 @@ class Committer:
         ``pre_commit_ms`` (the slowest task's pre-commit) is kept in the completion record
         for the checkpoint history; it changes nothing in the protocol."""
         started = time.perf_counter()
+        steps = _Steps(started)
         if self.settings.mode is Mode.AT_LEAST_ONCE:
             # Data became visible inside the tasks; only the crash points remain, so the
             # same fault schedule can run in both modes.
@@ -113,9 +128,18 @@ class Committer:
         query_id, run_id = self._identity(handles)
         if self._begun != (query_id, run_id):  # foreachBatch began it before its tasks ran
             self.begin_run(query_id, run_id, keep=handles)
+        steps.lap("begin")
 
         current = input_record(self.settings.checkpoint_location, epoch)
-        completion = self.log.completion(epoch)
+        steps.lap("input")
+        # The epoch right after the one this committer's previous call completed (in this
+        # run) can have no completion or intent yet: that call succeeded, so this run has not
+        # tried this epoch before (a failed call makes the next one look up again), and a run
+        # that wrote them since holds the lease (run ids are new at every start), so this
+        # commit is fenced at its intent check below. Skip the two lookups then.
+        follows = self._last_done == (run_id, epoch - 1)
+        self._last_done = None  # until this call succeeds: a retried call looks up again
+        completion = None if follows else self.log.completion(epoch)
         if completion is not None:
             self._check_replay(epoch, completion.get("input"), current, handles,
                                self.log.completion_path(epoch))
@@ -124,12 +148,15 @@ class Committer:
                       input_checked=same_input(completion.get("input"), current) is True)
             self._abort_all(handles)
             return
-        intent = self.log.read_intent(epoch)
+        intent = None if follows else self.log.read_intent(epoch)
+        steps.lap("lookup")
         if intent is None:
             maybe_crash(self.fault, FaultPoint.BEFORE_INTENT, epoch)
             record = self.log.intent_record(epoch, run_id, list(handles), current)
             self._verify_lease(run_id, record)  # fencing at 2b, the intent admitted with it
+            steps.lap("lease")
             intent = self.log.write_intent(epoch, run_id, list(handles), current, record)
+            steps.lap("intent")
             maybe_crash(self.fault, FaultPoint.AFTER_INTENT, epoch)
         else:  # written by this run before a failed commit call: the intent wins
             new = [h for h in handles if h.key not in intent.keys]
@@ -139,8 +166,12 @@ class Committer:
                 self._check_replay(epoch, intent.input, current, new,
                                    self.log.intent_path(epoch))
             self._abort_all(new)
-        self._finish(intent, started, pre_commit_ms)
+        self._finish(intent, started, pre_commit_ms, steps)
+        self._last_done = (run_id, epoch)
         self._sweep_own_leftovers(query_id, run_id, epoch)
+        steps.lap("sweep")
+        log_event(logger, "epoch_steps", logging.DEBUG, sink=self.sink.name, epoch=epoch,
+                  steps_ms=steps.ms)
 
     def _check_replay(self, epoch: int, recorded: dict | None, current: dict | None,
                       handles: Sequence[Handle], record_path) -> None:
@@ -170,14 +201,20 @@ class Committer:
             raise
 
     def _finish(self, intent: Intent, started: float | None = None,
-                pre_commit_ms: float | None = None) -> None:
-        """Steps 2c-2d: commit every handle of the intent, publish, record complete."""
+                pre_commit_ms: float | None = None, steps: _Steps | None = None) -> None:
+        """Steps 2c-2d: commit every handle of the intent, publish, record complete.
+
+        ``steps`` times the commit call's steps: those until the completion go into the
+        completion record (``steps_ms``), the rest into the DEBUG event ``epoch_steps``."""
+        steps = steps or _Steps(time.perf_counter())
         outcomes = []
         for i, handle in enumerate(intent.handles):
             outcomes.append(self.sink.commit_handle(handle))
             if i == 0:
                 maybe_crash(self.fault, FaultPoint.BETWEEN_COMMITS, intent.epoch)
+        steps.lap("handles")
         self.sink.publish_epoch(intent.epoch, intent.handles)
+        steps.lap("publish")
         maybe_crash(self.fault, FaultPoint.AFTER_COMMITS, intent.epoch)
         stats: dict[str, Any] = {
             "rows": sum(h.rows for h in intent.handles),
@@ -190,12 +227,28 @@ class Committer:
             stats["commit_ms"] = round((time.perf_counter() - started) * 1000, 3)
         if pre_commit_ms is not None:
             stats["pre_commit_ms"] = pre_commit_ms
+        stats["steps_ms"] = dict(steps.ms)
         stats["input"] = intent.input
         self.log.mark_complete(intent.epoch, stats)
+        steps.lap("complete")
         log_event(logger, "epoch_complete", epoch=intent.epoch,
                   **{k: v for k, v in stats.items() if k != "input"})
         maybe_crash(self.fault, FaultPoint.AFTER_COMPLETE, intent.epoch)
-        self.log.prune(self.settings.retain_epochs)
+        self._prune(intent.epoch)
+        steps.lap("prune")
+
+    def _prune(self, epoch: int) -> None:
+        """Forget all but the newest ``retain_epochs`` completed epochs. The log is listed
+        once per committer; later epochs it completes are added to what that listing found
+        (one holder of the lease writes completions), so a kept committer lists nothing."""
+        if self._completed is None:
+            self._completed = self.log.completed_epochs()
+        elif epoch not in self._completed:
+            bisect.insort(self._completed, epoch)
+        keep = self.settings.retain_epochs
+        old = self._completed[:-keep] if keep > 0 else list(self._completed)
+        self.log.forget(old)
+        del self._completed[:len(old)]
 
     # -- step 3 ----------------------------------------------------------------------
     def abort_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
@@ -255,3 +308,16 @@ class Committer:
         if len(ids) != 1:
             raise ExactlyError(f"one epoch's handles name several queries or runs: {ids}")
         return ids.pop()
+
+
+class _Steps:
+    """Milliseconds spent in each step of a commit call, lap by lap."""
+
+    def __init__(self, started: float) -> None:
+        self._last = started
+        self.ms: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = round(self.ms.get(name, 0.0) + (now - self._last) * 1000, 3)
+        self._last = now

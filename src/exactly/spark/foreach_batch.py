@@ -99,6 +99,8 @@ class TwoPhaseForeachBatch:
         self.fault = fault
         self.prepare = prepare
         self._prepared = False
+        #: kept across epochs: it begins (owner, lease, recovery) once per run
+        self._committer: Committer | None = None
 
     def __call__(self, batch_df: Any, epoch: int) -> None:
         sc = batch_df.sparkSession.sparkContext
@@ -116,9 +118,11 @@ class TwoPhaseForeachBatch:
         if self.settings.mode is Mode.EXACTLY_ONCE and not self.settings.checkpoint_location:
             self.settings = replace(self.settings,
                                     checkpoint_location=running_checkpoint(query_id))
-        committer = Committer(self.sink, self.settings, self.fault)
+        if self._committer is None or self._committer.settings is not self.settings:
+            self._committer = Committer(self.sink, self.settings, self.fault)
+        committer = self._committer
         if self.settings.mode is Mode.EXACTLY_ONCE:
-            committer.begin_run(query_id, run_id)  # a new run recovers before its tasks write
+            committer.ensure_run(query_id, run_id)  # a new run recovers before its tasks write
         writer = _partition_writer(self.sink, self.settings.mode, self.fault, query_id, run_id,
                                    epoch)
         rows = batch_df.mapInArrow(writer, "handle string, pre_commit_ms double").collect()
@@ -132,5 +136,6 @@ class TwoPhaseForeachBatch:
         except BaseException:
             log_event(logger, "commit_failed", logging.WARNING, epoch=epoch,
                       handles=len(handles))
+            self._committer = None  # whatever runs next begins afresh
             committer.abort_epoch(epoch, handles)
             raise

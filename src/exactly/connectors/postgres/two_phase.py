@@ -69,6 +69,7 @@ from exactly import options as opt
 from exactly.connectors.postgres.upsert_sql import dedup_last, upsert_rows, upsert_statement
 from exactly.connectors.sql import (
     CopyStream,
+    KeptConnection,
     TableName,
     answer_deadline,
     clean_error,
@@ -225,6 +226,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         self.commit_timeout = commit_timeout_ms / 1000
         self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
                                      else Path(log_dir))
+        #: the driver side's connection, kept across its steps and epochs
+        self._commit_conn = KeptConnection()
 
     def __repr__(self) -> str:  # never show the DSN's password
         return f"PostgresTwoPhaseSink(dsn={redact_dsn(self.dsn)!r}, table={self.table})"
@@ -376,12 +379,17 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
     # -- driver side -------------------------------------------------------------------
     @contextlib.contextmanager
     def _driver_connection(self, what: str) -> Iterator[Any]:
-        """An autocommit connection whose statements wait at most ``commitTimeoutMs`` for
-        their answers (:func:`answer_deadline`): every driver-side step is small and
-        idempotent, so a lost answer becomes a retry that reads the target's record."""
-        with pg_connect(self.dsn, application="exactly-commit", autocommit=True) as conn, \
-                answer_deadline(conn, self.commit_timeout, what=what):
+        """The driver side's autocommit connection (kept across steps and epochs,
+        :class:`KeptConnection`: a failure closes it and the retry reconnects), whose
+        statements wait at most ``commitTimeoutMs`` for their answers
+        (:func:`answer_deadline`): every driver-side step is small and idempotent, so a lost
+        answer becomes a retry that reads the target's record."""
+        with self._commit_conn.use(self._connect_driver, self.commit_timeout,
+                                   what=what) as conn:
             yield conn
+
+    def _connect_driver(self) -> Any:
+        return pg_connect(self.dsn, application="exactly-commit", autocommit=True)
 
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """``COMMIT PREPARED``; when the gid is not prepared (any more) the marker row that
