@@ -91,6 +91,27 @@ def test_files_carry_record_counts_and_exact_bounds_only(tmp_path):
     assert (str(stats["min.day"]), str(stats["max.day"])) == ("1970-01-04", "1970-01-10")
 
 
+def test_a_task_writes_its_small_batches_as_few_large_row_groups(tmp_path, monkeypatch):
+    """Spark hands a task its rows in Arrow batches of 10,000: the task buffers them into row
+    groups of ROW_GROUP_ROWS rows (deltalake's own size) instead of one row group per batch,
+    with every row once, in order, and file statistics over all row groups."""
+    import pyarrow.parquet as pq
+
+    from exactly.connectors.delta import sink as delta_sink
+
+    monkeypatch.setattr(delta_sink, "ROW_GROUP_ROWS", 250, raising=False)
+    h = ProtocolHarness(new_sink(tmp_path))
+    h.run_epoch(0, [[rows(list(range(start, start + 100))) for start in range(0, 1000, 100)]])
+    table = DeltaTable(str(tmp_path / "table"))
+    (add,) = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    footer = pq.ParquetFile(tmp_path / "table" / add["path"]).metadata
+    assert [footer.row_group(i).num_rows for i in range(footer.num_row_groups)] == \
+        [300, 300, 300, 100]
+    assert table.to_pyarrow_table()["id"].to_pylist() == list(range(1000))
+    assert (add["num_records"], add["min.id"], add["max.id"]) == (1000, 0, 999)
+    assert add["size_bytes"] == (tmp_path / "table" / add["path"]).stat().st_size
+
+
 def test_a_table_with_other_columns_is_refused_naming_both_schemas(tmp_path):
     new_sink(tmp_path)
     sink = DeltaSink(str(tmp_path / "table"), tmp_path / "log")

@@ -18,7 +18,8 @@ Protocol (docs/design.md section 3):
 * task (executor): on the first row, a *pending marker*
   ``_exactly/pending/<query>/<epoch>/<attempt>.json`` names the data file; then the rows go
   to the data file, written straight to its final place in the table directory
-  (``part-<epoch>-<attempt>-<query>.<codec>.parquet``). A Delta reader ignores a file the log
+  (``part-<epoch>-<attempt>-<query>.<codec>.parquet``), one file per task, Spark's Arrow
+  batches buffered into row groups of :data:`ROW_GROUP_ROWS` rows (``deltalake``'s size). A Delta reader ignores a file the log
   does not name. Pre-commit = the file closed (and fsynced on a local disk); the handle
   carries its size and statistics.
 * commit (driver): ``commit_handle`` checks the file is there; ``publish_epoch`` commits all
@@ -55,7 +56,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ HARMLESS_OPERATIONS = frozenset({"CREATE TABLE", "SET TBLPROPERTIES", "VACUUM ST
                                  "ADD CONSTRAINT", "DROP CONSTRAINT"})
 #: how often ``deltalake`` retries a commit that lost a race with another writer
 COMMIT_RETRIES = 15
+#: rows of a Parquet row group (``deltalake``'s and parquet-rs's default): a task's Arrow
+#: batches (Spark sends 10,000 rows each) are buffered into row groups this large
+ROW_GROUP_ROWS = 1024 * 1024
+#: a row group is written once its buffered batches hold this many bytes, however few rows
+ROW_GROUP_BYTES = 128 * 1024 * 1024
 
 
 def app_id(query_id: str) -> str:
@@ -126,6 +132,17 @@ class DeltaTxn:
     writer: pq.ParquetWriter | None = None
     rows: int = 0
     schema: pa.Schema | None = None
+    #: batches not yet written: the next row group
+    buffered: list[pa.RecordBatch] = field(default_factory=list)
+    buffered_rows: int = 0
+    buffered_bytes: int = 0
+
+    def flush(self) -> None:
+        """Write the buffered batches as one row group."""
+        if self.buffered and self.writer is not None:
+            self.writer.write_table(pa.Table.from_batches(self.buffered),
+                                    row_group_size=max(self.buffered_rows, 1))
+        self.buffered, self.buffered_rows, self.buffered_bytes = [], 0, 0
 
 
 class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
@@ -223,25 +240,28 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             txn.stream = fs.open_output_stream(f"{base}/{txn.file}")
             txn.schema = batch.schema
             txn.writer = pq.ParquetWriter(txn.stream, batch.schema, compression=self.compression)
-        txn.writer.write_batch(batch)
+        txn.buffered.append(batch)
+        txn.buffered_rows += batch.num_rows
+        txn.buffered_bytes += batch.nbytes
         txn.rows += batch.num_rows
+        if txn.buffered_rows >= ROW_GROUP_ROWS or txn.buffered_bytes >= ROW_GROUP_BYTES:
+            txn.flush()
 
     def pre_commit(self, txn: DeltaTxn) -> DeltaPayload:
         if txn.writer is None:
             return DeltaPayload(0)
+        txn.flush()
         txn.writer.close()
         metadata = txn.writer.writer.metadata  # the footer, known once closed
         txn.writer = None
+        size = txn.stream.tell()  # every byte of the file went through this stream
         txn.stream.close()  # on S3: the upload completes here, atomically
         txn.stream = None
-        fs, base = self._fs()
-        path = f"{base}/{txn.file}"
+        modified = int(time.time() * 1000)  # no HEAD request: the file was written just now
         if self.location.is_local:
-            fsync_file(path)
-        info = fs.get_file_info(path)
-        modified = info.mtime_ns // 1_000_000 if info.mtime_ns else int(time.time() * 1000)
+            fsync_file(f"{self.location.uri}/{txn.file}")
         assert txn.schema is not None
-        return DeltaPayload(txn.rows, txn.file, int(info.size or 0), modified,
+        return DeltaPayload(txn.rows, txn.file, size, modified,
                             file_stats(metadata, txn.schema))
 
     def abort_transaction(self, txn: DeltaTxn) -> None:
@@ -252,6 +272,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                 txn.stream.close()
         finally:
             txn.writer = txn.stream = None
+            txn.buffered = []
             if txn.rows or txn.schema is not None:
                 self._discard(txn.task, txn.file)
 
@@ -285,6 +306,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if fs.get_file_info(f"{base}/{handle.payload.file}").type != pafs.FileType.NotFound:
             return CommitOutcome.COMMITTED
         done = self.committed_epoch(handle.query_id)  # the cached version may be stale
+        self._checked = (handle.query_id, handle.epoch, done)
         if done is not None and done >= handle.epoch:
             return CommitOutcome.ALREADY_COMMITTED
         raise DataLossError(
@@ -297,8 +319,14 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if not handles:
             return
         query_id = handles[0].query_id
-        table = self._delta()
-        done = table.transaction_version(app_id(query_id))
+        if self._checked[:2] == (query_id, epoch):
+            # commit_handle read the table for this epoch just before (one read per epoch):
+            # a commit of another writer since then is Delta's conflict check's to handle
+            table, done = self._delta(fresh=False), self._checked[2]
+        else:
+            table = self._delta()
+            done = table.transaction_version(app_id(query_id))
+        self._checked = ("", -1, None)  # a later call for this epoch reads the table again
         adds = [_add(h) for h in handles if h.payload.file]
         if adds and (done is None or done < epoch):
             from deltalake.exceptions import CommitFailedError, DeltaError
