@@ -197,7 +197,8 @@ def throughput(spark: Any, store: Store, args: argparse.Namespace,
     variants = STORE_VARIANTS[store.name]
     for variant in variants:  # JVM, Python workers, first connections
         run_variant(spark, store, variant, args.warmup_rows, args.rows_per_epoch,
-                    workdir / "warm" / variant, f"warm_{variant}", args.compression, [])
+                    workdir / "warm" / f"{store.name}-{variant}", f"warm_{variant}",
+                    args.compression, [])
     runs = []
     for rep, variant in h.schedule(variants, args.repeat):
         table = f"{variant}_{rep}"

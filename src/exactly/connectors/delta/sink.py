@@ -19,9 +19,9 @@ Protocol (docs/design.md section 3):
   ``_exactly/pending/<query>/<epoch>/<attempt>.json`` names the data file; then the rows go
   to the data file, written straight to its final place in the table directory
   (``part-<epoch>-<attempt>-<query>.<codec>.parquet``), one file per task, Spark's Arrow
-  batches buffered into row groups of :data:`ROW_GROUP_ROWS` rows (``deltalake``'s size). A Delta reader ignores a file the log
-  does not name. Pre-commit = the file closed (and fsynced on a local disk); the handle
-  carries its size and statistics.
+  batches buffered into row groups of :data:`ROW_GROUP_ROWS` rows (``deltalake``'s size).
+  A Delta reader ignores a file the log does not name. Pre-commit = the file closed (and
+  fsynced on a local disk); the handle carries its size and statistics.
 * commit (driver): ``commit_handle`` checks the file is there; ``publish_epoch`` commits all
   files of the epoch in one Delta transaction with the ``txn`` action, unless the table's
   ``txn`` version for the query already reached the epoch; then the markers are deleted.
@@ -163,6 +163,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         self._table: Any = None  # the driver's DeltaTable, kept across epochs
         #: (query, epoch, the table's txn version read for it): one read per epoch
         self._checked: tuple[str, int, int | None] = ("", -1, None)
+        #: (query, the table version this sink's last commit made, its epoch): while the
+        #: table has no newer version, the query's txn version is that epoch, known without
+        #: reading the log (``transaction_version`` reads commit files: a GET on S3)
+        self._own: tuple[str, int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # executors get no DeltaTable
         return {**self.__dict__, "_table": None}
@@ -288,8 +292,16 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     # -- driver side -------------------------------------------------------------------
     def committed_epoch(self, query_id: str) -> int | None:
-        """The last epoch of ``query_id`` the table holds (its ``txn`` version), or None."""
-        return self._delta().transaction_version(app_id(query_id))
+        """The last epoch of ``query_id`` the table holds (its ``txn`` version), or None.
+
+        When the newest table version is the one this sink's own last commit made, that
+        commit's epoch, without reading the log: only one commit came after the version the
+        commit was based on, so it is that commit, and its ``txn`` is the query's newest."""
+        table = self._delta()
+        own = self._own
+        if own is not None and own[0] == query_id and table.version() == own[1]:
+            return own[2]
+        return table.transaction_version(app_id(query_id))
 
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Nothing moves (the file is in its final place): recognise an epoch the table
@@ -331,6 +343,8 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if adds and (done is None or done < epoch):
             from deltalake.exceptions import CommitFailedError, DeltaError
 
+            self._own = None
+            based_on = table.version()
             try:
                 table.create_write_transaction(
                     adds, "append", table.schema(),
@@ -348,8 +362,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                         "query is live. This instance committed nothing of the epoch."
                     ) from exc
             else:
+                # the commit is version based_on + 1 unless another writer's came first
+                self._own = (query_id, based_on + 1, epoch)
                 log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
-                          rows=sum(h.rows for h in handles), table_version=table.version())
+                          rows=sum(h.rows for h in handles), based_on_version=based_on)
         for handle in handles:
             self._delete_marker(handle.task)
 
