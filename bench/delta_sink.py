@@ -281,6 +281,18 @@ def report(store: str, runs: Sequence[h.Run], rows: int) -> tuple[str, list[h.He
     }
     lines += ["", h.table(["rows/s ratio per repetition pair", "median (range)"],
                           [[k, h.spread(v)] for k, v in ratios.items()])]
+    # the sink's own work (over handing the rows to Python) against the reference's (over
+    # the job alone): what the Delta sink itself costs, without Spark's Python hand-off
+    own = h.per_rep(runs, "seconds", "exactly_once", minus="python_noop")
+    ref = h.per_rep(runs, "seconds", "write_deltalake", minus="noop")
+    hand_off = h.per_rep(runs, "seconds", "python_noop", minus="noop")
+    lines += ["", h.table(["added s per 1M rows, per repetition", "median (range)"], [
+        ["exactly_once over python_noop (the sink's own work)",
+         h.spread([s * per_m for s in own])],
+        ["write_deltalake over noop (the reference's own work)",
+         h.spread([s * per_m for s in ref])],
+        ["python_noop over noop (Spark handing rows to Python)",
+         h.spread([s * per_m for s in hand_off])]])]
     headlines = [
         h.Headline("delta_sink", f"{store}: {key}, rows/s", h.spread(ratios[key]), ">= 0.9",
                    statistics.median(ratios[key]) >= 0.9)

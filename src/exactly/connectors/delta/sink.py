@@ -54,8 +54,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,13 @@ class DeltaTxn:
     buffered: list[pa.RecordBatch] = field(default_factory=list)
     buffered_rows: int = 0
     buffered_bytes: int = 0
+    #: the pending marker's PUT on an object store, running while the rows are encoded
+    marker: Future | None = None
+
+    def marker_written(self) -> None:
+        """Wait for the pending marker's PUT; raises its error."""
+        if self.marker is not None:
+            self.marker.result()
 
     def flush(self) -> None:
         """Write the buffered batches as one row group."""
@@ -237,10 +246,16 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             return
         if txn.writer is None:
             fs, base = self._fs()
-            _put(fs, f"{base}/{self._marker_name(txn.task)}", json.dumps({
+            marker = (fs, f"{base}/{self._marker_name(txn.task)}", json.dumps({
                 "query_id": txn.task.query_id, "run_id": txn.task.run_id,
                 "epoch": txn.task.epoch, "partition": txn.task.partition,
                 "attempt": txn.task.attempt, "file": txn.file}).encode())
+            if self.location.is_local:
+                _put(*marker)  # the data file exists once opened: its marker first
+            else:
+                # an object exists only once its upload completes (pre_commit waits for the
+                # marker before that): the marker's PUT runs while the rows are encoded
+                txn.marker = _in_background(_put, *marker)
             txn.stream = fs.open_output_stream(f"{base}/{txn.file}")
             txn.schema = batch.schema
             txn.writer = pq.ParquetWriter(txn.stream, batch.schema, compression=self.compression)
@@ -259,6 +274,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         metadata = txn.writer.writer.metadata  # the footer, known once closed
         txn.writer = None
         size = txn.stream.tell()  # every byte of the file went through this stream
+        txn.marker_written()  # before the data object can exist
         txn.stream.close()  # on S3: the upload completes here, atomically
         txn.stream = None
         modified = int(time.time() * 1000)  # no HEAD request: the file was written just now
@@ -270,6 +286,8 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     def abort_transaction(self, txn: DeltaTxn) -> None:
         try:
+            with contextlib.suppress(Exception):  # written or not, it is deleted below
+                txn.marker_written()
             if txn.writer is not None:
                 txn.writer.close()
             if txn.stream is not None:
@@ -633,6 +651,20 @@ def _commit_properties(app: str | None, epoch: int, query_id: str):
         app_transactions=[Transaction(app, epoch, int(time.time() * 1000))] if app else None,
         custom_metadata={"exactly.queryId": query_id, "exactly.epoch": str(epoch)},
         max_commit_retries=COMMIT_RETRIES)
+
+
+def _in_background(function: Any, *args: Any) -> Future:
+    """``function(*args)`` in a thread of its own; its result or error in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # handed to whoever waits for it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="exactly-delta-marker", daemon=True).start()
+    return future
 
 
 def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
