@@ -151,6 +151,23 @@ def run_variant(spark: Any, store: Store, variant: str, rows: int, per_epoch: in
     return seconds, query
 
 
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and its descendants (the JVM, Spark's Python
+    workers, S3Proxy), reaped children included: the work a run costs, which a busy machine
+    stretches less than it stretches the wall clock."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # it exited meanwhile
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def check(store: Store, variant: str, table: str, rows: int, epochs: int,
           received: list[tuple[int, int]]) -> list[str]:
     """What is wrong with ``variant``'s output (empty: the ids 0 .. rows-1, each once)."""
@@ -204,15 +221,18 @@ def throughput(spark: Any, store: Store, args: argparse.Namespace,
         table = f"{variant}_{rep}"
         received: list[tuple[int, int]] = []
         run_dir = workdir / "runs" / f"{store.name}-{table}"
+        cpu = tree_cpu()
         seconds, _ = run_variant(spark, store, variant, args.rows, args.rows_per_epoch,
                                  run_dir, table, args.compression, received)
+        cpu = tree_cpu() - cpu
         errors = check(store, variant, table, args.rows, epochs, received)
         if variant == "exactly_once":
             commit, pre = commit_stats(run_dir / "checkpoint")
             commit_ms["commit_ms"] += commit
             commit_ms["pre_commit_ms"] += pre
-        runs.append(h.Run(rep, variant, {"seconds": seconds}, errors))
-        print(f"{store.name} rep {rep} {variant:16} {seconds:7.2f} s  {h.load()}"
+        runs.append(h.Run(rep, variant, {"seconds": seconds, "cpu": cpu}, errors))
+        print(f"{store.name} rep {rep} {variant:16} {seconds:7.2f} s  cpu {cpu:6.2f} s  "
+              f"{h.load()}"
               + (f"  ERRORS {errors}" if errors else ""), flush=True)
     return runs, commit_ms
 
@@ -267,10 +287,12 @@ def start_server(workdir: Path) -> Any:
 def report(store: str, runs: Sequence[h.Run], rows: int) -> tuple[str, list[h.Headline]]:
     per_m = 1_000_000 / rows
     lines = [h.table(
-        ["variant", "k rows/s", "over noop, s per 1M rows"],
+        ["variant", "k rows/s", "over noop, s per 1M rows", "CPU s per 1M rows"],
         [[v, h.spread([rows / s / 1000 for s in h.per_rep(runs, "seconds", v)], ".0f"),
           h.spread([s * per_m for s in h.per_rep(runs, "seconds", v, minus="noop")])
-          if v != "noop" else "-"] for v in STORE_VARIANTS[store]])]
+          if v != "noop" else "-",
+          h.spread([s * per_m for s in h.per_rep(runs, "cpu", v)])]
+         for v in STORE_VARIANTS[store]])]
     ratios = {
         "exactly_once / write_deltalake": h.paired(runs, "seconds", "write_deltalake",
                                                    "exactly_once"),
@@ -278,21 +300,23 @@ def report(store: str, runs: Sequence[h.Run], rows: int) -> tuple[str, list[h.He
                                                  "exactly_once"),
         "at_least_once / write_deltalake": h.paired(runs, "seconds", "write_deltalake",
                                                     "at_least_once"),
+        "CPU s: exactly_once / write_deltalake": h.paired(runs, "cpu", "exactly_once",
+                                                          "write_deltalake"),
     }
-    lines += ["", h.table(["rows/s ratio per repetition pair", "median (range)"],
+    lines += ["", h.table(["ratio per repetition pair (rows/s unless CPU)", "median (range)"],
                           [[k, h.spread(v)] for k, v in ratios.items()])]
     # the sink's own work (over handing the rows to Python) against the reference's (over
     # the job alone): what the Delta sink itself costs, without Spark's Python hand-off
-    own = h.per_rep(runs, "seconds", "exactly_once", minus="python_noop")
-    ref = h.per_rep(runs, "seconds", "write_deltalake", minus="noop")
-    hand_off = h.per_rep(runs, "seconds", "python_noop", minus="noop")
-    lines += ["", h.table(["added s per 1M rows, per repetition", "median (range)"], [
-        ["exactly_once over python_noop (the sink's own work)",
-         h.spread([s * per_m for s in own])],
-        ["write_deltalake over noop (the reference's own work)",
-         h.spread([s * per_m for s in ref])],
-        ["python_noop over noop (Spark handing rows to Python)",
-         h.spread([s * per_m for s in hand_off])]])]
+    rows_of = [("exactly_once over python_noop (the sink's own work)", "exactly_once",
+                "python_noop"),
+               ("write_deltalake over noop (the reference's own work)", "write_deltalake",
+                "noop"),
+               ("python_noop over noop (Spark handing rows to Python)", "python_noop", "noop")]
+    lines += ["", h.table(
+        ["added per 1M rows, per repetition: median (range)", "wall s", "CPU s"],
+        [[label, h.spread([s * per_m for s in h.per_rep(runs, "seconds", v, minus=base)]),
+          h.spread([s * per_m for s in h.per_rep(runs, "cpu", v, minus=base)])]
+         for label, v, base in rows_of])]
     headlines = [
         h.Headline("delta_sink", f"{store}: {key}, rows/s", h.spread(ratios[key]), ">= 0.9",
                    statistics.median(ratios[key]) >= 0.9)
