@@ -77,6 +77,38 @@ def test_two_writers_racing_for_one_epoch_the_table_takes_one_and_fences_the_oth
     assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2]
 
 
+def test_after_its_own_commit_the_driver_knows_the_epoch_without_reading_the_log(
+        tmp_path, monkeypatch):
+    """While the table's newest version is the sink's own last commit, the next epoch takes
+    the query's txn version from that commit instead of reading the log (a GET per epoch on
+    S3): epoch 1 reads no transaction version."""
+    h = ProtocolHarness(new_sink(tmp_path))
+    h.run_epoch(0, [rows([1, 2])])
+    reads = []
+    original = DeltaTable.transaction_version
+    monkeypatch.setattr(DeltaTable, "transaction_version",
+                        lambda self, app: reads.append(app) or original(self, app))
+    h.run_epoch(1, [rows([3])])
+    assert reads == []
+    table = DeltaTable(str(tmp_path / "table"))
+    assert table.transaction_version(app_id(h.query_id)) == 1
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
+
+
+def test_a_commit_of_another_writer_since_its_own_makes_the_driver_read_the_log(tmp_path):
+    """Another instance of the query committed epoch 1 after this driver's epoch 0: the
+    table's version is no longer this driver's own commit, so it reads the txn version,
+    finds epoch 1 there and adds nothing."""
+    first = ProtocolHarness(new_sink(tmp_path, "log-a"), query_id="q-1")
+    first.run_epoch(0, [rows([1, 2])])
+    second = ProtocolHarness(new_sink(tmp_path, "log-b"), query_id="q-1")
+    second.run_epoch(1, [rows([3])])
+    first.run_epoch(1, [rows([3])])
+    table = DeltaTable(str(tmp_path / "table"))
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3]
+    assert table.version() == 2
+
+
 def test_files_carry_record_counts_and_exact_bounds_only(tmp_path):
     h = ProtocolHarness(new_sink(tmp_path))
     h.run_epoch(0, [rows([7, 3, 9])])
@@ -89,6 +121,27 @@ def test_files_carry_record_counts_and_exact_bounds_only(tmp_path):
     assert stats.get("min.key") is None  # strings: Delta truncates them, so no bounds given
     assert stats["null_count.key"] == 0
     assert (str(stats["min.day"]), str(stats["max.day"])) == ("1970-01-04", "1970-01-10")
+
+
+def test_a_task_writes_its_small_batches_as_few_large_row_groups(tmp_path, monkeypatch):
+    """Spark hands a task its rows in Arrow batches of 10,000: the task buffers them into row
+    groups of ROW_GROUP_ROWS rows (deltalake's own size) instead of one row group per batch,
+    with every row once, in order, and file statistics over all row groups."""
+    import pyarrow.parquet as pq
+
+    from exactly.connectors.delta import sink as delta_sink
+
+    monkeypatch.setattr(delta_sink, "ROW_GROUP_ROWS", 250, raising=False)
+    h = ProtocolHarness(new_sink(tmp_path))
+    h.run_epoch(0, [[rows(list(range(start, start + 100))) for start in range(0, 1000, 100)]])
+    table = DeltaTable(str(tmp_path / "table"))
+    (add,) = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    footer = pq.ParquetFile(tmp_path / "table" / add["path"]).metadata
+    assert [footer.row_group(i).num_rows for i in range(footer.num_row_groups)] == \
+        [300, 300, 300, 100]
+    assert table.to_pyarrow_table()["id"].to_pylist() == list(range(1000))
+    assert (add["num_records"], add["min.id"], add["max.id"]) == (1000, 0, 999)
+    assert add["size_bytes"] == (tmp_path / "table" / add["path"]).stat().st_size
 
 
 def test_a_table_with_other_columns_is_refused_naming_both_schemas(tmp_path):

@@ -18,9 +18,10 @@ Protocol (docs/design.md section 3):
 * task (executor): on the first row, a *pending marker*
   ``_exactly/pending/<query>/<epoch>/<attempt>.json`` names the data file; then the rows go
   to the data file, written straight to its final place in the table directory
-  (``part-<epoch>-<attempt>-<query>.<codec>.parquet``). A Delta reader ignores a file the log
-  does not name. Pre-commit = the file closed (and fsynced on a local disk); the handle
-  carries its size and statistics.
+  (``part-<epoch>-<attempt>-<query>.<codec>.parquet``), one file per task, Spark's Arrow
+  batches buffered into row groups of :data:`ROW_GROUP_ROWS` rows (``deltalake``'s size).
+  A Delta reader ignores a file the log does not name. Pre-commit = the file closed (and
+  fsynced on a local disk); the handle carries its size and statistics.
 * commit (driver): ``commit_handle`` checks the file is there; ``publish_epoch`` commits all
   files of the epoch in one Delta transaction with the ``txn`` action, unless the table's
   ``txn`` version for the query already reached the epoch; then the markers are deleted.
@@ -53,9 +54,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,11 @@ HARMLESS_OPERATIONS = frozenset({"CREATE TABLE", "SET TBLPROPERTIES", "VACUUM ST
                                  "ADD CONSTRAINT", "DROP CONSTRAINT"})
 #: how often ``deltalake`` retries a commit that lost a race with another writer
 COMMIT_RETRIES = 15
+#: rows of a Parquet row group (``deltalake``'s and parquet-rs's default): a task's Arrow
+#: batches (Spark sends 10,000 rows each) are buffered into row groups this large
+ROW_GROUP_ROWS = 1024 * 1024
+#: a row group is written once its buffered batches hold this many bytes, however few rows
+ROW_GROUP_BYTES = 128 * 1024 * 1024
 
 
 def app_id(query_id: str) -> str:
@@ -126,6 +134,24 @@ class DeltaTxn:
     writer: pq.ParquetWriter | None = None
     rows: int = 0
     schema: pa.Schema | None = None
+    #: batches not yet written: the next row group
+    buffered: list[pa.RecordBatch] = field(default_factory=list)
+    buffered_rows: int = 0
+    buffered_bytes: int = 0
+    #: the pending marker's PUT on an object store, running while the rows are encoded
+    marker: Future | None = None
+
+    def marker_written(self) -> None:
+        """Wait for the pending marker's PUT; raises its error."""
+        if self.marker is not None:
+            self.marker.result()
+
+    def flush(self) -> None:
+        """Write the buffered batches as one row group."""
+        if self.buffered and self.writer is not None:
+            self.writer.write_table(pa.Table.from_batches(self.buffered),
+                                    row_group_size=max(self.buffered_rows, 1))
+        self.buffered, self.buffered_rows, self.buffered_bytes = [], 0, 0
 
 
 class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
@@ -146,6 +172,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         self._table: Any = None  # the driver's DeltaTable, kept across epochs
         #: (query, epoch, the table's txn version read for it): one read per epoch
         self._checked: tuple[str, int, int | None] = ("", -1, None)
+        #: (query, the table version this sink's last commit made, its epoch): while the
+        #: table has no newer version, the query's txn version is that epoch, known without
+        #: reading the log (``transaction_version`` reads commit files: a GET on S3)
+        self._own: tuple[str, int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # executors get no DeltaTable
         return {**self.__dict__, "_table": None}
@@ -216,42 +246,55 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
             return
         if txn.writer is None:
             fs, base = self._fs()
-            _put(fs, f"{base}/{self._marker_name(txn.task)}", json.dumps({
+            marker = (fs, f"{base}/{self._marker_name(txn.task)}", json.dumps({
                 "query_id": txn.task.query_id, "run_id": txn.task.run_id,
                 "epoch": txn.task.epoch, "partition": txn.task.partition,
                 "attempt": txn.task.attempt, "file": txn.file}).encode())
+            if self.location.is_local:
+                _put(*marker)  # the data file exists once opened: its marker first
+            else:
+                # an object exists only once its upload completes (pre_commit waits for the
+                # marker before that): the marker's PUT runs while the rows are encoded
+                txn.marker = _in_background(_put, *marker)
             txn.stream = fs.open_output_stream(f"{base}/{txn.file}")
             txn.schema = batch.schema
             txn.writer = pq.ParquetWriter(txn.stream, batch.schema, compression=self.compression)
-        txn.writer.write_batch(batch)
+        txn.buffered.append(batch)
+        txn.buffered_rows += batch.num_rows
+        txn.buffered_bytes += batch.nbytes
         txn.rows += batch.num_rows
+        if txn.buffered_rows >= ROW_GROUP_ROWS or txn.buffered_bytes >= ROW_GROUP_BYTES:
+            txn.flush()
 
     def pre_commit(self, txn: DeltaTxn) -> DeltaPayload:
         if txn.writer is None:
             return DeltaPayload(0)
+        txn.flush()
         txn.writer.close()
         metadata = txn.writer.writer.metadata  # the footer, known once closed
         txn.writer = None
+        size = txn.stream.tell()  # every byte of the file went through this stream
+        txn.marker_written()  # before the data object can exist
         txn.stream.close()  # on S3: the upload completes here, atomically
         txn.stream = None
-        fs, base = self._fs()
-        path = f"{base}/{txn.file}"
+        modified = int(time.time() * 1000)  # no HEAD request: the file was written just now
         if self.location.is_local:
-            fsync_file(path)
-        info = fs.get_file_info(path)
-        modified = info.mtime_ns // 1_000_000 if info.mtime_ns else int(time.time() * 1000)
+            fsync_file(f"{self.location.uri}/{txn.file}")
         assert txn.schema is not None
-        return DeltaPayload(txn.rows, txn.file, int(info.size or 0), modified,
+        return DeltaPayload(txn.rows, txn.file, size, modified,
                             file_stats(metadata, txn.schema))
 
     def abort_transaction(self, txn: DeltaTxn) -> None:
         try:
+            with contextlib.suppress(Exception):  # written or not, it is deleted below
+                txn.marker_written()
             if txn.writer is not None:
                 txn.writer.close()
             if txn.stream is not None:
                 txn.stream.close()
         finally:
             txn.writer = txn.stream = None
+            txn.buffered = []
             if txn.rows or txn.schema is not None:
                 self._discard(txn.task, txn.file)
 
@@ -267,8 +310,16 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     # -- driver side -------------------------------------------------------------------
     def committed_epoch(self, query_id: str) -> int | None:
-        """The last epoch of ``query_id`` the table holds (its ``txn`` version), or None."""
-        return self._delta().transaction_version(app_id(query_id))
+        """The last epoch of ``query_id`` the table holds (its ``txn`` version), or None.
+
+        When the newest table version is the one this sink's own last commit made, that
+        commit's epoch, without reading the log: only one commit came after the version the
+        commit was based on, so it is that commit, and its ``txn`` is the query's newest."""
+        table = self._delta()
+        own = self._own
+        if own is not None and own[0] == query_id and table.version() == own[1]:
+            return own[2]
+        return table.transaction_version(app_id(query_id))
 
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Nothing moves (the file is in its final place): recognise an epoch the table
@@ -285,6 +336,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if fs.get_file_info(f"{base}/{handle.payload.file}").type != pafs.FileType.NotFound:
             return CommitOutcome.COMMITTED
         done = self.committed_epoch(handle.query_id)  # the cached version may be stale
+        self._checked = (handle.query_id, handle.epoch, done)
         if done is not None and done >= handle.epoch:
             return CommitOutcome.ALREADY_COMMITTED
         raise DataLossError(
@@ -297,12 +349,20 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if not handles:
             return
         query_id = handles[0].query_id
-        table = self._delta()
-        done = table.transaction_version(app_id(query_id))
+        if self._checked[:2] == (query_id, epoch):
+            # commit_handle read the table for this epoch just before (one read per epoch):
+            # a commit of another writer since then is Delta's conflict check's to handle
+            table, done = self._delta(fresh=False), self._checked[2]
+        else:
+            table = self._delta()
+            done = table.transaction_version(app_id(query_id))
+        self._checked = ("", -1, None)  # a later call for this epoch reads the table again
         adds = [_add(h) for h in handles if h.payload.file]
         if adds and (done is None or done < epoch):
             from deltalake.exceptions import CommitFailedError, DeltaError
 
+            self._own = None
+            based_on = table.version()
             try:
                 table.create_write_transaction(
                     adds, "append", table.schema(),
@@ -320,8 +380,10 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                         "query is live. This instance committed nothing of the epoch."
                     ) from exc
             else:
+                # the commit is version based_on + 1 unless another writer's came first
+                self._own = (query_id, based_on + 1, epoch)
                 log_event(logger, "delta_commit", epoch=epoch, files=len(adds),
-                          rows=sum(h.rows for h in handles), table_version=table.version())
+                          rows=sum(h.rows for h in handles), based_on_version=based_on)
         for handle in handles:
             self._delete_marker(handle.task)
 
@@ -589,6 +651,20 @@ def _commit_properties(app: str | None, epoch: int, query_id: str):
         app_transactions=[Transaction(app, epoch, int(time.time() * 1000))] if app else None,
         custom_metadata={"exactly.queryId": query_id, "exactly.epoch": str(epoch)},
         max_commit_retries=COMMIT_RETRIES)
+
+
+def _in_background(function: Any, *args: Any) -> Future:
+    """``function(*args)`` in a thread of its own; its result or error in the future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as exc:  # handed to whoever waits for it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="exactly-delta-marker", daemon=True).start()
+    return future
 
 
 def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
