@@ -7,6 +7,7 @@ id first became visible to it.
   the input existed (a producer starved of CPU on a busy machine does not count).
 * :class:`RateProducer` - produces ids ``0, 1, 2 ...`` (the record's value, as text) at a
   fixed rate, spread over the partitions; warm-up records carry negative ids.
+* :class:`ProducerProcess` - the same in a process of its own.
 * :class:`FirstSeen` - a reader polling in its own thread every ``poll_s``: a subclass's
   :meth:`FirstSeen.poll` returns the rows it found new as ``(id, append time in s)``; the
   time the poll returned is recorded per id the first time the id is seen, and every row
@@ -57,7 +58,7 @@ class RateProducer:
 
     def run(self, rate: int, seconds: float, tick: Callable[[], None] | None = None) -> float:
         """Produce at ``rate`` records/s for ``seconds``; returns the achieved rate. ``tick``
-        runs about every 10 ms (e.g. to check the query is alive)."""
+        runs about every 100 ms (e.g. to check the query is alive)."""
         start = time.time()
         last_tick = start
         while (now := time.time()) - start < seconds:
@@ -71,7 +72,7 @@ class RateProducer:
                     continue
                 self.sent += 1
             self._p.poll(0)
-            if tick is not None and now - last_tick > 0.01:
+            if tick is not None and now - last_tick > 0.1:
                 tick()
                 last_tick = now
             time.sleep(0.002)
@@ -79,6 +80,62 @@ class RateProducer:
         if remaining:
             raise RuntimeError(f"{remaining} input records not delivered to {self.topic}")
         return self.sent / (time.time() - start)  # the delivery included
+
+
+def _produce_child(bootstrap: str, topic: str, rate: int, seconds: float, go: Any,
+                   result: Any) -> None:
+    producer = RateProducer(bootstrap, topic)
+    go.wait()
+    try:
+        achieved = producer.run(rate, seconds)
+        result.put((producer.sent, achieved, None))
+    except Exception as exc:  # reported by the parent
+        result.put((producer.sent, 0.0, repr(exc)))
+
+
+class ProducerProcess:
+    """A :class:`RateProducer` in a process of its own (no GIL shared with the driver's
+    Python code: exactly's commits run there), started by :meth:`go` and waited for by
+    :meth:`join`."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process holding a JVM
+        self._go = ctx.Event()
+        self._result = ctx.Queue()
+        self._proc = ctx.Process(target=_produce_child, daemon=True,
+                                 args=(bootstrap, topic, rate, seconds, self._go,
+                                       self._result))
+        self._proc.start()
+
+    def go(self) -> None:
+        self._go.set()
+
+    def join(self, tick: Callable[[], None] | None = None,
+             timeout: float = 600) -> tuple[int, float]:
+        """(records sent, achieved rate); ``tick`` runs every 100 ms meanwhile."""
+        import queue
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                sent, achieved, error = self._result.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if tick is not None:
+                    tick()
+        else:
+            self._proc.kill()
+            raise RuntimeError(f"the input producer did not finish in {timeout:.0f} s")
+        self._proc.join(10)
+        if error is not None:
+            raise RuntimeError(f"the input producer failed: {error}")
+        return sent, achieved
+
+    def kill(self) -> None:
+        if self._proc.is_alive():
+            self._proc.kill()
 
 
 class FirstSeen:

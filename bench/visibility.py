@@ -5,12 +5,13 @@ The input (one for every target)
 --------------------------------
 A Kafka topic of 2 partitions with ``message.timestamp.type=LogAppendTime`` (the broker
 stamps each record when it appends it), fed at ``--rate`` records/s (2,000) by a producer in
-this process, each record carrying its id (:mod:`latency`). One SparkSession (``local[2]``)
-reads it with Spark's Kafka source and writes ``id`` and ``ts`` (the broker's append time,
-``cast(timestamp as double)``) with a processing-time trigger of ``--interval-ms`` (200 ms)
-into each variant below. A run: start the query and its reader, produce one warm-up record
-per trigger until two epochs with data have committed and the reader saw warm-up data, then
-produce ``--seconds`` (30) at the rate, then wait until the reader saw every id.
+a process of its own, each record carrying its id (:mod:`latency`). One SparkSession
+(``local[2]``) reads it with Spark's Kafka source and writes ``id`` and ``ts`` (the broker's
+append time, ``cast(timestamp as double)``) with a processing-time trigger of
+``--interval-ms`` (200 ms) into each variant below. A run: start the query and its reader,
+produce one warm-up record per trigger until two epochs with data have committed and the
+reader saw warm-up data, then produce ``--seconds`` (30) at the rate, then wait until the
+reader saw every id.
 
 Targets, variants and their readers (``--only kafka,postgres,files,delta``)
 ------------------------------------------------------------------------
@@ -46,7 +47,8 @@ epochs measured or fewer than 3 repetitions prints ``NOT A MEASUREMENT``.
 
 Run from the repository root::
 
-    .venv/bin/python bench/visibility.py [--only kafka,postgres,files,delta] [--rate 2000]
+    .venv/bin/python bench/visibility.py [--only kafka,postgres,files,delta] [--skip wal,upsert]
+        [--rate 2000]
         [--interval-ms 200] [--seconds 30] [--warmup-seconds 10] [--repeat 3]
         [--poll-ms 10] [--workdir DIR]
 """
@@ -87,6 +89,29 @@ KAFKA_CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
 #: Spark's progress durations printed per variant (median over the measured epochs)
 PHASES = ("triggerExecution", "latestOffset", "queryPlanning", "walCommit", "addBatch",
           "commitOffsets")
+
+
+def epoch_parts(checkpoint: Path, after: int) -> dict[str, float]:
+    """Medians over the completed epochs after ``after`` of what exactly's checkpoint history
+    records per epoch (``exactly checkpoints --json``): its duration and its parts (planning,
+    source offsets, offsets log, processing, sink pre-commit and commit, Spark's commit log).
+    Empty for a query without exactly's history (Spark's own sinks)."""
+    from exactly.monitoring import overview
+
+    if not (checkpoint / "exactly-job").exists():
+        return {}
+    records = [r for r in overview.load(str(checkpoint)).records
+               if r.get("kind") == "epoch" and r.get("status") == "completed"
+               and isinstance(r.get("epoch"), int) and r["epoch"] > after]
+    if not records:
+        return {}
+    out = {"duration": statistics.median(float(r["duration_ms"]) for r in records)}
+    for key in records[0].get("parts_ms") or {}:
+        values = [float(r["parts_ms"][key]) for r in records
+                  if (r.get("parts_ms") or {}).get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+    return out
 
 
 def ids_ok(ids: list[int], sent: int, exactly: bool, what: str) -> str | None:
@@ -443,7 +468,8 @@ def run(target: Target, kind: str, rate: int, seconds: float) -> dict[str, Any]:
     ck = ctx.workdir / f"ck-{target.name}-{kind}-{tag}"
     query = target.start(kind, target.frame(df), out, ck)
     reader = target.reader(kind, out).start()
-    producer = lat.RateProducer(ctx.bootstrap, source)
+    producer = lat.RateProducer(ctx.bootstrap, source)  # the warm-up records
+    steady = lat.ProducerProcess(ctx.bootstrap, source, rate, seconds)
     progress: dict[int, dict[str, Any]] = {}
     last_collect = [0.0]
 
@@ -467,14 +493,15 @@ def run(target: Target, kind: str, rate: int, seconds: float) -> dict[str, Any]:
             raise RuntimeError(f"{target.name} {kind}: warm-up data never became visible; "
                                f"reader errors {reader.errors[:3]}")
         first_batch = int(query.lastProgress["batchId"])
-        achieved = producer.run(rate, seconds, alive)
-        sent = producer.sent
+        steady.go()
+        sent, achieved = steady.join(alive)
         lat.wait_for(lambda: reader.seen_all(sent), 120, alive=alive)
         time.sleep(3 * ctx.interval_ms / 1000)
         for p in query.recentProgress:
             progress[int(p["batchId"])] = p
         last_batch = max(progress) if progress else first_batch
     finally:
+        steady.kill()
         reader.stop()
         query.stop()
     problem = ids_ok(target.final_ids(kind, out), sent, kind in target.exact,
@@ -491,6 +518,7 @@ def run(target: Target, kind: str, rate: int, seconds: float) -> dict[str, Any]:
     return {"sent": sent, "rate": appended, "produced_rate": achieved,
             "delays_ms": reader.delays_ms(sent),
             "epochs": last_batch - first_batch, "phases": phases,
+            "exactly_parts": epoch_parts(ck, first_batch),
             "resolution_ms": reader.resolution_ms(), "failed_polls": reader.failed_polls,
             "error": problem, "checkpoint": str(ck)}
 
@@ -499,6 +527,8 @@ def run(target: Target, kind: str, rate: int, seconds: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(TARGETS), help="targets, comma-separated")
+    ap.add_argument("--skip", default="", help="variants left out, comma-separated "
+                    "(e.g. wal,upsert)")
     ap.add_argument("--rate", type=int, default=2000, help="input records/s")
     ap.add_argument("--interval-ms", type=int, default=200, help="the trigger")
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds per run")
@@ -548,7 +578,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for name in names:
                 target = TARGETS[name](ctx)
-                variants = [v for v in target.variants if v != "spark_jdbc" or jar]
+                skip = set(args.skip.split(","))
+                variants = [v for v in target.variants
+                            if (v != "spark_jdbc" or jar) and v not in skip]
                 if args.warmup_seconds > 0:
                     for kind in variants:
                         r = run(target, kind, args.rate, args.warmup_seconds)
@@ -566,9 +598,12 @@ def main(argv: list[str] | None = None) -> int:
                     details.append({"target": name, "variant": kind, "rep": rep,
                                     **{k: v for k, v in r.items() if k != "delays_ms"}})
                     phases = " ".join(f"{k} {v:.0f}" for k, v in r["phases"].items())
+                    if r["exactly_parts"]:
+                        phases += "; exactly history median ms: " + " ".join(
+                            f"{k} {v:.0f}" for k, v in r["exactly_parts"].items())
                     print(f"rep {rep} {name:8} {kind:15} p50 {values['p50']:6.0f} ms  p99 "
                           f"{values['p99']:6.0f} ms  max {max(d, default=float('nan')):6.0f}"
-                          f" ms over {len(d):,} records ({r['rate']:.0f}/s), "
+                          f" ms over {len(d):,} records (appended {r['rate']:.0f}/s), "
                           f"{r['epochs']} epochs; resolution {r['resolution_ms']:.1f} ms; "
                           f"Spark median ms: {phases}  {h.load()}"
                           + (f"  ERRORS {r['error']}" if r["error"] else ""), flush=True)
