@@ -76,7 +76,7 @@ class RateProducer:
                 tick()
                 last_tick = now
             time.sleep(0.002)
-        remaining = self._p.flush(30)
+        remaining = self._p.flush(180)  # a loaded broker may lag
         if remaining:
             raise RuntimeError(f"{remaining} input records not delivered to {self.topic}")
         return self.sent / (time.time() - start)  # the delivery included

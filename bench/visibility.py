@@ -568,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     runs: dict[str, list[h.Run]] = {}
     details: list[dict[str, Any]] = []
+    failures: list[str] = []  # runs that ended in an exception (left out of the table)
     conf = {"spark.jars": jar} if jar and "postgres" in names else {}
     with broker_or_configured(workdir / "broker") as bootstrap, \
             TempPostgres(max_prepared_transactions=10) as pg:
@@ -588,7 +589,13 @@ def main(argv: list[str] | None = None) -> int:
                               f"ms  {h.load()}" + (f"  ERRORS {r['error']}" if r["error"]
                                                    else ""), flush=True)
                 for rep, kind in h.schedule(variants, args.repeat):
-                    r = run(target, kind, args.rate, args.seconds)
+                    try:
+                        r = run(target, kind, args.rate, args.seconds)
+                    except Exception as exc:  # one failed run does not end the benchmark
+                        failures.append(f"rep {rep} {name} {kind}: {exc!r}")
+                        print(f"rep {rep} {name:8} {kind:15} FAILED {exc!r}  {h.load()}",
+                              flush=True)
+                        continue
                     d = r["delays_ms"]
                     values = {"p50": h.p50(d) or float("nan"),
                               "p99": h.p99(d) or float("nan"), "epochs": r["epochs"],
@@ -642,9 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{h.machine()}")
     all_runs = [r for trs in runs.values() for r in trs]
     h.write_headlines(workdir, headlines, {"runs": [vars(r) for r in all_runs],
-                                           "details": details, "note": note})
+                                           "details": details, "failures": failures,
+                                           "note": note})
     print(f"results: {workdir / 'headlines.json'}")
-    errors = [e for r in all_runs for e in r.errors]
+    errors = [e for r in all_runs for e in r.errors] + failures
     for problem in errors:
         print(f"CHECK FAILED: {problem}", file=sys.stderr)
     return 1 if errors else 0
