@@ -46,8 +46,11 @@ class RateProducer:
         self.sent = 0
         self._warm = 0
         # batched a little (5 ms): one request per record loads a busy broker, and the
-        # latency starts at the broker's append anyway
-        self._p = Producer({**quiet_conf(bootstrap), "linger.ms": 5})
+        # latency starts at the broker's append anyway. Idempotent: a retry after a timeout
+        # on a loaded broker would otherwise append a record twice (seen: 13 ids twice in
+        # an input, which the check by id then blames on the sink)
+        self._p = Producer({**quiet_conf(bootstrap), "linger.ms": 5,
+                            "enable.idempotence": True})
 
     def warm(self) -> None:
         """One warm-up record per partition (ids -1, -2, ...), delivered before returning."""
