@@ -423,13 +423,14 @@ class PublishSession:
         if self.published_through() > epoch:
             return None
         if self.in_transaction:  # a stream nobody finished: nothing of it may stay
-            self._abort_open()
+            self.abort_open()
         self.producer.begin_transaction()
         self.in_transaction = True
         return self.producer
 
-    def _abort_open(self) -> None:
-        """Abort the open transaction (rows streamed that this publish cannot use)."""
+    def abort_open(self) -> None:
+        """Abort the open transaction (streamed rows that the publish cannot use, or held
+        too long). The caller holds :attr:`busy`."""
         self._txn_call(self.producer.abort_transaction, what="abort_transaction")
         self.in_transaction = False
 
@@ -484,7 +485,7 @@ class PublishSession:
             self._commit_epoch(epoch, streamed[1], attempt, time.perf_counter(), streamed=True)
             return
         if self.producer is not None and self.in_transaction:
-            self._abort_open()
+            self.abort_open()
         if self.published_through() > epoch:
             log_event(logger, "epoch_already_published", epoch=epoch)
             return

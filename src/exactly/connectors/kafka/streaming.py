@@ -60,6 +60,10 @@ STREAMING = register_point(
 #: how often the stream thread looks for new staged rows: a local directory, object storage
 POLL_LOCAL_S = 0.01
 POLL_REMOTE_S = 0.2
+#: the share of ``transaction.timeout.ms`` an early transaction may stay open before the
+#: stream aborts it itself and leaves the epoch to the full publish: the broker would abort
+#: it at the timeout and fence the producer (the publish would fail instead of falling back)
+MAX_OPEN_SHARE = 0.5
 
 _MAGIC = b"ARROW1"
 #: the IPC end-of-stream marker the file writer puts before the footer
@@ -197,6 +201,8 @@ class EpochStream:
     #: why the stream stopped early (the publish then goes the full way)
     error: BaseException | None = None
     already_published: bool = False
+    #: when the early transaction began (``time.monotonic()``)
+    began: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -214,9 +220,17 @@ class EpochStream:
                 if self.producer is None:
                     self.already_published = True
                     return
+                self.began = time.monotonic()
                 crashed_once = False
                 while True:
                     stopping = self._stop.is_set()
+                    if self.too_old():
+                        session.abort_open()
+                        raise TimeoutError(
+                            f"the early transaction of epoch {self.epoch} was open for "
+                            f"{time.monotonic() - self.began:.0f}s, over "
+                            f"{MAX_OPEN_SHARE:.0%} of transaction.timeout.ms; the epoch is "
+                            "published after its tasks instead")
                     produced = self._poll()
                     if produced and not crashed_once:
                         crashed_once = True
@@ -257,6 +271,12 @@ class EpochStream:
                 produced += batch.num_rows
         return produced
 
+    def too_old(self) -> bool:
+        """The early transaction has been open too long to be committed safely (see
+        :data:`MAX_OPEN_SHARE`)."""
+        limit = self.options.transaction_timeout_ms / 1000 * MAX_OPEN_SHARE
+        return self.producer is not None and time.monotonic() - self.began > limit
+
     def stop(self) -> None:
         """Stop the thread (after one last poll) and wait for it."""
         self._stop.set()
@@ -270,7 +290,7 @@ class EpochStream:
         failed, an attempt the intent does not name is in it, a file does not hold its
         handle's rows): the caller aborts it and publishes the full way."""
         self.stop()
-        if self.producer is None or self.error is not None:
+        if self.producer is None or self.error is not None or self.too_old():
             return None
         from exactly.connectors.kafka.publisher import produce_batch
 
