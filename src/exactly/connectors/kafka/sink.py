@@ -217,7 +217,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         files = [f for f in map(self.stage.staged_file, handles) if f is not None]
         stream, self._stream = self._stream, None
         if stream is not None and (stream.epoch != epoch or not files):
-            stream.stop()  # recovery of another epoch: whatever it holds is aborted below
+            self._end_stream(stream)  # e.g. recovery publishing another epoch
             stream = None
         if files:
             session = self._publisher(handles[0].query_id)
@@ -236,8 +236,6 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             except BaseException:
                 drop_session(session)  # the next epoch starts from a fresh producer
                 raise
-        elif stream is not None:
-            self._end_stream(stream)
         for handle in handles:
             if handle.payload.dir:
                 self._remove(handle)
@@ -275,10 +273,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         with session.busy:
             if session.in_transaction and session.producer is stream.producer:
                 try:
-                    session.close()  # aborts the open transaction; the next epoch reopens
+                    session.abort_open()
                 except Exception as exc:
                     log_event(logger, "stream_abort_failed", logging.WARNING,
                               epoch=stream.epoch, error=str(exc))
+                    drop_session(session)  # closing aborts what it can; the next reopens
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
         return self.stage.list(query_id)
