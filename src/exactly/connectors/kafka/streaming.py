@@ -201,7 +201,9 @@ class EpochStream:
     #: why the stream stopped early (the publish then goes the full way)
     error: BaseException | None = None
     already_published: bool = False
-    #: when the early transaction began (``time.monotonic()``)
+    #: when the first record went into the early transaction (``time.monotonic()``; 0:
+    #: none yet). ``begin_transaction`` is local to librdkafka: the broker's transaction,
+    #: and its timeout, start with the first record's partition being added to it
     began: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -220,7 +222,6 @@ class EpochStream:
                 if self.producer is None:
                     self.already_published = True
                     return
-                self.began = time.monotonic()
                 crashed_once = False
                 while True:
                     stopping = self._stop.is_set()
@@ -266,6 +267,8 @@ class EpochStream:
             except FileNotFoundError:  # an aborted attempt removed its directory
                 continue
             for batch in batches:
+                if not self.began:
+                    self.began = time.monotonic()
                 produce_batch(self.producer, batch, self.options.topic)
                 attempt.produced_rows += batch.num_rows
                 produced += batch.num_rows
@@ -275,7 +278,7 @@ class EpochStream:
         """The early transaction has been open too long to be committed safely (see
         :data:`MAX_OPEN_SHARE`)."""
         limit = self.options.transaction_timeout_ms / 1000 * MAX_OPEN_SHARE
-        return self.producer is not None and time.monotonic() - self.began > limit
+        return bool(self.began) and time.monotonic() - self.began > limit
 
     def stop(self) -> None:
         """Stop the thread (after one last poll) and wait for it."""
