@@ -347,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["plain_producer (Kafka's own time)", h.spread([s * per_m for s in plain]),
              "1.00", h.spread([args.records / s / 1000 for s in plain], ".0f")]]
     headlines = []
-    for kind in ("exactly_once", "at_least_once", "spark_kafka", "python_noop"):
+    have = {"noop", "plain_producer"} <= set(variants)
+    for kind in [k for k in ("exactly_once", "at_least_once", "spark_kafka", "python_noop")
+                 if k in variants and have]:
         added, ratio = h.over(runs, kind, "noop", "plain_producer")
         total = h.per_rep(runs, "seconds", kind)
         rows.append([kind, h.spread([a * per_m for a in added]), h.spread(ratio),
@@ -355,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "exactly_once":
             headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
                                         h.spread(ratio), "<= 1.0", h.at_most(ratio, 1.0)))
-    own_row, own_headline = h.own_work(runs, "exactly_once", "plain_producer",
-                                       "plain producer", "kafka_sink", per_m)
-    rows.append(own_row)
-    headlines.append(own_headline)
-    rows.append(h.noop_row(runs, args.records, per_m))
+    if have and {"exactly_once", "python_noop"} <= set(variants):
+        own_row, own_headline = h.own_work(runs, "exactly_once", "plain_producer",
+                                           "plain producer", "kafka_sink", per_m)
+        rows.append(own_row)
+        headlines.append(own_headline)
+    if "noop" in variants:
+        rows.append(h.noop_row(runs, args.records, per_m))
     print()
     print(h.table(["variant", "added s per 1M records", "added / plain producer",
                    "k records/s"], rows))
