@@ -257,7 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=120.0, help="length of a latency run")
     ap.add_argument("--no-latency", dest="latency", action="store_false")
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--partitions", type=int, default=2,
+                    help="partitions of the input topic (= tasks per epoch; local[2] has 2 "
+                         "cores)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated subset of the throughput variants (the added-time "
+                         "columns need noop and plain_producer)")
     args = ap.parse_args(argv)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; choose from {VARIANTS}")
 
     from exactly.connectors.kafka.source import spark_kafka_conf
     from exactly.logs import configure
@@ -270,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     note = h.sizes_note(args.records, args.warmup_records, args.repeat)
     print(h.machine())
     print(f"{args.records:,} records per run in {args.epochs} epochs, local[2]; "
+          f"{args.partitions} input partitions; "
           f"{args.repeat} repetitions in alternating order after a "
           f"{args.warmup_records:,}-record warm-up of each variant; client settings {CLIENT}. "
           f"{note}", flush=True)
@@ -279,15 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     with broker_or_configured(workdir / "broker") as bootstrap:
         source = f"bench-in-{uuid.uuid4().hex[:6]}"
         warm = f"bench-warm-{uuid.uuid4().hex[:6]}"
-        create_topic(bootstrap, source, 2)
-        create_topic(bootstrap, warm, 2)
+        create_topic(bootstrap, source, args.partitions)
+        create_topic(bootstrap, warm, args.partitions)
         produce_input(bootstrap, source, args.records)
         produce_input(bootstrap, warm, args.warmup_records)
         input_rows = consume_all(bootstrap, source, isolation_level="read_uncommitted")
         warm_rows = consume_all(bootstrap, warm, isolation_level="read_uncommitted")
         spark = spark_session(app_name="exactly-bench-kafka", conf=spark_kafka_conf())
         try:
-            for kind in VARIANTS:  # warm-up: JVM, Python workers, connector classes
+            for kind in variants:  # warm-up: JVM, Python workers, connector classes
                 out = f"warm-{kind}-{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, out, 2)
                 if kind == "plain_producer":
@@ -295,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     run_sink(spark, kind, bootstrap, warm, args.warmup_records, 2, workdir,
                              out)
-            for rep, kind in h.schedule(VARIANTS, args.repeat):
+            for rep, kind in h.schedule(variants, args.repeat):
                 out = f"bench-{kind}-{uuid.uuid4().hex[:6]}"
                 create_topic(bootstrap, out, 2)
                 if kind == "plain_producer":
@@ -336,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [["plain_producer (Kafka's own time)", h.spread([s * per_m for s in plain]),
              "1.00", h.spread([args.records / s / 1000 for s in plain], ".0f")]]
     headlines = []
-    for kind in ("exactly_once", "at_least_once", "spark_kafka", "python_noop"):
+    have = {"noop", "plain_producer"} <= set(variants)
+    for kind in [k for k in ("exactly_once", "at_least_once", "spark_kafka", "python_noop")
+                 if k in variants and have]:
         added, ratio = h.over(runs, kind, "noop", "plain_producer")
         total = h.per_rep(runs, "seconds", kind)
         rows.append([kind, h.spread([a * per_m for a in added]), h.spread(ratio),
@@ -344,14 +357,24 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "exactly_once":
             headlines.append(h.Headline("kafka_sink", "exactly_once added time / plain producer",
                                         h.spread(ratio), "<= 1.0", h.at_most(ratio, 1.0)))
-    own_row, own_headline = h.own_work(runs, "exactly_once", "plain_producer",
-                                       "plain producer", "kafka_sink", per_m)
-    rows.append(own_row)
-    headlines.append(own_headline)
-    rows.append(h.noop_row(runs, args.records, per_m))
+    if have and {"exactly_once", "python_noop"} <= set(variants):
+        own_row, own_headline = h.own_work(runs, "exactly_once", "plain_producer",
+                                           "plain producer", "kafka_sink", per_m)
+        rows.append(own_row)
+        headlines.append(own_headline)
+    if "noop" in variants:
+        rows.append(h.noop_row(runs, args.records, per_m))
     print()
     print(h.table(["variant", "added s per 1M records", "added / plain producer",
                    "k records/s"], rows))
+    # throughput of exactly_once over another sink's in the same repetition (> 1: faster)
+    for other, goal in (("spark_kafka", 1.0), ("at_least_once", 0.9)):
+        ratio = h.paired(runs, "seconds", other, "exactly_once")
+        print(f"throughput exactly_once / {other} per repetition pair: {h.spread(ratio)} "
+              f"(goal >= {goal})")
+        headlines.append(h.Headline("kafka_sink", f"throughput exactly_once / {other}",
+                                    h.spread(ratio), f">= {goal}",
+                                    float(np.median(ratio)) >= goal if ratio else None))
     if lat_runs:
         print(f"\nvisibility latency (produce -> read_committed), trigger {args.interval_ms} "
               f"ms, {args.rate} records/s for {args.seconds:.0f} s per run:")

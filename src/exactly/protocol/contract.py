@@ -208,6 +208,21 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         (called before every commit of the run, recovery included). Sinks that keep
         clients across epochs key them by the run; default: nothing to do."""
 
+    def start_early_publish(self, query_id: str, run_id: str, epoch: int) -> None:
+        """The driver run ``run_id`` (holding the lease) is about to run epoch ``epoch``'s
+        tasks, and will then commit them in this process. A sink may start moving the
+        epoch's pre-commits toward the target while the tasks run (e.g. into a transaction
+        it opens now), provided nothing becomes visible before :meth:`publish_epoch` with
+        the intent's handles, and that a crash before the intent leaves nothing the next
+        run's recovery cannot abort. Called only where the driver runs the tasks itself
+        (``foreachBatch``); errors are the sink's to absorb (the publish then goes the
+        full way). Default: nothing (the publish does all the work)."""
+
+    def stop_early_publish(self, epoch: int) -> None:
+        """The commit call of epoch ``epoch`` returned or failed: drop whatever
+        :meth:`start_early_publish` began and :meth:`publish_epoch` did not use (abort
+        it). Idempotent; must not raise. Default: nothing."""
+
     @abstractmethod
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """Commit one pre-commit. Idempotent; raises DataLossError if it vanished."""

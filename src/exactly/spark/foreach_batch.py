@@ -125,17 +125,23 @@ class TwoPhaseForeachBatch:
             committer.ensure_run(query_id, run_id)  # a new run recovers before its tasks write
         writer = _partition_writer(self.sink, self.settings.mode, self.fault, query_id, run_id,
                                    epoch)
-        rows = batch_df.mapInArrow(writer, "handle string, pre_commit_ms double").collect()
-        handles = [Handle.from_json(json.loads(r["handle"]), self.sink.payload_type)
-                   for r in rows]
+        if self.settings.mode is Mode.EXACTLY_ONCE:  # overlap the publish with the tasks
+            self.sink.start_early_publish(query_id, run_id, epoch)
         try:
-            committer.commit_epoch(epoch, handles,
-                                   pre_commit_ms=slowest(r["pre_commit_ms"] for r in rows))
-        except SimulatedCrash:
-            raise
-        except BaseException:
-            log_event(logger, "commit_failed", logging.WARNING, epoch=epoch,
-                      handles=len(handles))
-            self._committer = None  # whatever runs next begins afresh
-            committer.abort_epoch(epoch, handles)
-            raise
+            rows = batch_df.mapInArrow(writer, "handle string, pre_commit_ms double").collect()
+            handles = [Handle.from_json(json.loads(r["handle"]), self.sink.payload_type)
+                       for r in rows]
+            try:
+                committer.commit_epoch(epoch, handles,
+                                       pre_commit_ms=slowest(r["pre_commit_ms"] for r in rows))
+            except SimulatedCrash:
+                raise
+            except BaseException:
+                log_event(logger, "commit_failed", logging.WARNING, epoch=epoch,
+                          handles=len(handles))
+                self._committer = None  # whatever runs next begins afresh
+                committer.abort_epoch(epoch, handles)
+                raise
+        finally:
+            if self.settings.mode is Mode.EXACTLY_ONCE:
+                self.sink.stop_early_publish(epoch)

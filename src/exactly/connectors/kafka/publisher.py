@@ -299,6 +299,8 @@ class PublishSession:
         self.busy = threading.RLock()
         self.last_used = time.monotonic()
         self._group_metadata: bytes | None = None
+        #: the epoch marker as this producer's own last commit set it (None: read it)
+        self._marker: int | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -326,6 +328,7 @@ class PublishSession:
         # cannot reach a transaction of its new epoch
         self.producer.poll(0)
         self.suspect = None
+        self._marker = None
 
     def _mark_suspect(self, reason: str) -> None:
         if self.suspect is None:
@@ -375,12 +378,17 @@ class PublishSession:
     def published_through(self) -> int:
         """One past the last epoch whose transaction committed (0 when none did).
 
-        Each attempt asks with a new consumer and a short timeout
+        After this producer's own commit the marker is known and not read again (no other
+        producer can commit one of this query's epochs without fencing this one, which its
+        next transactional call then reports). A freshly opened producer reads it: each
+        attempt asks with a new consumer and a short timeout
         (:data:`MARKER_READ_TIMEOUT_S`): a ``committed`` call made while the broker was
         down was measured to wait out its whole timeout after the broker came back
         (librdkafka 2.x); a new consumer answers at once."""
         with self.busy:
             self._open()
+            if self._marker is not None:
+                return self._marker
             try:
                 return self._read_marker()
             finally:
@@ -406,8 +414,35 @@ class PublishSession:
             raise KafkaSinkError(f"reading the epoch marker failed: {tp.error}")
         return max(tp.offset, 0)
 
-    def publish(self, epoch: int, files: list[StagedFile]) -> None:
+    def begin_streamed(self, epoch: int) -> Any:
+        """Begin epoch ``epoch``'s transaction before its intent, for the rows streamed while
+        its tasks run (:mod:`exactly.connectors.kafka.streaming`); the producer holding it,
+        or None when the epoch is already published. A suspect producer is replaced first,
+        as before any publish. The caller holds :attr:`busy`."""
+        self._renew_if_suspect()
+        if self.published_through() > epoch:
+            return None
+        if self.in_transaction:  # a stream nobody finished: nothing of it may stay
+            self.abort_open()
+        self.producer.begin_transaction()
+        self.in_transaction = True
+        return self.producer
+
+    def abort_open(self) -> None:
+        """Abort the open transaction (streamed rows that the publish cannot use, or held
+        too long). The caller holds :attr:`busy`."""
+        self._txn_call(self.producer.abort_transaction, what="abort_transaction")
+        self.in_transaction = False
+
+    def publish(self, epoch: int, files: list[StagedFile],
+                streamed: tuple[Any, int] | None = None) -> None:
         """Publish the rows staged in ``files`` as epoch ``epoch``, unless it already is.
+
+        ``streamed`` (the producer and the rows it holds in its open transaction): the
+        stream already produced exactly the rows of ``files`` into that transaction
+        (:meth:`EpochStream.finish <exactly.connectors.kafka.streaming.EpochStream.finish>`);
+        when that producer is still this session's, only the marker and the commit are
+        left. Any open transaction otherwise is aborted before the epoch is produced again.
 
         Raises FencedError when a newer producer of the query took over, KafkaSinkError
         when the producer failed fatally or the publish kept failing for
@@ -423,7 +458,7 @@ class PublishSession:
             attempts += 1
             self._renew_if_suspect()
             try:
-                self._publish_once(epoch, files, attempts)
+                self._publish_once(epoch, files, attempts, streamed)
             except KafkaException as exc:
                 self._raise_if_final(epoch, exc)
                 raise
@@ -443,9 +478,14 @@ class PublishSession:
                 f"{_describe(exc)}. The epoch stays staged and is published by the next "
                 "run; check the brokers, or raise exactly.kafka.publishTimeoutMs.") from exc
 
-    def _publish_once(self, epoch: int, files: list[StagedFile], attempt: int) -> None:
-        from confluent_kafka import TopicPartition
+    def _publish_once(self, epoch: int, files: list[StagedFile], attempt: int,
+                      streamed: tuple[Any, int] | None = None) -> None:
 
+        if streamed is not None and self.in_transaction and self.producer is streamed[0]:
+            self._commit_epoch(epoch, streamed[1], attempt, time.perf_counter(), streamed=True)
+            return
+        if self.producer is not None and self.in_transaction:
+            self.abort_open()
         if self.published_through() > epoch:
             log_event(logger, "epoch_already_published", epoch=epoch)
             return
@@ -468,6 +508,14 @@ class PublishSession:
             for batch in table.to_batches():
                 produce_batch(producer, batch, self.options.topic)
                 rows += batch.num_rows
+        self._commit_epoch(epoch, rows, attempt, started, streamed=False)
+
+    def _commit_epoch(self, epoch: int, rows: int, attempt: int, started: float, *,
+                      streamed: bool) -> None:
+        """The epoch's rows are in the open transaction: add the marker and commit."""
+        from confluent_kafka import TopicPartition
+
+        producer = self.producer
         # the records reach the broker's log, uncommitted, before the crash
         maybe_crash(self.options.fault, IN_TRANSACTION, epoch,
                     before=lambda: producer.flush(30))
@@ -477,7 +525,9 @@ class PublishSession:
                        what="send epoch marker")
         self._txn_call(producer.commit_transaction, what="commit_transaction")
         self.in_transaction = False
+        self._marker = epoch + 1
         log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
+                  streamed=streamed,
                   publish_ms=round((time.perf_counter() - started) * 1000, 1))
 
     def _txn_call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
@@ -547,6 +597,7 @@ class PublishSession:
         producer = self.producer
         self.producer = None
         self.suspect = None
+        self._marker = None
         if producer is not None and self.in_transaction:
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)

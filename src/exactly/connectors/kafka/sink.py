@@ -80,6 +80,7 @@ from exactly.connectors.kafka.publisher import (
     produce_batch,
     read_marker,
 )
+from exactly.connectors.kafka.streaming import EpochStream
 from exactly.errors import DataLossError
 from exactly.logs import log_event
 from exactly.protocol.contract import (
@@ -125,6 +126,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         self.root = settings.require_log_location("exactly.kafka")
         self.stage = open_stage(self.root, "staging", _STAGED)
         self._run_id: str | None = None
+        self._stream: EpochStream | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # the executors need no stream
+        return {**self.__dict__, "_stream": None}
 
     @property
     def log_directory(self) -> Path | str:
@@ -203,14 +208,31 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     def publish_epoch(self, epoch: int, handles: Sequence[Handle]) -> None:
         """Produce every staged row of the epoch and the epoch marker in one transaction.
 
-        Idempotent: an epoch whose marker is already committed is not produced again.
-        Raises FencedError when a newer producer of the same query took over.
+        When :meth:`start_early_publish` streamed rows into the epoch's open transaction,
+        only what is missing is produced, and only if the transaction holds the rows of
+        exactly ``handles`` (otherwise it is aborted and the epoch produced again from
+        the handles' files). Idempotent: an epoch whose marker is already committed is not
+        produced again. Raises FencedError when a newer producer of the same query took over.
         """
         files = [f for f in map(self.stage.staged_file, handles) if f is not None]
+        stream, self._stream = self._stream, None
+        if stream is not None and (stream.epoch != epoch or not files):
+            self._end_stream(stream)  # e.g. recovery publishing another epoch
+            stream = None
         if files:
             session = self._publisher(handles[0].query_id)
             try:
-                session.publish(epoch, files)
+                if stream is not None:
+                    stream.stop()  # its thread holds the session until it ends
+                with session.busy:
+                    streamed = None
+                    if stream is not None and stream.session is session:
+                        rows = stream.finish(handles)
+                        if rows is not None:
+                            streamed = (stream.producer, rows)
+                    elif stream is not None:
+                        stream.stop()
+                    session.publish(epoch, files, streamed)
             except BaseException:
                 drop_session(session)  # the next epoch starts from a fresh producer
                 raise
@@ -221,6 +243,41 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     def abort(self, handle: Handle) -> None:
         if handle.payload.dir:
             self._remove(handle)
+
+    def start_early_publish(self, query_id: str, run_id: str, epoch: int) -> None:
+        """Begin the epoch's transaction now and stream each task's staged rows into it
+        while the tasks run (:mod:`exactly.connectors.kafka.streaming`); exactly_once only.
+        Nothing of it is visible before :meth:`publish_epoch` commits it."""
+        if self.mode is not Mode.EXACTLY_ONCE:
+            return
+        if self._stream is not None:
+            self._end_stream(self._stream)
+        self._run_id = run_id
+        session = self._publisher(query_id)
+        self._stream = EpochStream(session, self.stage, self.options, run_id, epoch)
+        self._stream.start()
+
+    def stop_early_publish(self, epoch: int) -> None:
+        """Abort what a stream that :meth:`publish_epoch` did not use holds."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            self._end_stream(stream)
+
+    @staticmethod
+    def _end_stream(stream: EpochStream) -> None:
+        """Stop ``stream`` and abort its transaction, if its producer still holds it open
+        (best effort: otherwise the next publish, ``init_transactions`` or the transaction
+        timeout aborts it)."""
+        stream.stop()
+        session = stream.session
+        with session.busy:
+            if session.in_transaction and session.producer is stream.producer:
+                try:
+                    session.abort_open()
+                except Exception as exc:
+                    log_event(logger, "stream_abort_failed", logging.WARNING,
+                              epoch=stream.epoch, error=str(exc))
+                    drop_session(session)  # closing aborts what it can; the next reopens
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
         return self.stage.list(query_id)
