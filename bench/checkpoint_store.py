@@ -454,16 +454,8 @@ def headlines(results: Sequence[EpochRun], history: Sequence[HistoryRun],
 
 # -- main -----------------------------------------------------------------------------------
 def start_server(work: Path) -> S3Server:
-    """S3Proxy on 127.0.0.1, its settings in this process's AWS_* environment (what S3A,
-    boto3 and deltalake read), bucket ``bench`` created, empty (a reused WORKDIR keeps no
-    checkpoint of an earlier run)."""
-    shutil.rmtree(work / "s3proxy", ignore_errors=True)
-    server = S3Server(work / "s3proxy").start()
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(key, None)
-    os.environ.update(server.env())
-    server.create_bucket(BUCKET)
-    return server
+    """S3Proxy with this benchmark's bucket (:func:`harness.start_s3`)."""
+    return h.start_s3(work, BUCKET)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -271,17 +270,8 @@ def trigger_cost(spark: Any, store: Store, args: argparse.Namespace,
 
 
 def start_server(workdir: Path) -> Any:
-    """S3Proxy with bucket ``bench``; its credentials in this process's environment (the
-    sink's tasks read them there; Spark's Python workers inherit it)."""
-    from exactly.testing.s3_server import S3Server
-
-    shutil.rmtree(workdir / "s3proxy", ignore_errors=True)
-    server = S3Server(workdir / "s3proxy").start()
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(key, None)
-    os.environ.update(server.env())
-    server.create_bucket(BUCKET)
-    return server
+    """S3Proxy with this benchmark's bucket (:func:`harness.start_s3`)."""
+    return h.start_s3(workdir, BUCKET)
 
 
 def report(store: str, runs: Sequence[h.Run], rows: int) -> tuple[str, list[h.Headline]]:

@@ -260,3 +260,20 @@ def write_headlines(workdir: Path, headlines: Sequence[Headline],
     (workdir / "headlines.json").write_text(json.dumps(
         {"headlines": [asdict(h) for h in headlines], "machine": machine(), **(extra or {})},
         indent=1))
+
+
+def start_s3(workdir: Path, bucket: str) -> Any:
+    """S3Proxy on 127.0.0.1 (the test kit's), its settings in this process's AWS_* environment
+    (what S3A, boto3 and deltalake read, and what Spark's Python workers inherit), ``bucket``
+    created and empty: a reused WORKDIR keeps nothing of an earlier run."""
+    import shutil
+
+    from exactly.testing.s3_server import S3Server
+
+    shutil.rmtree(workdir / "s3proxy", ignore_errors=True)
+    server = S3Server(workdir / "s3proxy").start()
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        os.environ.pop(key, None)
+    os.environ.update(server.env())
+    server.create_bucket(bucket)
+    return server
