@@ -283,8 +283,9 @@ def test_2pc_driver_keeps_one_connection_across_epochs_and_reconnects_after_the_
     drops it while it sits idle between epochs, the next epoch's step fails as transient,
     reconnects and commits."""
     import exactly.connectors.postgres.two_phase as mod
+    import exactly.connectors.sql as sql
 
-    real = mod.pg_connect
+    real = sql.pg_connect
     opened: list[int] = []
 
     def counted(*args, **kwargs):
@@ -293,7 +294,8 @@ def test_2pc_driver_keeps_one_connection_across_epochs_and_reconnects_after_the_
             opened.append(c.info.backend_pid)
         return c
 
-    monkeypatch.setattr(mod, "pg_connect", counted)
+    for module in (mod, sql):  # the sink's own connections and its kept one
+        monkeypatch.setattr(module, "pg_connect", counted)
     h = ProtocolHarness(two_pc)
     for epoch in range(3):
         h.run_epoch(epoch, parts(epoch))

@@ -158,38 +158,43 @@ def answer_deadline(conn, seconds: float | None, *, what: str) -> Iterator[None]
 
 
 class KeptConnection:
-    """One driver-side connection, opened on first use and kept across calls and epochs: a
-    sink's commit steps are a few short statements, and opening a connection costs more than
-    they do.
+    """One driver-side PostgreSQL connection (autocommit, application ``exactly-commit``),
+    opened on first use and kept across calls and epochs: a sink's commit steps are a few
+    short statements, and opening a connection costs more than they do.
 
-    :meth:`use` hands it out under :func:`answer_deadline`; any failure inside closes and
-    forgets it, so the next use (a retry of an idempotent step, the next epoch) connects
-    afresh -- after a server restart, a dropped connection or a statement left unanswered. A
-    connection the server closed while it sat idle is noticed at its next use the same way:
-    the statement fails as transient and the retry reconnects. One thread uses it at a time;
-    a pickled copy (an executor's sink) carries no connection."""
+    :meth:`use` hands it out with its statements bounded by ``seconds``
+    (:func:`answer_deadline`); any failure inside closes and forgets it, so the next use (a
+    retry of an idempotent step, the next epoch) connects afresh -- after a server restart, a
+    dropped connection or a statement left unanswered. A connection the server closed while
+    it sat idle is noticed at its next use the same way: the statement fails as transient and
+    the retry reconnects. One thread uses it at a time; a pickled copy (an executor's sink)
+    carries no connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, dsn: str, seconds: float | None) -> None:
+        self.dsn = dsn
+        self.seconds = seconds
         self._conn: Any = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"dsn": self.dsn, "seconds": self.seconds}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__(state["dsn"], state["seconds"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:  # never show the DSN's password
+        return f"KeptConnection({redact_dsn(self.dsn)!r})"
 
     @contextmanager
-    def use(self, connect: Callable[[], Any], seconds: float | None, *,
-            what: str) -> Iterator[Any]:
-        """The kept connection -- ``connect()`` opens one when there is none or it is closed
-        or broken -- its statements bounded by ``seconds`` (:func:`answer_deadline`)."""
+    def use(self, *, what: str) -> Iterator[Any]:
+        """The kept connection (opened when there is none or it is closed or broken)."""
         with self._lock:
             conn = self._conn
             if conn is None or conn.closed or conn.broken:
-                conn = self._conn = connect()
+                conn = self._conn = pg_connect(self.dsn, application="exactly-commit",
+                                               autocommit=True)
             try:
-                with answer_deadline(conn, seconds, what=what):
+                with answer_deadline(conn, self.seconds, what=what):
                     yield conn
             except BaseException:
                 self._drop()

@@ -133,13 +133,10 @@ class PostgresWalTarget(WalTarget):
         #: seconds to wait for the answer to a load's COMMIT or a marker lookup (0: no bound)
         self.commit_timeout = commit_timeout_ms / 1000
         #: the driver's connection for marker lookups, kept across epochs
-        self._lookups = KeptConnection()
+        self._lookups = KeptConnection(dsn, self.commit_timeout)
 
     def describe(self) -> str:
         return f"PostgreSQL {redact_dsn(self.dsn)} table {self.table}"
-
-    def _connect_driver(self) -> Any:
-        return pg_connect(self.dsn, application="exactly-commit", autocommit=True)
 
     def prepare(self, schema: pa.Schema) -> None:
         from psycopg import sql
@@ -157,8 +154,7 @@ class PostgresWalTarget(WalTarget):
         from psycopg import sql
 
         def step() -> bool:
-            with self._lookups.use(self._connect_driver, self.commit_timeout,
-                                   what="reading a marker") as conn:
+            with self._lookups.use(what="reading a marker") as conn:
                 return conn.execute(sql.SQL(
                     "SELECT 1 FROM {} WHERE query_id = %s AND target = %s AND epoch = %s").format(
                     self.markers.sql()), (query_id, str(self.table), epoch)).fetchone() is not None

@@ -63,6 +63,12 @@ class TaskInfo:
         """Names this attempt uniquely across runs: attempt numbers restart with each run."""
         return f"{self.partition:05d}-{self.run_id[:8]}-{self.attempt}"
 
+    @staticmethod
+    def key_of_run(key: str, run_id: str) -> bool:
+        """True when ``key`` is an :attr:`attempt_key` of an attempt of run ``run_id``."""
+        parts = key.split("-")
+        return len(parts) == 3 and parts[0].isdigit() and parts[1] == run_id[:8]
+
 
 @dataclass(frozen=True)
 class Payload:

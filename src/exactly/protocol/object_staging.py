@@ -107,13 +107,16 @@ class ObjectStagingArea(Stage):
     def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
         return self.store.exists(f"{handle.payload.dir}/{TASK_FILE}")
 
-    def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
-        name = handle.payload.file
-        if not name:
-            return None
-        relative = f"{handle.payload.dir}/{name}"
+    def file_in(self, directory: str, name: str) -> StagedFile:
+        relative = f"{directory}/{name}"
         return StagedFile(self.fs, f"{self._root_path}/{relative}",
                           self.store.describe(relative))
+
+    def run_attempts(self, epoch: int, run_id: str) -> list[str]:
+        """From one listing of the epoch's prefix."""
+        epoch_prefix = f"{self.folder}/{epoch:012d}"
+        keys = {name.split("/")[0] for name in self.store.list_tree(epoch_prefix)}
+        return [self._attempt(epoch, k) for k in sorted(keys) if TaskInfo.key_of_run(k, run_id)]
 
     def describe(self, handle: Handle[StagedPayload]) -> str:
         return self.store.describe(handle.payload.dir)

@@ -143,8 +143,20 @@ class Stage(ABC):
         the others, their data file says it)."""
 
     @abstractmethod
+    def file_in(self, directory: str, name: str) -> StagedFile:
+        """The file ``name`` of the attempt staged in ``directory`` (a payload's ``dir``);
+        it may not exist (yet)."""
+
     def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
         """The attempt's data file, ``None`` when it wrote no rows."""
+        name = handle.payload.file
+        return self.file_in(handle.payload.dir, name) if name else None
+
+    @abstractmethod
+    def run_attempts(self, epoch: int, run_id: str) -> list[str]:
+        """The directories (the payloads' ``dir``) of run ``run_id``'s attempts of ``epoch``
+        staged so far, in name order: for a driver reading staged rows while its tasks
+        still write them (their data files may be incomplete or not there yet)."""
 
     @abstractmethod
     def describe(self, handle: Handle[StagedPayload]) -> str:
@@ -229,9 +241,18 @@ class StagingArea(Stage):
     def has_attempt(self, handle: Handle[StagedPayload]) -> bool:
         return self.directory(handle).is_dir()
 
-    def staged_file(self, handle: Handle[StagedPayload]) -> StagedFile | None:
-        path = self.data_file(handle)
-        return None if path is None else StagedFile(_LOCAL, str(path), str(path))
+    def file_in(self, directory: str, name: str) -> StagedFile:
+        path = str(self.root / directory / name)
+        return StagedFile(_LOCAL, path, path)
+
+    def run_attempts(self, epoch: int, run_id: str) -> list[str]:
+        directory = self.epoch_dir(epoch)
+        try:
+            names = sorted(p.name for p in directory.iterdir())
+        except FileNotFoundError:
+            return []
+        return [str((directory / n).relative_to(self.root)) for n in names
+                if TaskInfo.key_of_run(n, run_id)]
 
     def describe(self, handle: Handle[StagedPayload]) -> str:
         return str(self.directory(handle))

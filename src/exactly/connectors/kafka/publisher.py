@@ -480,7 +480,6 @@ class PublishSession:
 
     def _publish_once(self, epoch: int, files: list[StagedFile], attempt: int,
                       streamed: tuple[Any, int] | None = None) -> None:
-
         if streamed is not None and self.in_transaction and self.producer is streamed[0]:
             self._commit_epoch(epoch, streamed[1], attempt, time.perf_counter(), streamed=True)
             return

@@ -230,8 +230,6 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
                         rows = stream.finish(handles)
                         if rows is not None:
                             streamed = (stream.producer, rows)
-                    elif stream is not None:
-                        stream.stop()
                     session.publish(epoch, files, streamed)
             except BaseException:
                 drop_session(session)  # the next epoch starts from a fresh producer

@@ -48,7 +48,7 @@ from exactly.connectors.kafka.options import KafkaSinkOptions
 from exactly.logs import log_event
 from exactly.protocol.contract import Handle
 from exactly.protocol.faults import maybe_crash, register_point
-from exactly.protocol.staging import Stage, StagedFile, StagedPayload, StagingArea
+from exactly.protocol.staging import Stage, StagedFile, StagingArea
 
 logger = logging.getLogger("exactly.connectors.kafka.streaming")
 
@@ -155,34 +155,6 @@ class StreamedAttempt:
     produced_rows: int = 0
 
 
-def epoch_attempts(stage: Stage, epoch: int, run_id: str) -> list[str]:
-    """The payload directories (relative to the stage's root) of the attempts of ``run_id``
-    staged for ``epoch`` so far."""
-    key_part = f"-{run_id[:8]}-"
-    if isinstance(stage, StagingArea):
-        directory = stage.epoch_dir(epoch)
-        try:
-            names = sorted(p.name for p in directory.iterdir())
-        except FileNotFoundError:
-            return []
-        return [str((directory / n).relative_to(stage.root)) for n in names
-                if key_part in n and not n.startswith("_")]
-    from exactly.protocol.object_staging import ObjectStagingArea
-
-    assert isinstance(stage, ObjectStagingArea)
-    prefix = f"{stage.folder}/{epoch:012d}"
-    keys = {name.split("/")[0] for name in stage.store.list_tree(prefix)}
-    return [f"{prefix}/{k}" for k in sorted(keys) if key_part in k and not k.startswith("_")]
-
-
-def staged_file_of(stage: Stage, directory: str) -> StagedFile | None:
-    """The data file of the attempt staged in ``directory`` (relative to the stage root)."""
-    from exactly.protocol.contract import TaskInfo
-
-    task = TaskInfo("", "", 0, 0, 0)  # only the payload matters to staged_file
-    return stage.staged_file(Handle(task, StagedPayload(0, directory, stage.data_name)))
-
-
 @dataclass
 class EpochStream:
     """The stream of one epoch's staged rows into the run's open transaction (module doc).
@@ -250,29 +222,38 @@ class EpochStream:
 
     def _poll(self) -> int:
         """Produce what the attempts staged since the last poll; the rows produced."""
-        from exactly.connectors.kafka.publisher import produce_batch
-
         produced = 0
-        for directory in epoch_attempts(self.stage, self.epoch, self.run_id):
-            attempt = self.attempts.get(directory)
-            if attempt is None:
-                staged = staged_file_of(self.stage, directory)
-                if staged is None:
-                    continue
-                attempt = self.attempts[directory] = StreamedAttempt(StagedTail(staged))
+        for directory in self.stage.run_attempts(self.epoch, self.run_id):
+            attempt = self._attempt(directory)
             if attempt.tail.complete:
                 continue
             try:
-                batches = attempt.tail.read_new()
+                produced += self._produce_new(attempt)
             except FileNotFoundError:  # an aborted attempt removed its directory
                 continue
-            for batch in batches:
-                if not self.began:
-                    self.began = time.monotonic()
-                produce_batch(self.producer, batch, self.options.topic)
-                attempt.produced_rows += batch.num_rows
-                produced += batch.num_rows
         return produced
+
+    def _attempt(self, directory: str) -> StreamedAttempt:
+        """The attempt staged in ``directory``, followed from the first time it is seen."""
+        attempt = self.attempts.get(directory)
+        if attempt is None:
+            staged = self.stage.file_in(directory, self.stage.data_name)
+            attempt = self.attempts[directory] = StreamedAttempt(StagedTail(staged))
+        return attempt
+
+    def _produce_new(self, attempt: StreamedAttempt) -> int:
+        """Produce the attempt's record batches written since the last read into the open
+        transaction; the rows produced. Raises as :meth:`StagedTail.read_new`."""
+        from exactly.connectors.kafka.publisher import produce_batch
+
+        rows = 0
+        for batch in attempt.tail.read_new():
+            if not self.began:
+                self.began = time.monotonic()
+            produce_batch(self.producer, batch, self.options.topic)
+            attempt.produced_rows += batch.num_rows
+            rows += batch.num_rows
+        return rows
 
     def too_old(self) -> bool:
         """The early transaction has been open too long to be committed safely (see
@@ -295,8 +276,6 @@ class EpochStream:
         self.stop()
         if self.producer is None or self.error is not None or self.too_old():
             return None
-        from exactly.connectors.kafka.publisher import produce_batch
-
         wanted = {h.payload.dir: h for h in handles if h.payload.file}
         extra = [d for d, a in self.attempts.items() if d not in wanted and a.produced_rows]
         if extra:
@@ -305,16 +284,9 @@ class EpochStream:
             return None
         rows = 0
         for directory, handle in wanted.items():
-            attempt = self.attempts.get(directory)
-            if attempt is None:
-                staged = staged_file_of(self.stage, directory)
-                if staged is None:
-                    return None
-                attempt = self.attempts[directory] = StreamedAttempt(StagedTail(staged))
+            attempt = self._attempt(directory)
             try:
-                for batch in attempt.tail.read_new():
-                    produce_batch(self.producer, batch, self.options.topic)
-                    attempt.produced_rows += batch.num_rows
+                self._produce_new(attempt)
             except (FileNotFoundError, UnstreamableFile) as exc:
                 log_event(logger, "stream_incomplete", logging.WARNING, epoch=self.epoch,
                           attempt=directory, error=str(exc))

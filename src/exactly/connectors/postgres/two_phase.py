@@ -227,7 +227,7 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         self._log_dir: Path | str = (log_dir if str(log_dir).startswith(("s3://", "s3a://"))
                                      else Path(log_dir))
         #: the driver side's connection, kept across its steps and epochs
-        self._commit_conn = KeptConnection()
+        self._commit_conn = KeptConnection(dsn, self.commit_timeout)
 
     def __repr__(self) -> str:  # never show the DSN's password
         return f"PostgresTwoPhaseSink(dsn={redact_dsn(self.dsn)!r}, table={self.table})"
@@ -384,12 +384,8 @@ class PostgresTwoPhaseSink(TwoPhaseCommitSink[PgTxn]):
         statements wait at most ``commitTimeoutMs`` for their answers
         (:func:`answer_deadline`): every driver-side step is small and idempotent, so a lost
         answer becomes a retry that reads the target's record."""
-        with self._commit_conn.use(self._connect_driver, self.commit_timeout,
-                                   what=what) as conn:
+        with self._commit_conn.use(what=what) as conn:
             yield conn
-
-    def _connect_driver(self) -> Any:
-        return pg_connect(self.dsn, application="exactly-commit", autocommit=True)
 
     def commit_handle(self, handle: Handle) -> CommitOutcome:
         """``COMMIT PREPARED``; when the gid is not prepared (any more) the marker row that
