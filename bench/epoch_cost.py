@@ -427,12 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.driver_only:
         return driver_only(variants, args, work)
-    broken = []
-    if args.epochs < h.MIN_P99_VALUES:
-        broken.append(f"{args.epochs} epochs per run < {h.MIN_P99_VALUES}")
-    if args.repeat < h.MIN_REPEAT:
-        broken.append(f"{args.repeat} repetitions < {h.MIN_REPEAT}")
-    note = f"NOT A MEASUREMENT ({'; '.join(broken)})" if broken else ""
+    note = h.tail_note(args.epochs, "epochs", args.repeat)
     print(h.machine())
     print(f"{args.label} {args.rate:,} rows/s in 2 partitions, {args.trigger_ms} ms trigger, "
           f"{args.epochs} epochs per run after {args.skip} start-up epochs, {args.repeat} "

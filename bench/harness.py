@@ -75,6 +75,17 @@ def sizes_note(rows: int, warmup_rows: int, repeat: int) -> str:
     return f"NOT A MEASUREMENT ({'; '.join(broken)})" if broken else ""
 
 
+def tail_note(values: float, what: str, repeat: int) -> str:
+    """:func:`sizes_note` for a benchmark of tails: ``values`` (e.g. epochs) per run for its
+    p99, and its repetitions."""
+    broken = []
+    if values < MIN_P99_VALUES:
+        broken.append(f"{values:,.0f} {what} per run < {MIN_P99_VALUES}")
+    if repeat < MIN_REPEAT:
+        broken.append(f"{repeat} repetitions < {MIN_REPEAT}")
+    return f"NOT A MEASUREMENT ({'; '.join(broken)})" if broken else ""
+
+
 def schedule(variants: Sequence[str], repeat: int) -> list[tuple[int, str]]:
     """(repetition, variant) in run order: forward in even repetitions, reversed in odd."""
     order = []

@@ -39,7 +39,9 @@ job passes each record's broker timestamp through, and a ``read_committed`` cons
 output records when each record became visible. Reported: p50 / p99 of visible - appended
 (one machine, one clock), per repetition, and the ratio exactly_once / spark_kafka per
 repetition pair (goal: p99 <= 1.5). Measurement starts once two epochs with (warm-up) data
-have committed. The rules (warm-up, alternating order, repetitions) are :mod:`harness`'s.
+have committed. Each latency run is one run of bench/visibility.py's Kafka target (its input
+producer, reader and checks by id). The rules (warm-up, alternating order, repetitions) are
+:mod:`harness`'s.
 
 Run from the repository root (after ``scripts/setup.sh``)::
 
@@ -54,7 +56,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -158,92 +159,15 @@ def check_topic(bootstrap: str, topic: str, records: int, what: str) -> str | No
 
 def latency(spark: Any, bootstrap: str, workdir: Path, interval_ms: int, rate: int,
             seconds: float, kind: str) -> dict[str, Any]:
-    """Produce -> read_committed visibility through sink ``kind`` (``exactly_once`` or
-    ``spark_kafka``): per-record delays and the number of epochs measured."""
-    from confluent_kafka import Consumer, Producer
+    """Input append -> read_committed visibility through sink ``kind`` (``exactly_once`` or
+    ``spark_kafka``): per-record delays and the number of epochs measured. One run of
+    bench/visibility.py's Kafka target (its input, reader and checks by id)."""
+    import visibility as vis
 
-    from exactly.config import CheckpointConfig
-    from exactly.connectors.kafka.source import read_kafka
-    from exactly.ops.query import start_query
-
-    name = uuid.uuid4().hex[:6]
-    source, out = f"lat-in-{name}", f"lat-out-{name}"
-    # the broker stamps each input record when it appends it (LogAppendTime): latency is
-    # measured from there, so a producer starved of CPU on a busy machine does not count
-    create_topic(bootstrap, source, 2, **{"message.timestamp.type": "LogAppendTime"})
-    create_topic(bootstrap, out, 2)
-    df = read_kafka(spark, bootstrap, topics=source, starting_offsets="earliest").selectExpr(
-        "key", "to_json(named_struct('id', cast(cast(value as string) as long), "
-        "'ts', cast(timestamp as double))) as value")
-    client = {f"kafka.{k}": v for k, v in CLIENT.items()}
-    if kind == "exactly_once":
-        query = start_query(df, sink_format="exactly.kafka",
-                            checkpoint=CheckpointConfig(interval=f"{interval_ms}ms",
-                                                        storage=str(workdir / f"ck-{out}")),
-                            options={opt.KAFKA_BOOTSTRAP: bootstrap, opt.TOPIC: out,
-                                     opt.TRANSACTIONAL_ID_PREFIX: f"lat-{name}",
-                                     opt.CHECKPOINT_INTERVAL_MS: str(interval_ms),
-                                     **client}).query
-    else:
-        query = (df.writeStream.format("kafka")
-                 .option("kafka.bootstrap.servers", bootstrap).option("topic", out)
-                 .options(**client)
-                 .option("checkpointLocation", str(workdir / f"ck-{out}"))
-                 .trigger(processingTime=f"{interval_ms} milliseconds").start())
-    delays: list[float] = []
-    seen: list[int] = []
-    warm: list[int] = []
-    stop = threading.Event()
-
-    def consume() -> None:
-        c = Consumer({**quiet_conf(bootstrap), "group.id": f"lat-{name}",
-                      "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-        c.subscribe([out])
-        while not stop.is_set():
-            msg = c.poll(0.05)
-            if msg is not None and msg.error() is None:
-                if msg.key() == b"warm":
-                    warm.append(1)
-                else:
-                    record = json.loads(msg.value())
-                    delays.append(time.time() - record["ts"])
-                    seen.append(record["id"])
-        c.close()
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    p = Producer({**quiet_conf(bootstrap), "linger.ms": 0})
-    # warm up until two epochs with data have committed: the first one after a start pays
-    # for Python worker start-up and connections
-    deadline = time.time() + 300
-    while time.time() < deadline and sum(
-            1 for pr in query.recentProgress if pr["numInputRows"]) < 2:
-        p.produce(source, b"-1", b"warm")
-        p.flush(10)
-        time.sleep(interval_ms / 1000)
-    while len(warm) == 0 and time.time() < deadline:
-        time.sleep(0.1)
-    first_epoch = query.lastProgress["batchId"] if query.lastProgress else 0
-    sent = 0
-    start = time.time()
-    while time.time() - start < seconds:
-        due = int((time.time() - start) * rate)
-        while sent < due:
-            p.produce(source, str(sent).encode(), b"k")
-            sent += 1
-        p.poll(0)
-        time.sleep(0.002)
-    p.flush(30)
-    deadline = time.time() + 60
-    while len(delays) < sent and time.time() < deadline:
-        time.sleep(0.2)
-    stop.set()
-    reader.join(10)
-    last_epoch = query.lastProgress["batchId"] if query.lastProgress else 0
-    query.stop()
-    return {"records": sent, "delays_ms": [d * 1000 for d in delays],
-            "epochs": last_epoch - first_epoch,
-            "error": h.check_ids(seen, sent, f"latency {kind}")}
+    ctx = vis.Context(spark, bootstrap, None, workdir, interval_ms, poll_s=0.01)
+    r = vis.run(vis.KafkaTarget(ctx), kind, rate, seconds)
+    return {"records": r["sent"], "delays_ms": r["delays_ms"], "epochs": r["epochs"],
+            "error": r["error"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,6 +75,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).parent))
 import harness as h
 import latency as lat
+from kafka_sink import CLIENT as KAFKA_CLIENT  # the same producer settings as there
 
 from exactly import options as opt
 from exactly.config import CheckpointConfig
@@ -83,9 +84,6 @@ from exactly.testing.kafka_broker import broker_or_configured, consume_all, quie
 
 JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 DSN_ENV = "EXACTLY_BENCH_DSN"
-#: the Kafka producer settings of both Kafka sinks (as in bench/kafka_sink.py)
-KAFKA_CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
-                "enable.idempotence": "true", "compression.type": "none"}
 #: Spark's progress durations printed per variant (median over the measured epochs)
 PHASES = ("triggerExecution", "latestOffset", "queryPlanning", "walCommit", "addBatch",
           "commitOffsets")
@@ -554,12 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True)
     jar = args.jdbc_jar or next((j for j in JDBC_JARS if os.path.exists(j)), None)
     epochs_expected = args.seconds * 1000 / args.interval_ms
-    broken = []
-    if epochs_expected < 100:
-        broken.append(f"{epochs_expected:.0f} trigger intervals per run < 100")
-    if args.repeat < h.MIN_REPEAT:
-        broken.append(f"{args.repeat} repetitions < {h.MIN_REPEAT}")
-    note = f"NOT A MEASUREMENT ({'; '.join(broken)})" if broken else ""
+    note = h.tail_note(epochs_expected, "trigger intervals", args.repeat)
     print(h.machine())
     print(f"input: {args.rate:,} records/s into 2 partitions (LogAppendTime) for "
           f"{args.seconds:.0f} s per run; trigger {args.interval_ms} ms; readers poll every "
