@@ -14,10 +14,10 @@ from setuptools.build_meta import *  # noqa: F403 - every hook not overridden be
 def _pyspark_requirement() -> str:
     """The ``pyspark==...`` requirement of ``[project] dependencies`` in pyproject.toml."""
     text = Path("pyproject.toml").read_text()
-    found = re.search(r'"(pyspark\s*==\s*[^"]+)"', text)
+    found = re.search(r'"pyspark(?:\[[^\]]*\])?\s*(==\s*[^"]+)"', text)
     if found is None:
         raise RuntimeError("pyproject.toml names no pinned pyspark dependency (pyspark==...)")
-    return found.group(1)
+    return "pyspark" + found.group(1)
 
 
 def get_requires_for_build_wheel(config_settings=None):  # type: ignore[no-untyped-def]

@@ -34,9 +34,10 @@ TESTKIT_MODULES = ("port_for", "pytest", "selenium")
 
 
 def pinned_pyspark() -> str:
-    found = re.search(r'"(pyspark==[^"]+)"', (CHECKOUT / "pyproject.toml").read_text())
+    found = re.search(r'"pyspark(?:\[[^\]]*\])?(==[^"]+)"',
+                      (CHECKOUT / "pyproject.toml").read_text())
     assert found, "pyproject.toml pins pyspark"
-    return found.group(1)
+    return "pyspark" + found.group(1)
 
 
 @dataclass

@@ -256,10 +256,39 @@ class _JavaListener:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
 
 
+def _connect_listener(recorder: _Recorder) -> Any:
+    """The listener of a Spark Connect session: PySpark's own ``StreamingQueryListener``,
+    which the client runs in this process on events the server streams to it (the progress
+    arrives as JSON already)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class ConnectListener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            recorder.submit("progress", str(event.progress.runId), event.progress.json,
+                            time.time())
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            recorder.submit("terminated", str(event.runId), event.exception, time.time())
+
+    return ConnectListener()
+
+
 def _add_listener(spark: Any, recorder: _Recorder) -> Any:
     """Register a :class:`_JavaListener` on ``spark``'s streaming query manager (wrapped
     in PySpark's ``PythonStreamingQueryListenerWrapper``, as PySpark's ``addListener``
-    does); returns the JVM listener."""
+    does); returns the JVM listener. On Spark Connect: :func:`_connect_listener`."""
+    from exactly.spark.connect import is_connect
+
+    if is_connect(spark):
+        listener = _connect_listener(recorder)
+        spark.streams.addListener(listener)
+        return listener
     from pyspark.java_gateway import ensure_callback_server_started
 
     gateway = spark.sparkContext._gateway

@@ -53,6 +53,7 @@ from exactly.logs import log_event
 from exactly.procs import driver_identity
 from exactly.protocol.epoch_identity import check_checkpoint_against_log
 from exactly.protocol.lease import Lease
+from exactly.spark.connect import is_connect, refuse, streaming_sources
 from exactly.spark.formats import check_output_mode, check_sink
 from exactly.spark.s3a import require_s3a
 
@@ -104,6 +105,8 @@ class ExactlyQuery:
 
 def source_names(df: DataFrame) -> list[str]:
     """Names of the streaming sources a DataFrame reads (``socket``, ``kafka``, ...)."""
+    if is_connect(df):
+        return [fmt for fmt, _ in streaming_sources(df)]
     leaves = df._jdf.queryExecution().analyzed().collectLeaves()
     names = []
     for i in range(leaves.size()):
@@ -116,6 +119,8 @@ def source_names(df: DataFrame) -> list[str]:
 def source_options(df: DataFrame) -> list[tuple[str, dict[str, str]]]:
     """``(format, options)`` of every DataSource V2 streaming source a DataFrame reads (the
     Python data sources among them), options as the user spelt them."""
+    if is_connect(df):
+        return streaming_sources(df)
     leaves = df._jdf.queryExecution().analyzed().collectLeaves()
     found = []
     for i in range(leaves.size()):
@@ -235,7 +240,11 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     check_source_options(df)
     check_output_mode(sink_format, mode_name, options)
     location = checkpoint_location(checkpoint)
-    require_s3a(df.sparkSession, location)
+    connect = is_connect(df)
+    if connect:
+        refuse_on_connect(location)
+    else:
+        require_s3a(df.sparkSession, location)
     options = with_sink_log_dir(location, options)
     local = local_checkpoint(location)
     set_checkpoint_interval(options, checkpoint)
@@ -262,9 +271,13 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
         stale = (built.settings.lease_stale_after if built
                  else opt.DEFAULT_LEASE_STALE_AFTER_S)
         lease = Lease(log_dir, stale_after=stale)
-        if session_stale:  # exactly run --ha: the previous leader's driver may hold it
+        if connect:
+            pass  # the lease's holder is the server's process, whose identity this client
+            # does not know: the sink's commit takes the lease there, fenced as always
+        elif session_stale:  # exactly run --ha: the previous leader's driver may hold it
             lease.wait_free(driver_identity(), timeout=2 * stale)  # until it goes stale
-        lease.refuse_if_held(driver_identity())
+        if not connect:
+            lease.refuse_if_held(driver_identity())
         if checkpoint.is_memory_storage and isinstance(log_dir, Path):
             refuse_memory_checkpoint_on_owned_log(log_dir)
         # a re-planned epoch fails here, on a local checkpoint or on S3
@@ -294,6 +307,17 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
     if checkpoint.history:
         record_history(spark, query, location, checkpoint, sink_format, path, log_dir)
     return ExactlyQuery(query, location, checkpoint)
+
+
+def refuse_on_connect(location: str) -> None:
+    """What start_query cannot do on a Spark Connect session, refused before Spark starts."""
+    if is_remote(location):
+        raise refuse(f"a checkpoint on object storage ({location})",
+                     "Spark's S3A must be on the Connect server's class path and exactly's "
+                     "commit, lease and history read the checkpoint from the server's "
+                     "foreachBatch process with settings the client cannot hand it",
+                     "Use a checkpoint directory the server and this client share (a local "
+                     "or mounted file system), or a classic session for s3:// checkpoints")
 
 
 def set_checkpoint_interval(options: dict[str, str], checkpoint: CheckpointConfig) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -72,6 +73,7 @@ def running_checkpoint(query_id: str) -> str:
 
     ``foreachBatch`` runs in the driver process with a clone of the user's session, whose
     query manager does not list the query; the session the query was started from does.
+    A classic session only (Connect: :meth:`TwoPhaseForeachBatch._connect_identity`).
     """
     from pyspark.sql import SparkSession
 
@@ -101,19 +103,54 @@ class TwoPhaseForeachBatch:
         self._prepared = False
         #: kept across epochs: it begins (owner, lease, recovery) once per run
         self._committer: Committer | None = None
+        #: on Spark Connect: (query id, run id) of the run this process serves
+        self._run_identity: tuple[str, str] | None = None
 
-    def __call__(self, batch_df: Any, epoch: int) -> None:
+    def _identity(self, batch_df: Any) -> tuple[str, str]:
+        """(query id, run id) of the query calling this function."""
+        from exactly.spark.connect import is_connect
+
+        if is_connect(batch_df):
+            return self._connect_identity()
         sc = batch_df.sparkSession.sparkContext
         query_id = sc.getLocalProperty("sql.streaming.queryId")
         run_id = sc.getLocalProperty("spark.jobGroup.id")
         if not query_id or not run_id:
             raise ExactlyError("TwoPhaseForeachBatch runs inside writeStream.foreachBatch only "
                                "(no streaming query id / run id in this call)")
+        return query_id, run_id
+
+    def _connect_identity(self) -> tuple[str, str]:
+        """On Spark Connect this function runs in the Python process the server starts for
+        the query's ``foreachBatch`` (one per run of the query, gone when the run ends),
+        whose session sees neither the query nor its local properties: the query id is the
+        one Spark wrote into the checkpoint's ``metadata`` before the first epoch, the run id
+        is this process's own."""
+        if self._run_identity is None:
+            from exactly.checkpoint.spark_files import read_metadata
+
+            location = self.settings.checkpoint_location
+            query_id = read_metadata(location) if location else None
+            if not query_id:
+                raise ExactlyError(
+                    "TwoPhaseForeachBatch on Spark Connect needs the query's checkpoint to "
+                    "know the query (the server's foreachBatch process cannot see it): pass "
+                    "SinkSettings(checkpoint_location=DIR), the query's checkpointLocation, "
+                    "or start the query with exactly.start_query")
+            self._run_identity = (query_id, f"connect-{uuid.uuid4()}")
+        return self._run_identity
+
+    def __call__(self, batch_df: Any, epoch: int) -> None:
+        query_id, run_id = self._identity(batch_df)
         if self.prepare and not self._prepared:
             from pyspark.sql.pandas.types import to_arrow_schema
 
+            from exactly.spark.connect import is_connect
+
+            # no RDDs on Connect: the sink's checks of the task count are skipped there
+            partitions = None if is_connect(batch_df) else batch_df.rdd.getNumPartitions()
             self.sink.prepare_target(to_arrow_schema(batch_df.schema, timezone="UTC"),
-                                     batch_df.rdd.getNumPartitions())
+                                     partitions)
             self._prepared = True
         if self.settings.mode is Mode.EXACTLY_ONCE and not self.settings.checkpoint_location:
             self.settings = replace(self.settings,

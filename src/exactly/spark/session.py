@@ -124,7 +124,7 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
                   conf: dict[str, str] | None = None, *, ui: bool = False,
                   shuffle_partitions: int | None = None,
                   adaptive: bool | None = None, s3a: bool = False,
-                  kafka: bool = False) -> SparkSession:
+                  kafka: bool = False, remote: str | None = None) -> SparkSession:
     """Get or create a session with exactly's sources registered (settings:
     :func:`session_conf`).
 
@@ -151,7 +151,21 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     workers run the interpreter of this process (``PYSPARK_PYTHON``), so they see the same
     installed packages, exactly included. The driver loads its classes from exactly's class
     archive when one is built (:mod:`exactly.spark.class_archive`).
+
+    ``remote`` (default: ``SPARK_REMOTE``) opens a Spark Connect session to that
+    ``sc://`` server instead (:mod:`exactly.spark.connect`): the server owns the master, the
+    UI and every static setting; exactly's SQL defaults and ``conf`` are applied per session.
+    Raises ConfigError for ``master``, ``kafka=True`` or ``s3a=True`` with a remote (jars and
+    the master are the server's, fixed at its start) and for a ``conf`` setting the server
+    fixed to another value.
     """
+    from exactly.spark.connect import remote_url
+
+    url = remote_url(remote)
+    if url is not None:
+        return _remote_session(url, app_name, conf or {}, master=master,
+                               shuffle_partitions=shuffle_partitions, adaptive=adaptive,
+                               s3a=s3a, kafka=kafka)
     master = master or default_master()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -183,6 +197,36 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
         raise
     ship_resolved_jars(spark)
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))
+    register(spark)
+    return spark
+
+
+def _remote_session(url: str, app_name: str, conf: dict[str, str], *, master: str | None,
+                    shuffle_partitions: int | None, adaptive: bool | None, s3a: bool,
+                    kafka: bool) -> SparkSession:
+    """:func:`spark_session` on a Spark Connect server."""
+    from exactly.spark.connect import connect_session, refuse
+
+    if master:
+        raise refuse(f"master {master!r}", "the Spark Connect server runs the driver and "
+                     "chose its master when it started", "Drop --master (or "
+                     "EXACTLY_SPARK_MASTER), or drop --remote / SPARK_REMOTE for a session "
+                     "of your own")
+    if kafka or s3a:
+        what = "Spark's Kafka connector" if kafka else "S3A (s3a:// checkpoints)"
+        raise refuse(what, "its jars must be on the server's class path, which a client "
+                     "cannot change", "Start the Spark Connect server with them (`exactly "
+                     "packages --kafka --s3a` prints the --packages to give it); exactly's "
+                     "own Kafka source and sink (format exactly.kafka) need no jars")
+    sql_conf = {"spark.sql.execution.arrow.pyspark.enabled": "true"}
+    if shuffle_partitions is not None:
+        if shuffle_partitions < 1:
+            raise ConfigError(f"spark_session: shuffle_partitions must be >= 1, got "
+                              f"{shuffle_partitions}")
+        conf = {"spark.sql.shuffle.partitions": str(shuffle_partitions), **conf}
+    if adaptive is not None:
+        conf = {"spark.sql.adaptive.enabled": "true" if adaptive else "false", **conf}
+    spark = connect_session(url, app_name, sql_conf, conf)
     register(spark)
     return spark
 

@@ -36,6 +36,10 @@ Fixtures
                 ``AWS_ENDPOINT_URL`` names it (set after ``s3_bucket``'s)
 ``s3_refusing_conditions``
                 the same, answering ``501 NotImplemented`` to a request with those headers
+``connect_server``
+                session: a started :class:`~exactly.testing.connect_server.ConnectServer`
+                (Spark Connect on ``local[2]``, from the installed PySpark); a test that kills
+                it starts it again (``connect_server.start()``) before it ends
 """
 
 from __future__ import annotations
@@ -185,3 +189,18 @@ def _without_conditions(s3_server: Any, conditions: str,
     with S3WithoutConditions(s3_server, Conditions(conditions)) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         yield proxy
+
+
+# -- Spark Connect ------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark Connect server for the session, on 127.0.0.1."""
+    import os
+
+    from exactly.testing.connect_server import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"),
+                           java_options=os.environ.get("EXACTLY_DRIVER_JAVA_OPTIONS", ""))
+    server.start()
+    yield server
+    server.stop()
