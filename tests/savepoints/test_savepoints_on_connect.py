@@ -110,3 +110,43 @@ def test_aggregation_savepoint_on_connect_restores_rescaled_with_a_new_step(
     assert sorted(p.name for p in (state / "0").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert sorted(p.name for p in (state / "1").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert_totals(table_totals(conn, table_name), 2 * STEP)
+
+
+KEY = '{"type":"struct","fields":[{"name":"key","type":"string","nullable":true,"metadata":{}}]}'
+VALUE = ('{"type":"struct","fields":[{"name":"count","type":"long","nullable":true,'
+         '"metadata":{}}]}')
+
+
+def rescale_plan(savepoint: Path, partitions: int, *, new_step: bool = False):
+    from exactly.savepoints.manifest import Manifest, OperatorInfo, StoreInfo
+    from exactly.savepoints.operators import JobOperator
+    from exactly.savepoints.restore import plan_restore
+
+    manifest = Manifest("id", 5, "t", "q", "stop", "4.3.0", 2, "hashmap", {}, [],
+                        [OperatorInfo(0, "stateStoreSave", 2, "counts",
+                                      [StoreInfo("default", KEY, VALUE, 10, 1)], 1)], [], {})
+    job = [JobOperator(0, "StateStoreSave", "Aggregate", "counts", KEY, VALUE)]
+    if new_step:
+        job.append(JobOperator(1, "StreamingDeduplicate", "Deduplicate", "dedup"))
+    return plan_restore(manifest, savepoint, job, partitions=partitions, backend="hashmap")
+
+
+def test_only_restores_that_change_state_files_go_to_a_classic_spark(tmp_path):
+    from exactly.savepoints.rewrite import needs_spark, plan_from_json, plan_to_json
+
+    assert not needs_spark(rescale_plan(tmp_path, 2))  # copies: no Spark on Connect
+    assert needs_spark(rescale_plan(tmp_path, 3))  # rewritten into 3 partitions
+    assert needs_spark(rescale_plan(tmp_path, 2, new_step=True))  # a new step's empty state
+    plan = rescale_plan(tmp_path, 3, new_step=True)
+    assert plan_from_json(json.loads(json.dumps(plan_to_json(plan)))) == plan
+
+
+def test_a_failed_state_rewrite_in_the_child_process_names_its_cause(tmp_path):
+    from exactly.errors import SavepointError
+    from exactly.savepoints.rewrite import write_in_child
+
+    plan = rescale_plan(tmp_path / "no-savepoint", 3)  # no state to read
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(SavepointError, match=r"(?s)state rewrite of this restore.*exit code "
+                       r"1.*STDS_COMMITTED_BATCH_UNAVAILABLE"):
+        write_in_child(plan, tmp_path / "checkpoint", "query-id")
