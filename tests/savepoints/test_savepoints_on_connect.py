@@ -3,7 +3,8 @@ found from the client's plan and the server's explain equal those a classic sess
 for the same job, and a savepoint of an aggregation taken on Connect, restored on Connect
 into another number of state partitions with a new stateful step (state rewritten by a
 classic local Spark in a child process of the client), resumes with every key's count and
-sum right. Real Spark Connect server, real PostgreSQL.
+sum right; only restores that change state files start that child, and its failure names
+Spark's error. Real Spark Connect server, real PostgreSQL.
 
 The Connect side runs in a child process (connect_client.py): a Python process that holds a
 classic session (the ``spark`` fixture) cannot open a Connect one."""
