@@ -60,13 +60,20 @@ class Platform:
         self.restarts = 0
         self.left_after_driver_crash: list[tuple[str, list[ProcessInfo]]] = []
         self.alive_after_executor_crash: list[bool] = []
+        self._started = 0.0
 
     def on_start(self, attempt: Attempt) -> None:
+        self._started = time.monotonic()
         if not self.server.running():
             self.server.start()
             self.restarts += 1
+        print(f"attempt {attempt.number}: server up after "
+              f"{time.monotonic() - self._started:.1f} s", flush=True)
 
     def on_end(self, attempt: Attempt) -> None:
+        print(f"attempt {attempt.number} ({attempt.armed and attempt.armed.render()}): "
+              f"{time.monotonic() - self._started:.1f} s, exit {attempt.returncode}, "
+              f"fired {attempt.fired}", flush=True)
         if not attempt.crashed:
             return
         point = attempt.fired["point"]
