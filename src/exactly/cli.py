@@ -139,9 +139,12 @@ def fault_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--fault-marker", metavar="FILE", default=None,
                          help="With --fault: fire at most once across restarts; FILE records "
                               "where it fired."),
-            click.option("--fault-action", metavar="kill|pause:FILE", default=None,
+            click.option("--fault-action", metavar="kill|kill-process|pause:FILE",
+                         default=None,
                          help="With --fault: SIGKILL the driver's process tree (kill, the "
-                              "default) or stall at the point while FILE exists."))):
+                              "default), SIGKILL only the process at the point (kill-process: "
+                              "on Spark Connect the server's foreachBatch runner) or stall at "
+                              "the point while FILE exists."))):
         command = option(command)
     return command
 

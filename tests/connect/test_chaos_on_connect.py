@@ -4,16 +4,24 @@ Kafka stay exactly-once when the job's driver is a Spark Connect server.
 The same job commands as the classic chaos tests (tests/chaos/test_file_sink_chaos.py,
 tests/postgres/test_pg_chaos.py, tests/kafka/test_kafka_chaos.py), each attempt with
 ``SPARK_REMOTE=<server>`` in its environment: the attempt's process is a Connect client,
-the sink's commit runs in the server's ``foreachBatch`` Python process. A driver-side fault
-fires there and SIGKILLs the Connect server's JVM and every Python worker of it -- what a
-platform's node loss does to the committing process. The test plays the platform: before each
-attempt it starts the server again if it is down (same URL), and after each driver crash it
-checks that nothing of the server is left alive. The client of an attempt whose server died
-would retry for ``exactly.spark.connect.RETRY_SECONDS``; the harness ends it a few seconds
-after its fault fired (``run_with_crashes(end_after_fault=...)``). An executor crash
-(``in_write``) kills one Python worker of the server; the server lives on.
+the sink's commit runs in the server's ``foreachBatch`` Python process. Two deaths at every
+driver point, one run each:
 
-Then the audit the classic tests make: every input record exactly once, nothing dangling.
+* ``runner`` (default lane): the fault SIGKILLs the committing process alone
+  (``--fault-action kill-process``), the server's ``foreachBatch`` runner; the server lives
+  on, the query fails, the client exits and the next attempt starts the query again on the
+  same server.
+* ``server`` (slow lane): the fault SIGKILLs the Connect server's JVM and every Python worker
+  of it -- a platform's node loss. The test plays the platform: before each attempt it starts
+  the server again if it is down (same URL), and after each driver crash it checks that
+  nothing of the server is left alive. (``exactly run --remote`` surviving a server SIGKILL
+  in the default lane: tests/ops/test_run_remote.py.)
+
+The client of an attempt whose server died would retry for
+``exactly.spark.connect.RETRY_SECONDS``; the harness ends it a few seconds after its fault
+fired (``run_with_crashes(end_after_fault=...)``). An executor crash (``in_write``) kills one
+Python worker of the server; the server lives on. Then the audit the classic tests make:
+every input record exactly once, nothing dangling.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import os
 import sys
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
+import psutil
 import pytest
 
 from exactly.audit import audit_ids, pg_table_ids
@@ -34,7 +44,7 @@ from exactly.demos.kafka import audit_output, produce_events
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.procs import ProcessInfo
 from exactly.protocol.commitlog import CommitLog
-from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.protocol.faults import DRIVER_POINTS, KILL, KILL_PROCESS, FaultPoint, FaultSpec
 from exactly.spark.connect import REMOTE_ENV
 from exactly.testing.chaos import Attempt, python_command, run_with_crashes
 from exactly.testing.connect_server import ConnectServer
@@ -50,13 +60,25 @@ EVERY_POINT = (FaultPoint.IN_WRITE, *DRIVER_POINTS)
 END_AFTER_FAULT = 3.0
 
 
+#: what a driver-point fault kills: the committing runner alone, or the whole server
+DEATHS = ["runner", pytest.param("server", marks=[pytest.mark.slow, pytest.mark.skipif(
+    os.environ.get("EXACTLY_SLOW") != "1",
+    reason="a server SIGKILL at every point costs a server start per point: set "
+           "EXACTLY_SLOW=1 (tests/ops/test_run_remote.py kills the server in the default "
+           "lane)")])]
+ACTIONS = {"runner": KILL_PROCESS, "server": KILL}
+
+
 class Platform:
     """What runs the Connect server in production, played by the test: starts the server
     before an attempt when it is down; after an attempt killed at a driver point, records
-    what is left of the server (nothing, once the fault's SIGKILL has taken it down)."""
+    what is left of the server (``server``: nothing, once the fault's SIGKILL has taken it
+    down; ``runner``: the server, without the killed runner)."""
 
-    def __init__(self, server: ConnectServer) -> None:
+    def __init__(self, server: ConnectServer, death: str = "server") -> None:
         self.server = server
+        self.death = death
+        self.runner_left: list[bool] = []
         self.restarts = 0
         self.left_after_driver_crash: list[tuple[str, list[ProcessInfo]]] = []
         self.alive_after_executor_crash: list[bool] = []
@@ -80,6 +102,11 @@ class Platform:
         if point == FaultPoint.IN_WRITE.value:
             self.alive_after_executor_crash.append(self.server.running())
             return
+        if self.death == "runner":
+            self.runner_left.append(psutil.pid_exists(attempt.fired["pid"]))
+            self.left_after_driver_crash.append((point, []))
+            self.alive_after_executor_crash.append(self.server.running())
+            return
         deadline = time.monotonic() + 20
         left = self.server.processes()
         while left and time.monotonic() < deadline:
@@ -92,11 +119,20 @@ class Platform:
         return {"on_start": self.on_start, "on_end": self.on_end,
                 "env": {REMOTE_ENV: self.server.url}, "end_after_fault": END_AFTER_FAULT}
 
-    def assert_every_crash_took_the_server_down(self, points) -> None:
-        """Every driver crash left no process of the server alive and the platform started it
-        again; the executor crash left the server running."""
+    def schedule(self, faults: list[FaultSpec]) -> list[FaultSpec]:
+        return [replace(f, action=ACTIONS[self.death]) for f in faults]
+
+    def assert_every_crash_killed_what_it_should(self, points) -> None:
+        """``server``: every driver crash left no process of the server alive and the
+        platform started it again; ``runner``: every driver crash killed the runner and the
+        server ran on, never restarted. The executor crash left the server running."""
         driver = [p.value for p in points if p.on_driver]
         assert [point for point, _ in self.left_after_driver_crash] == driver
+        if self.death == "runner":
+            assert self.runner_left == [False] * len(driver)
+            assert self.restarts == 0
+            assert self.alive_after_executor_crash == [True] * len(points)
+            return
         assert all(left == [] for _, left in self.left_after_driver_crash), \
             self.left_after_driver_crash
         assert self.restarts == len(driver)
@@ -107,9 +143,9 @@ def fired(attempts: list[Attempt]) -> list[tuple[str, int]]:
     return [(a.fired["point"], a.fired["epoch"]) for a in attempts if a.crashed]
 
 
-@pytest.fixture
-def platform(connect_server):
-    platform = Platform(connect_server)
+@pytest.fixture(params=DEATHS)
+def platform(connect_server, request):
+    platform = Platform(connect_server, request.param)
     yield platform
     connect_server.start()  # the next test finds it running
 
@@ -119,16 +155,17 @@ def test_file_sink_on_connect_killed_at_every_protocol_point_commits_every_event
     """The demo pipeline (``exactly pipeline``), 8 files of 500 events in 4 epochs, killed at
     each point in turn (the schedule of the classic test's EVERY_POINT)."""
     out = tmp_path / "out"
-    schedule = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_INTENT, 0),
-                FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 1),
-                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
+    schedule = platform.schedule([
+        FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_INTENT, 0),
+        FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 1),
+        FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)])
     job = python_command("pipeline", "--input", str(events_dir), "--output", str(out),
                          "--checkpoint", str(tmp_path / "ck"), "--max-files-per-epoch", "2")
     attempts = run_with_crashes(job, schedule, timeout=480, **platform.hooks())
 
     assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
     assert not attempts[-1].crashed and attempts[-1].returncode == 0
-    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    platform.assert_every_crash_killed_what_it_should(EVERY_POINT)
     report = verify(events_dir, out)
     assert report.ok, report.rows()
     assert report.found_rows == 4000
@@ -142,7 +179,7 @@ def test_postgres_2pc_sink_on_connect_killed_at_every_protocol_point_commits_eve
         pg, conn, tmp_path, platform):
     table = f"ev_{uuid.uuid4().hex[:8]}"
     ck = tmp_path / "ck"
-    schedule = [FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)]
+    schedule = platform.schedule([FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)])
     job = command("--sink", "2pc", "--table", table, "--checkpoint", str(ck), "--rows",
                   str(PG_ROWS), "--rows-per-epoch", str(PG_PER_EPOCH))
     hooks = platform.hooks()
@@ -150,7 +187,7 @@ def test_postgres_2pc_sink_on_connect_killed_at_every_protocol_point_commits_eve
     attempts = run_with_crashes(job, schedule, timeout=480, **hooks)
 
     assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
-    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    platform.assert_every_crash_killed_what_it_should(EVERY_POINT)
     report = audit_ids(pg_table_ids(conn, table), np.arange(PG_ROWS))
     assert report.ok, report.to_json()
     assert report.found_rows == PG_ROWS
@@ -173,17 +210,18 @@ def kafka_server(tmp_path_factory):
         yield server
 
 
+@pytest.mark.parametrize("death", DEATHS)
 def test_kafka_job_on_connect_killed_at_every_protocol_point_is_exactly_once_end_to_end(
-        broker, tmp_path, kafka_server):
+        broker, tmp_path, kafka_server, death):
     """Kafka -> per-key running state -> ``exactly.kafka``: a read_committed consumer sees
     every input id once and per key the state's sequence numbers 1..n."""
-    platform = Platform(kafka_server)
+    platform = Platform(kafka_server, death)
     name = uuid.uuid4().hex[:8]
     source, target = f"in-{name}", f"out-{name}"
     create_topic(broker.bootstrap, source, 2)
     create_topic(broker.bootstrap, target, 2)
     produce_events(broker.bootstrap, source, KAFKA_EVENTS)
-    schedule = [FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)]
+    schedule = platform.schedule([FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)])
     job = [sys.executable, "-m", "exactly.demos.kafka_job", "--bootstrap", broker.bootstrap,
            "--input", source, "--output", target, "--checkpoint", str(tmp_path / "ck"),
            "--prefix", f"connect-{name}", "--max-offsets-per-trigger",
@@ -191,7 +229,7 @@ def test_kafka_job_on_connect_killed_at_every_protocol_point_is_exactly_once_end
     attempts = run_with_crashes(job, schedule, timeout=480, **platform.hooks())
 
     assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
-    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    platform.assert_every_crash_killed_what_it_should(EVERY_POINT)
     committed = audit_output(broker.bootstrap, source, target, "read_committed")
     assert committed.report.ok, committed.report.to_json()
     assert committed.report.found_rows == KAFKA_EVENTS

@@ -1,6 +1,6 @@
 """The fault flags of the demo jobs, as ``exactly run`` and ``exactly pipeline`` have them.
 
-``--fault POINT[@EPOCH]``, ``--fault-marker FILE`` and ``--fault-action kill|pause:FILE``
+``--fault POINT[@EPOCH]``, ``--fault-marker FILE`` and ``--fault-action``
 arm one crash point (fault injection for tests and drills); the crash harness
 (:func:`exactly.testing.chaos.run_with_crashes`) appends them per attempt
 (:meth:`exactly.protocol.faults.FaultSpec.flags`). Nothing else arms a fault in a job: the
@@ -22,7 +22,7 @@ def add_fault_flags(parser: argparse.ArgumentParser) -> None:
                             "(points: `exactly faults`)")
     group.add_argument("--fault-marker", metavar="FILE", default=None,
                        help="fire at most once across restarts; FILE records where it fired")
-    group.add_argument("--fault-action", metavar="kill|pause:FILE", default=None,
+    group.add_argument("--fault-action", metavar="kill|kill-process|pause:FILE", default=None,
                        help="SIGKILL (default) or stall at the point while FILE exists")
 
 

@@ -103,6 +103,8 @@ MARKER_OPTION = opt.FAULT_MARKER
 ACTION_OPTION = opt.FAULT_ACTION
 #: the default action: SIGKILL (:func:`kill_process`)
 KILL = "kill"
+#: the action that SIGKILLs the process at the point only (:func:`kill_this_process`)
+KILL_PROCESS = "kill-process"
 #: the prefix of the action ``pause:FILE`` (:func:`pause_while`)
 PAUSE = "pause:"
 
@@ -228,6 +230,14 @@ def kill_process(point: str, epoch: int, on_driver: bool) -> None:
     time.sleep(60)  # SIGKILL is asynchronous; never run on past the point
 
 
+def kill_this_process(point: str, epoch: int, on_driver: bool) -> None:
+    """SIGKILL only the process at the point, whichever it is: on Spark Connect the
+    server's ``foreachBatch`` runner, where the commit runs, while the server lives on (the
+    runner killed alone, as an out-of-memory kill would)."""
+    _kill(os.getpid())
+    time.sleep(60)
+
+
 def raise_simulated_crash(point: str, epoch: int, on_driver: bool) -> None:
     """Raise :class:`SimulatedCrash` (for protocol tests that run in one process)."""
     raise SimulatedCrash(point, epoch)
@@ -253,12 +263,16 @@ _action: FaultAction | None = None
 
 
 def action_for(text: str) -> FaultAction:
-    """The action named ``kill`` (SIGKILL) or ``pause:FILE`` (stall while FILE exists);
-    ConfigError for another name."""
+    """The action named ``kill`` (SIGKILL of the process, and for driver points of the
+    driver's local tree), ``kill-process`` (SIGKILL of the process at the point only) or
+    ``pause:FILE`` (stall while FILE exists); ConfigError for another name."""
     if text.startswith(PAUSE) and len(text) > len(PAUSE):
         return pause_while(text[len(PAUSE):])
+    if text == KILL_PROCESS:
+        return kill_this_process
     if text != KILL:
-        raise ConfigError(f"fault action {text!r}: use 'kill' or 'pause:<file>'")
+        raise ConfigError(f"fault action {text!r}: use 'kill', 'kill-process' or "
+                          "'pause:<file>'")
     return kill_process
 
 
