@@ -304,6 +304,53 @@ def row(runs: list[h.Run], label: str, key: str, fmt: str = ".1f",
     return cells
 
 
+def report(raw: list[dict[str, Any]], args: argparse.Namespace, work: Path,
+           note: str) -> None:
+    """The table of the runs in ``raw`` (the results.json of a run) and the headlines."""
+    runs: list[h.Run] = []
+    series: dict[str, dict[str, list[float]]] = {}
+    for result in raw:
+        runs.append(h.Run(result["rep"], result["variant"], run_values(result, args.rows),
+                          result["errors"]))
+        for key, vals in result["steady"]["series"].items():
+            series.setdefault(key, {}).setdefault(result["variant"], []).extend(vals)
+    reps = len({r.rep for r in runs})
+    rows = [row(runs, "session start (s)", "session_s", ".2f"),
+            row(runs, f"first epoch, {args.warmup_rows:,} rows: start_query to end (s)",
+                "first_s", ".2f"),
+            row(runs, "first epoch: triggerExecution (ms)", "first_trigger_ms", ".0f"),
+            row(runs, f"throughput, {args.rows:,} rows (k rows/s)", "k_rows_per_s", ".0f")]
+    connect_runs = [r for r in raw if r["variant"] == "connect"]
+    server_s = [r["server_start_s"] for r in connect_runs]
+    client_s = [r["client_session_s"] for r in connect_runs]
+    rows.insert(1, ["  of it: Connect server start / client session (s)", "-",
+                    f"{h.spread(server_s)} / {h.spread(client_s)}", "-"])
+    # the committer's steps in the order its records list them (the protocol's order)
+    names = ["trigger", "add_batch", "commit"] + [k for k in series if k.startswith("step_")]
+    labels = {"trigger": "epoch: triggerExecution", "add_batch": "epoch: addBatch",
+              "commit": "epoch: sink commit (commit_ms)"}
+    for key in names:
+        label = labels.get(key, f"  commit step {key.removeprefix('step_')}")
+        rows.append(row(runs, f"{label} p50 (ms)", f"{key}_p50"))
+        rows.append(row(runs, f"{label} p99 (ms)", f"{key}_p99", all_series=series[key]))
+    print(f"\nSpark Connect against a classic session, same job, same settings, local[2]. "
+          f"Per variant: median (range) over {reps} runs; p50 = median of the runs' "
+          f"medians, p99 over all epochs of all runs (runs: each run's p99). Ratio per "
+          f"repetition pair. {note}")
+    print(h.table(["measure", "classic", "connect", "connect / classic per pair"], rows))
+    print(f"\n{h.machine()}")
+    headlines = []
+    for key, measure in (("trigger_p50", "epoch p50 (triggerExecution)"),
+                         ("add_batch_p50", "addBatch p50"),
+                         ("commit_p50", "sink commit p50"),
+                         ("rows_per_s", f"throughput, {args.rows:,} rows"),
+                         ("session_s", "session start"), ("first_s", "first epoch")):
+        headlines.append(h.Headline("connect_cost", f"Connect / classic: {measure}",
+                                    h.spread(h.paired(runs, key, "connect", "classic")),
+                                    "", None))
+    h.write_headlines(work, headlines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--repeat", type=int, default=h.MIN_REPEAT)
@@ -318,12 +365,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up pair")
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep every run's output")
+    p.add_argument("--report", type=Path, default=None,
+                   help="print the table of a results.json again (give the run's sizes)")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args)
+    if args.report:
+        raw = json.loads(args.report.read_text())
+        reps = len({r["rep"] for r in raw})
+        epochs = min((r["steady"]["epochs"] for r in raw), default=0)
+        note = " ".join(n for n in (h.sizes_note(args.rows, args.warmup_rows, reps),
+                                    h.tail_note(epochs, "epochs", reps)) if n)
+        report(raw, args, args.report.parent, note)
+        return 1 if any(r["errors"] for r in raw) else 0
     # a TERM ends the children too (subprocess.call's wait is interrupted by SystemExit)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-connect-"))
@@ -347,18 +404,13 @@ def main(argv: list[str] | None = None) -> int:
             result = run_child(variant, args, work, f"warm_{variant}", small)
             print(f"warm-up {variant:8} session {result['session_s']:.1f} s  {h.load()}",
                   flush=True)
-    runs: list[h.Run] = []
     raw: list[dict[str, Any]] = []
-    series: dict[str, dict[str, list[float]]] = {}
     failed = False
     for rep, variant in h.schedule(VARIANTS, args.repeat):
         result = run_child(variant, args, work, f"run_{variant}_{rep}", sizes)
         result["rep"] = rep
         raw.append(result)
         values = run_values(result, args.rows)
-        runs.append(h.Run(rep, variant, values, result["errors"]))
-        for key, vals in result["steady"]["series"].items():
-            series.setdefault(key, {}).setdefault(variant, []).extend(vals)
         extra = (f" (server {result['server_start_s']:.1f} + client "
                  f"{result['client_session_s']:.1f})" if variant == "connect" else "")
         print(f"rep {rep} {variant:8} session {values['session_s']:.1f} s{extra}  first epoch "
@@ -368,40 +420,7 @@ def main(argv: list[str] | None = None) -> int:
               + (f"  ERRORS {result['errors']}" if result["errors"] else ""), flush=True)
         failed |= bool(result["errors"])
         (work / "results.json").write_text(json.dumps(raw, indent=1))
-    rows = [row(runs, "session start (s)", "session_s", ".2f"),
-            row(runs, f"first epoch, {args.warmup_rows:,} rows: start_query to end (s)",
-                "first_s", ".2f"),
-            row(runs, "first epoch: triggerExecution (ms)", "first_trigger_ms", ".0f"),
-            row(runs, f"throughput, {args.rows:,} rows (k rows/s)", "k_rows_per_s", ".0f")]
-    connect_runs = [r for r in raw if r["variant"] == "connect"]
-    server_s = [r["server_start_s"] for r in connect_runs]
-    client_s = [r["client_session_s"] for r in connect_runs]
-    rows.insert(1, ["  of it: Connect server start / client session (s)", "-",
-                    f"{h.spread(server_s)} / {h.spread(client_s)}", "-"])
-    # the committer's steps in the order its records list them (the protocol's order)
-    names = ["trigger", "add_batch", "commit"] + [k for k in series if k.startswith("step_")]
-    labels = {"trigger": "epoch: triggerExecution", "add_batch": "epoch: addBatch",
-              "commit": "epoch: sink commit (commit_ms)"}
-    for key in names:
-        label = labels.get(key, f"  commit step {key.removeprefix('step_')}")
-        rows.append(row(runs, f"{label} p50 (ms)", f"{key}_p50"))
-        rows.append(row(runs, f"{label} p99 (ms)", f"{key}_p99", all_series=series[key]))
-    print(f"\nSpark Connect against a classic session, same job, same settings, local[2]. "
-          f"Per variant: median (range) over {args.repeat} runs; p50 = median of the runs' "
-          f"medians, p99 over all epochs of all runs (runs: each run's p99). Ratio per "
-          f"repetition pair. {note}")
-    print(h.table(["measure", "classic", "connect", "connect / classic per pair"], rows))
-    print(f"\n{h.machine()}")
-    headlines = []
-    for key, measure in (("trigger_p50", "epoch p50 (triggerExecution)"),
-                         ("add_batch_p50", "addBatch p50"),
-                         ("commit_p50", "sink commit p50"),
-                         ("rows_per_s", f"throughput, {args.rows:,} rows"),
-                         ("session_s", "session start"), ("first_s", "first epoch")):
-        headlines.append(h.Headline("connect_cost", f"Connect / classic: {measure}",
-                                    h.spread(h.paired(runs, key, "connect", "classic")),
-                                    "", None))
-    h.write_headlines(work, headlines)
+    report(raw, args, work, note)
     print(f"results: {work / 'results.json'}")
     return 1 if failed else 0
 
