@@ -250,7 +250,10 @@ def child(args: argparse.Namespace) -> int:
 # -- the parent: the schedule, the table ----------------------------------------------------
 
 def run_child(variant: str, args: argparse.Namespace, work: Path, name: str,
-              sizes: dict[str, int]) -> dict[str, Any]:
+              sizes: dict[str, int]) -> dict[str, Any] | None:
+    """One run in a child process; retried once when it fails (e.g. Spark's fixed 10 s for
+    a new Python worker to connect back, which a loaded machine can miss); None when the
+    retry fails too."""
     env = {**os.environ, "EXACTLY_CLASS_ARCHIVE": "off", "PYSPARK_PYTHON": sys.executable}
     for key in ("SPARK_REMOTE", "EXACTLY_DRIVER_JAVA_OPTIONS", "EXACTLY_SPARK_MASTER"):
         env.pop(key, None)
@@ -262,13 +265,20 @@ def run_child(variant: str, args: argparse.Namespace, work: Path, name: str,
             *[a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]]
     if args.keep:
         argv.append("--keep")
-    with open(work / f"{name}.log", "w") as log:
-        code = subprocess.call(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=1200)
-    if code != 0 or not result_path.exists():
-        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
-        raise SystemExit(f"{name}: the child exited with {code}:\n{tail}")
-    return json.loads(result_path.read_text())
+    for attempt in (1, 2):
+        log_path = work / f"{name}.log" if attempt == 1 else work / f"{name}.retry.log"
+        with open(log_path, "w") as log:
+            code = subprocess.call(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   timeout=1800)
+        if code == 0 and result_path.exists():
+            result = json.loads(result_path.read_text())
+            result["attempts"] = attempt
+            return result
+        text = log_path.read_text(errors="replace")
+        cause = next((line.strip() for line in reversed(text.splitlines())
+                      if "Exception" in line or "Error" in line), f"exit status {code}")
+        print(f"{name}: attempt {attempt} failed ({cause[:200]}); log {log_path}", flush=True)
+    return None
 
 
 def run_values(result: dict[str, Any], rows: int) -> dict[str, float]:
@@ -402,12 +412,18 @@ def main(argv: list[str] | None = None) -> int:
                  "rows": min(args.rows, 2 * args.rows_per_epoch)}
         for variant in VARIANTS:
             result = run_child(variant, args, work, f"warm_{variant}", small)
-            print(f"warm-up {variant:8} session {result['session_s']:.1f} s  {h.load()}",
-                  flush=True)
+            if result is not None:
+                print(f"warm-up {variant:8} session {result['session_s']:.1f} s  {h.load()}",
+                      flush=True)
     raw: list[dict[str, Any]] = []
     failed = False
     for rep, variant in h.schedule(VARIANTS, args.repeat):
         result = run_child(variant, args, work, f"run_{variant}_{rep}", sizes)
+        if result is None:
+            print(f"rep {rep} {variant:8} FAILED twice: left out (its pair has no ratio)  "
+                  f"{h.load()}", flush=True)
+            failed = True
+            continue
         result["rep"] = rep
         raw.append(result)
         values = run_values(result, args.rows)
@@ -417,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{values['first_s']:.1f} s  {values['rows_per_s'] / 1000:.0f} k rows/s  "
               f"epoch p50 {h.fmt_ms(values.get('trigger_p50'))} ms over "
               f"{result['steady']['epochs']} epochs  {h.load()}"
+              + (f"  (attempt {result['attempts']})" if result["attempts"] > 1 else "")
               + (f"  ERRORS {result['errors']}" if result["errors"] else ""), flush=True)
         failed |= bool(result["errors"])
         (work / "results.json").write_text(json.dumps(raw, indent=1))
