@@ -127,21 +127,44 @@ def completions(out: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
+#: Spark's error when a new Python worker (Connect's foreachBatch runner) does not connect
+#: back within its fixed 10 s (PythonWorkerFactory.PROCESS_WAIT_TIMEOUT_MS): a loaded machine
+START_TIMEOUT = "connect back"
+START_ATTEMPTS = 4
+
+
+def start_retried(start: Any, base: Path) -> tuple[Any, Path, int]:
+    """``start(directory)`` -> a query, retried (in a fresh directory) while it fails with
+    :data:`START_TIMEOUT`; returns the query, its directory and the failed starts."""
+    for failed in range(START_ATTEMPTS):
+        where = base if failed == 0 else base.with_name(f"{base.name}-retry{failed}")
+        try:
+            return start(where), where, failed
+        except Exception as exc:  # a Connect SparkConnectGrpcException / classic Py4J error
+            if START_TIMEOUT not in str(exc) or failed == START_ATTEMPTS - 1:
+                raise
+            print(f"start failed ({START_TIMEOUT}): starting again", file=sys.stderr,
+                  flush=True)
+    raise AssertionError("unreachable")
+
+
 def bounded_job(spark: Any, run_dir: Path, name: str, rows: int,
                 per_epoch: int | None) -> dict[str, Any]:
     """``rows`` rows (``per_epoch`` a trigger at most) ``availableNow`` into exactly.files."""
     from exactly.config import CheckpointConfig
     from exactly.ops.query import start_query
 
-    ck, out = run_dir / name / "ck", run_dir / name / "out"
     reader = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", 0)
               .option("totalRows", rows).option("numPartitions", 2))
     if per_epoch:
         reader = reader.option("maxRowsPerTrigger", per_epoch)
     started = time.perf_counter()
-    watched = start_query(reader.load(), sink_format="exactly.files", path=str(out),
-                          checkpoint=CheckpointConfig(storage=str(ck)), available_now=True,
-                          options=dict(SINK_OPTIONS))
+    watched, where, failed_starts = start_retried(
+        lambda d: start_query(reader.load(), sink_format="exactly.files", path=str(d / "out"),
+                              checkpoint=CheckpointConfig(storage=str(d / "ck")),
+                              available_now=True, options=dict(SINK_OPTIONS)),
+        run_dir / name)
+    out = where / "out"
     watched.await_termination()
     seconds = time.perf_counter() - started
     progress = [p for p in progress_of(watched.query)
@@ -152,6 +175,7 @@ def bounded_job(spark: Any, run_dir: Path, name: str, rows: int,
         errors.append(problem)
     first = progress[0]["durationMs"] if progress else {}
     return {"seconds": seconds, "epochs": len(progress), "errors": errors,
+            "failed_starts": failed_starts,
             "first_trigger_ms": first.get("triggerExecution"),
             "first_add_batch_ms": first.get("addBatch")}
 
@@ -163,13 +187,15 @@ def steady_job(spark: Any, run_dir: Path, args: argparse.Namespace,
     from exactly.config import CheckpointConfig
     from exactly.ops.query import start_query
 
-    ck, out = run_dir / "steady" / "ck", run_dir / "steady" / "out"
     df = (spark.readStream.format("exactly.datagen").option("rowsPerSecond", args.rate)
           .option("numPartitions", 2).load())
-    watched = start_query(df, sink_format="exactly.files", path=str(out),
-                          checkpoint=CheckpointConfig(storage=str(ck),
-                                                      interval=args.trigger_ms / 1000),
-                          options=dict(SINK_OPTIONS))
+    watched, where, failed_starts = start_retried(
+        lambda d: start_query(df, sink_format="exactly.files", path=str(d / "out"),
+                              checkpoint=CheckpointConfig(storage=str(d / "ck"),
+                                                          interval=args.trigger_ms / 1000),
+                              options=dict(SINK_OPTIONS)),
+        run_dir / "steady")
+    ck, out = where / "ck", where / "out"
     want = epochs + args.skip
     deadline = time.monotonic() + 120 + want * 5
     while last_commit(ck) + 1 < want and watched.query.isActive \
@@ -201,7 +227,8 @@ def steady_job(spark: Any, run_dir: Path, args: argparse.Namespace,
     problem = h.check_ids(ids, len(ids), "steady output")
     if problem:
         errors.append(problem)
-    return {"epochs": len(kept), "rows": len(ids), "series": series, "errors": errors}
+    return {"epochs": len(kept), "rows": len(ids), "series": series, "errors": errors,
+            "failed_starts": failed_starts}
 
 
 def child(args: argparse.Namespace) -> int:
@@ -242,8 +269,9 @@ def child(args: argparse.Namespace) -> int:
             server.stop()
     Path(args.result).write_text(json.dumps(result))
     if not args.keep:
-        for name in ("first", "bulk", "steady"):
-            shutil.rmtree(run_dir / name, ignore_errors=True)
+        for entry in run_dir.iterdir():
+            if entry.name != "server":
+                shutil.rmtree(entry, ignore_errors=True)
     return 0
 
 
@@ -434,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
               f"epoch p50 {h.fmt_ms(values.get('trigger_p50'))} ms over "
               f"{result['steady']['epochs']} epochs  {h.load()}"
               + (f"  (attempt {result['attempts']})" if result["attempts"] > 1 else "")
+              + (f"  failed query starts {starts}" if (starts := sum(
+                  result[j]["failed_starts"] for j in ("first", "bulk", "steady"))) else "")
               + (f"  ERRORS {result['errors']}" if result["errors"] else ""), flush=True)
         failed |= bool(result["errors"])
         (work / "results.json").write_text(json.dumps(raw, indent=1))
