@@ -363,8 +363,11 @@ def report(raw: list[dict[str, Any]], args: argparse.Namespace, work: Path,
     client_s = [r["client_session_s"] for r in connect_runs]
     rows.insert(1, ["  of it: Connect server start / client session (s)", "-",
                     f"{h.spread(server_s)} / {h.spread(client_s)}", "-"])
-    # the committer's steps in the order its records list them (the protocol's order)
-    names = ["trigger", "add_batch", "commit"] + [k for k in series if k.startswith("step_")]
+    # the committer's steps in the protocol's order (its records list them sorted by name)
+    order = ("begin", "input", "lookup", "lease", "intent", "handles", "publish")
+    steps = sorted((k for k in series if k.startswith("step_")), key=lambda k: (
+        order.index(k[5:]) if k[5:] in order else len(order), k))
+    names = ["trigger", "add_batch", "commit", *steps]
     labels = {"trigger": "epoch: triggerExecution", "add_batch": "epoch: addBatch",
               "commit": "epoch: sink commit (commit_ms)"}
     for key in names:
