@@ -58,7 +58,8 @@ FOLDER_LANES = {
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("install/test_wheel_install.py", "chaos/test_nemesis.py",
+LONGEST_FIRST = ("install/test_wheel_install.py", "connect/test_chaos_on_connect.py",
+                 "chaos/test_nemesis.py",
                  "ops/test_ha_failover.py", "postgres/test_pg_chaos.py",
                  "ops/test_launcher_where_it_runs.py", "kafka/test_kafka_chaos.py",
                  "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
@@ -66,7 +67,8 @@ LONGEST_FIRST = ("install/test_wheel_install.py", "chaos/test_nemesis.py",
                  "ops/test_run_on_s3.py", "savepoints/test_savepoint_commands.py",
                  "savepoints/test_restore_aggregation.py", "chaos/test_delta_chaos.py",
                  "ops/test_outages.py", "objectstore/test_s3_ambiguous_commit.py",
-                 "kafka/test_kafka_ambiguous_commit.py")
+                 "kafka/test_kafka_ambiguous_commit.py", "ops/test_run_remote.py",
+                 "savepoints/test_savepoints_on_connect.py")
 
 
 def _start_order(item) -> int:
