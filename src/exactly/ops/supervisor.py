@@ -83,7 +83,8 @@ class JobFailedError(ExactlyError):
 
 
 class DriverLostError(ExactlyError):
-    """The driver's JVM is gone or unresponsive: only a new driver process can go on."""
+    """The driver's JVM (on Spark Connect: the server) is gone or unresponsive: only a new
+    driver process can go on (on Connect: it reconnects, once the server is back)."""
 
 
 @dataclass
@@ -108,10 +109,46 @@ def is_fatal(cause_text: str) -> bool:
 
 
 def driver_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the Spark driver (JVM) is gone."""
-    name = type(exc).__name__
-    return name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
-        name == "Py4JError" and "Java side" in str(exc))
+    """Whether ``exc`` (or an exception it was raised from) says the Spark driver is gone:
+    this process's JVM (Py4J), or the Spark Connect server (:func:`connect_server_lost`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
+                name == "Py4JError" and "Java side" in str(current)):
+            return True
+        if connect_server_lost(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+#: gRPC status codes of a Spark Connect call the server did not answer (after the client's
+#: retries, :data:`exactly.spark.connect.RETRY_SECONDS`): down, restarting, unreachable, hung
+CONNECT_LOST_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+#: Spark's error conditions of a session the server no longer has: it restarted (a new
+#: server-side session behind the same session id) or dropped it
+CONNECT_LOST_CONDITIONS = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                           "INVALID_HANDLE.SESSION_CLOSED", "NO_ACTIVE_SESSION")
+
+
+def connect_server_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Spark Connect client's word that its server is gone or restarted
+    (a new driver process reconnects and resumes from the checkpoint); a query's own failure
+    reported through Connect is not."""
+    if not type(exc).__module__.startswith("pyspark."):
+        return False
+    status = getattr(exc, "getGrpcStatusCode", None)
+    if status is not None and getattr(status(), "name", "") in CONNECT_LOST_STATUS:
+        return True
+    condition = getattr(exc, "getCondition", None)
+    if condition is not None and (condition() or "") in CONNECT_LOST_CONDITIONS:
+        return True
+    # the client checks every answer's server-side session id: a restarted server's differs
+    return type(exc).__name__ == "PySparkAssertionError" and (
+        "server side session identifier" in str(exc))
 
 
 class Supervisor:
