@@ -17,11 +17,20 @@ planner makes of it (the ``IncrementalExecution`` ``explain`` uses) and pairs th
 nodes of both in pre-order, checking that their kinds agree. When they cannot be paired
 (the optimizer merged or removed a stateful step) it raises a ConfigError instead of
 guessing.
+
+On a Spark Connect session there is no analyzed plan in this process: the uid is kept on the
+client's own plan node of the stateful step (``df._plan``; every DataFrame built on it holds
+that node object as a child), the logical side is the walk of the client's plan, and the
+physical side is the server's ``explain`` of the streaming DataFrame (the same incremental
+planning, every stateful operator with ``opId = N`` in its state info). The explain text
+names no state schemas: a Connect job's operators have none, so the restore's own schema
+check leaves a changed schema to Spark's check when the restored query starts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +39,7 @@ from exactly.checkpoint.location import as_store
 from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError
 from exactly.fsutil import parse_json
+from exactly.spark.connect import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -136,6 +146,8 @@ def uid(name: str, df: DataFrame) -> DataFrame:
         raise ConfigError("exactly.uid: give a non-empty name")
     if not df.isStreaming:
         raise ConfigError(f"exactly.uid({name!r}, df): df is not a streaming DataFrame")
+    if is_connect(df):
+        return _connect_uid(name, df)
     plan = df._jdf.logicalPlan()
     found = _logical_stateful(plan, [])
     if not found:
@@ -159,6 +171,8 @@ def job_operators(df: DataFrame) -> list[JobOperator]:
     Raises ConfigError when two operators share a uid or when uids were given but Spark's
     plan cannot be paired with the DataFrame's steps.
     """
+    if is_connect(df):
+        return _connect_operators(df)
     qe = df._jdf.queryExecution()
     analyzed = qe.analyzed()
     tag = _tag(df.sparkSession._jvm)
@@ -172,26 +186,138 @@ def job_operators(df: DataFrame) -> list[JobOperator]:
     for node in logical:
         value = node.getTagValue(tag)
         uids.append(value.get() if value.isDefined() else None)
+    return _paired([node.nodeName() for node in logical], uids, physical, _schemas)
+
+
+def _paired(logical: list[str], uids: list[str | None],
+            physical: list[tuple[int, str, Any]],
+            schemas: Any) -> list[JobOperator]:
+    """Pair the stateful steps (their kinds, a key of ``_KINDS``, and uids) with Spark's
+    stateful operators (id, name, node; ``schemas(node)`` -> key and value schema) in
+    pre-order; ConfigError for a uid given twice or named steps that cannot be paired."""
     named = [u for u in uids if u is not None]
     duplicates = sorted({u for u in named if named.count(u) > 1})
     if duplicates:
         raise ConfigError(f"operator uid {duplicates[0]!r} is given to more than one stateful "
                           "step; every uid must be unique in a job")
     paired = len(logical) == len(physical) and all(
-        any(word in phys for word in _KINDS[node.nodeName()])
-        for node, (_, phys, _) in zip(logical, physical, strict=True))
+        any(word in phys for word in _KINDS[kind])
+        for kind, (_, phys, _) in zip(logical, physical, strict=True))
     if not paired:
         if named:
             raise ConfigError(
                 "cannot pair the job's named stateful steps "
-                f"({', '.join(n.nodeName() for n in logical) or 'none'}) with the stateful "
+                f"({', '.join(logical) or 'none'}) with the stateful "
                 f"operators Spark plans ({', '.join(p for _, p, _ in physical) or 'none'}): "
                 "Spark's optimizer merged or removed a step. Give uids only to steps Spark "
                 "keeps (e.g. do not aggregate an aggregate by the same key)")
-        return [JobOperator(op_id, phys, "", None, *_schemas(node))
+        return [JobOperator(op_id, phys, "", None, *schemas(node))
                 for op_id, phys, node in physical]
-    return [JobOperator(op_id, phys, lnode.nodeName(), u, *_schemas(pnode))
-            for lnode, (op_id, phys, pnode), u in zip(logical, physical, uids, strict=True)]
+    return [JobOperator(op_id, phys, kind, u, *schemas(pnode))
+            for kind, (op_id, phys, pnode), u in zip(logical, physical, uids, strict=True)]
+
+
+# -- Spark Connect: the client's plan and the server's explain --------------------------------
+#: attribute of a Connect client's plan node holding the uid :func:`uid` gave it
+CONNECT_UID_ATTR = "_exactly_uid"
+#: a physical operator of the explain text with its state info: name and ``opId``
+_EXPLAIN_STATEFUL = re.compile(
+    r"^[\s|:+\-!]*(?:\*\(\d+\)\s+)?!?(\w+).*\bstate info \[.*?\bopId = (\d+)")
+
+
+def _connect_children(node: Any) -> list[Any]:
+    """The child plans of a Connect client's plan node, in Catalyst's order (a join's left
+    side first, a union's first input first; subquery references are no children)."""
+    from pyspark.sql.connect.plan import LogicalPlan
+
+    found: list[Any] = []
+    for key, value in vars(node).items():
+        if key == "_references":
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            if isinstance(item, LogicalPlan) and not any(item is f for f in found):
+                found.append(item)
+    return found
+
+
+def _connect_streaming(node: Any) -> bool:
+    """Whether the client's plan ``node`` reads a stream (a streaming source below it)."""
+    if getattr(node, "_is_streaming", None):
+        return True
+    return any(_connect_streaming(child) for child in _connect_children(node))
+
+
+def _connect_kind(node: Any) -> str | None:
+    """The logical kind (a key of ``_KINDS``) of a client's plan node, None when stateless."""
+    name = type(node).__name__
+    if name == "Deduplicate":
+        kind = "DeduplicateWithinWatermark" if node.within_watermark else "Deduplicate"
+    elif name == "ApplyInPandasWithState":
+        kind = "FlatMapGroupsInPandasWithState"
+    elif name in ("Aggregate", "Join", "TransformWithStateInPySpark",
+                  "TransformWithStateInPandas"):
+        kind = name
+    else:
+        return None
+    if kind == "Join":
+        children = _connect_children(node)
+        return kind if len(children) == 2 and all(map(_connect_streaming, children)) else None
+    return kind if _connect_streaming(node) else None
+
+
+def _connect_stateful(node: Any, out: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    kind = _connect_kind(node)
+    if kind is not None:
+        out.append((kind, node))
+    for child in _connect_children(node):
+        _connect_stateful(child, out)
+    return out
+
+
+def _connect_uid(name: str, df: DataFrame) -> DataFrame:
+    found = _connect_stateful(df._plan, [])
+    if not found:
+        raise ConfigError(f"exactly.uid({name!r}, df): df has no stateful step (an "
+                          "aggregation, dropDuplicates, transformWithState, a stream-stream "
+                          "join ...) in the plan this Spark Connect client built; name the "
+                          "DataFrame that a stateful step returns (a step inside spark.sql "
+                          "text cannot be named on Spark Connect)")
+    node = found[0][1]
+    old = getattr(node, CONNECT_UID_ATTR, None)
+    if old is not None and old != name:
+        raise ConfigError(f"exactly.uid({name!r}, df): this step is already named {old!r}; a "
+                          "step has one uid")
+    setattr(node, CONNECT_UID_ATTR, name)
+    return df
+
+
+def explained_operators(explain: str) -> list[tuple[int, str]]:
+    """``(operator id, physical name)`` of every stateful operator of a physical plan as
+    Spark's ``explain`` prints it, in pre-order, once per id (the restore half of an
+    aggregation shares its id)."""
+    physical = explain.split("== Physical Plan ==", 1)[-1]
+    found: list[tuple[int, str]] = []
+    for line in physical.splitlines():
+        match = _EXPLAIN_STATEFUL.match(line)
+        if match is None:
+            continue
+        name, op_id = match.group(1), int(match.group(2))
+        if any(name.startswith(s) for s in _SHARES_ID) or \
+                op_id in {i for i, _ in found}:
+            continue
+        found.append((op_id, name))
+    return found
+
+
+def _connect_operators(df: DataFrame) -> list[JobOperator]:
+    connect: Any = df  # a Connect DataFrame: its plan and the server's explain
+    physical = explained_operators(connect._explain_string(extended=False))
+    logical = _connect_stateful(connect._plan, [])
+    uids = [getattr(node, CONNECT_UID_ATTR, None) for _, node in logical]
+    return _paired([kind for kind, _ in logical], uids,
+                   [(op_id, name, None) for op_id, name in physical],
+                   lambda node: (None, None))
 
 
 #: the operators of the job last started on a checkpoint (``exactly-job/operators.json``):
