@@ -356,8 +356,11 @@ class Supervisor:
         """Let the epoch in flight commit, admit no new one, then stop the query. A cancel
         arriving meanwhile stops the query at once: returns that request (else None)."""
         from exactly.checkpoint.spark_files import batch_numbers
+        from exactly.spark.connect import is_connect
 
         self._status("stopping")
+        if is_connect(query):
+            return self._stop_between_epochs(query)
         if self.pacer is not None:
             self.pacer.close_admission()
         location = self.config.storage
@@ -390,6 +393,42 @@ class Supervisor:
         self._collect_progress(query)
         if self.pacer is not None:
             self.pacer.reopen()
+        return cancel
+
+    def _stop_between_epochs(self, query) -> Request | None:
+        """:meth:`_graceful_stop` of a query on Spark Connect. Its sources run in the server,
+        whose Python workers cannot read the admission file (they inherit the server's
+        environment), so no stop can hold the next epoch back: the query is stopped as soon
+        as its epoch in flight committed (the checkpoint's offset and commit logs end at the
+        same epoch), watched in the checkpoint's files rather than through the server so as
+        not to miss the gap before the next trigger. An epoch that started meanwhile is
+        aborted by the stop and replayed at the next start."""
+        from exactly.checkpoint.spark_files import batch_numbers
+
+        location = self.config.storage
+        deadline = time.monotonic() + self.stop_timeout_s
+        cancel = None
+        looks = 0
+        while True:
+            cancel = self._take_cancel()
+            if cancel is not None:
+                log_event(logger, "stop_cancelled", logging.WARNING,
+                          detail="a cancel arrived during the graceful stop: the epoch in "
+                                 "flight is aborted")
+                break
+            if batch_numbers(location, "offsets")[-1:] == batch_numbers(location, "commits")[-1:]:
+                break
+            if time.monotonic() > deadline:
+                log_event(logger, "stop_timeout", logging.WARNING,
+                          detail="the epoch in flight did not complete; it is cancelled and "
+                                 "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+                break
+            looks += 1
+            if looks % 20 == 0 and not query.isActive:  # a call to the server: now and then
+                break
+            self._sleep(0.05)
+        query.stop()
+        self._collect_progress(query)
         return cancel
 
     def _take_cancel(self) -> Request | None:
