@@ -368,7 +368,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                                       "savepoint": origin or str(plan.savepoint),
                                       "epoch": plan.manifest.epoch, "query_id": query_id}))
     with _staging(target) as dest:
-        _write_checkpoint(spark, plan, dest, query_id)
+        _write(spark, plan, dest, query_id)
         if is_remote(target):
             relocate_schemas(dest, checkpoint_uri(target))
             upload_tree(dest, open_store(target), last=["metadata"])
@@ -394,9 +394,23 @@ def _json(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, indent=1).encode()
 
 
-def _write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
-                      query_id: str) -> None:
-    """Write the restored checkpoint's files into the local directory ``dest``."""
+def _write(spark: SparkSession, plan: RestorePlan, dest: Path, query_id: str) -> None:
+    """:func:`write_checkpoint` in this process, or for a Spark Connect session whose
+    restore needs Spark's state providers, in a child process with a classic local Spark
+    (:mod:`~exactly.savepoints.rewrite`)."""
+    from exactly.savepoints import rewrite
+    from exactly.spark.connect import is_connect
+
+    if is_connect(spark) and rewrite.needs_spark(plan):
+        rewrite.write_in_child(plan, dest, query_id)
+    else:
+        write_checkpoint(spark, plan, dest, query_id)
+
+
+def write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
+                     query_id: str) -> None:
+    """Write the restored checkpoint's files into the local directory ``dest`` (``spark``:
+    a classic session, unless every operator is copied and none starts empty)."""
     from exactly.savepoints import state_writer
 
     manifest = plan.manifest
