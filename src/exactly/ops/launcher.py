@@ -7,9 +7,11 @@ The launcher is a small process without Spark. It claims the checkpoint (a secon
 * exit 0: the job stopped, drained, finished or was cancelled: the launcher exits 0;
 * exit :data:`~exactly.ops.driver.JOB_FAILED`: the strategy gave up inside the driver (its
   last line names the cause): the launcher exits with the same code;
-* death by a signal (SIGKILL, the OOM killer), :data:`~exactly.ops.driver.DRIVER_LOST` or
-  any other exit: a process failure. Whatever is left of the driver's process tree (PySpark's
-  worker daemons leave its process group) is killed, the failure is recorded in the restart
+* death by a signal (SIGKILL, the OOM killer), :data:`~exactly.ops.driver.DRIVER_LOST` (its
+  JVM is gone; on Spark Connect, ``exactly run --remote``: the server is gone or restarted,
+  and the next driver reconnects once it is back) or any other exit: a process failure.
+  Whatever is left of the driver's process tree (PySpark's worker daemons leave its process
+  group) is killed, the failure is recorded in the restart
   history, and the restart strategy the driver reported decides: a new driver process after
   its delay, or exit :data:`~exactly.ops.driver.JOB_FAILED` with the cause.
 
@@ -309,7 +311,7 @@ def _describe(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     if code == DRIVER_LOST:
-        return "lost its Spark driver (JVM)"
+        return "lost its Spark driver (its JVM, or the Spark Connect server it ran on)"
     return f"exited with code {code}"
 
 
