@@ -46,7 +46,13 @@ from exactly.checkpoint.status import JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
-from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
+from exactly.ops.driver import (
+    DRIVER_LOST,
+    JOB_FAILED,
+    DriverSpec,
+    job_admission_file,
+    refuse_on_connect,
+)
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
 from exactly.ops.supervisor import default_strategy
@@ -73,6 +79,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     ``exactly run --ha`` is :func:`exactly.ops.ha.launch_ha`."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
     checkpoint = checkpoint_of(spec)
+    refuse_on_connect(replace(spec, checkpoint=checkpoint))  # one the job file names, too
     directory = job_store(checkpoint)
     refuse_if_run_with_ha(directory)
     run_id = new_run_id()
