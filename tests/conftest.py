@@ -50,6 +50,8 @@ FOLDER_LANES = {
     "monitoring": ("spark",),  # a live job, `exactly ui`, headless Chromium
     "objectstore": ("server",),  # S3Proxy: the S3 server, logs and checkpoints on it
     "install": ("spark",),  # the wheel in a fresh virtualenv: its CLI runs Spark jobs
+    "connect": ("spark",),  # a Spark Connect server; its PostgreSQL and Kafka cases also
+    # carry ``server``
 }
 
 

@@ -68,18 +68,9 @@ class StatefulJob:
         from exactly.ops.query import start_query
 
         job = self.job(rows)
-        for attempt in (1, 2, 3):
-            try:
-                query = start_query(job.df, sink_format=job.sink_format,
-                                    checkpoint=job.checkpoint, path=job.path,
-                                    options=dict(job.options), output_mode=job.output_mode,
-                                    available_now=True)
-                break
-            except Exception as exc:
-                # a Spark Connect server waits 10 s for its foreachBatch Python runner to
-                # connect back, which a loaded machine can miss; the query has not started
-                if attempt == 3 or "Python worker failed to connect back" not in str(exc):
-                    raise
+        query = start_query(job.df, sink_format=job.sink_format, checkpoint=job.checkpoint,
+                            path=job.path, options=dict(job.options),
+                            output_mode=job.output_mode, available_now=True)
         query.query.awaitTermination()
         error = query.query.exception()
         if error is not None:

@@ -3,7 +3,8 @@ found from the client's plan and the server's explain equal those a classic sess
 for the same job, and a savepoint of an aggregation taken on Connect, restored on Connect
 into another number of state partitions with a new stateful step (state rewritten by a
 classic local Spark in a child process of the client), resumes with every key's count and
-sum right. Real Spark Connect server, real PostgreSQL.
+sum right; only restores that change state files start that child, and its failure names
+Spark's error. Real Spark Connect server, real PostgreSQL.
 
 The Connect side runs in a child process (connect_client.py): a Python process that holds a
 classic session (the ``spark`` fixture) cannot open a Connect one."""
@@ -44,7 +45,10 @@ def on_connect(server, request: dict) -> dict:
     proc = subprocess.run([sys.executable, str(CLIENT), json.dumps({"url": server.url,
                                                                      **request})],
                           capture_output=True, text=True, env=env, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    if proc.returncode != 0:  # the Python side of the output, without JVM stack frames
+        lines = (proc.stdout + proc.stderr).splitlines()
+        shown = [line for line in lines if not line.lstrip().startswith("at ")]
+        raise AssertionError("the Connect client failed:\n" + "\n".join(shown[-150:]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -107,3 +111,43 @@ def test_aggregation_savepoint_on_connect_restores_rescaled_with_a_new_step(
     assert sorted(p.name for p in (state / "0").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert sorted(p.name for p in (state / "1").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
     assert_totals(table_totals(conn, table_name), 2 * STEP)
+
+
+KEY = '{"type":"struct","fields":[{"name":"key","type":"string","nullable":true,"metadata":{}}]}'
+VALUE = ('{"type":"struct","fields":[{"name":"count","type":"long","nullable":true,'
+         '"metadata":{}}]}')
+
+
+def rescale_plan(savepoint: Path, partitions: int, *, new_step: bool = False):
+    from exactly.savepoints.manifest import Manifest, OperatorInfo, StoreInfo
+    from exactly.savepoints.operators import JobOperator
+    from exactly.savepoints.restore import plan_restore
+
+    manifest = Manifest("id", 5, "t", "q", "stop", "4.3.0", 2, "hashmap", {}, [],
+                        [OperatorInfo(0, "stateStoreSave", 2, "counts",
+                                      [StoreInfo("default", KEY, VALUE, 10, 1)], 1)], [], {})
+    job = [JobOperator(0, "StateStoreSave", "Aggregate", "counts", KEY, VALUE)]
+    if new_step:
+        job.append(JobOperator(1, "StreamingDeduplicate", "Deduplicate", "dedup"))
+    return plan_restore(manifest, savepoint, job, partitions=partitions, backend="hashmap")
+
+
+def test_only_restores_that_change_state_files_go_to_a_classic_spark(tmp_path):
+    from exactly.savepoints.rewrite import needs_spark, plan_from_json, plan_to_json
+
+    assert not needs_spark(rescale_plan(tmp_path, 2))  # copies: no Spark on Connect
+    assert needs_spark(rescale_plan(tmp_path, 3))  # rewritten into 3 partitions
+    assert needs_spark(rescale_plan(tmp_path, 2, new_step=True))  # a new step's empty state
+    plan = rescale_plan(tmp_path, 3, new_step=True)
+    assert plan_from_json(json.loads(json.dumps(plan_to_json(plan)))) == plan
+
+
+def test_a_failed_state_rewrite_in_the_child_process_names_its_cause(tmp_path):
+    from exactly.errors import SavepointError
+    from exactly.savepoints.rewrite import write_in_child
+
+    plan = rescale_plan(tmp_path / "no-savepoint", 3)  # no state to read
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(SavepointError, match=r"(?s)state rewrite of this restore.*exit code "
+                       r"1.*STDS_COMMITTED_BATCH_UNAVAILABLE"):
+        write_in_child(plan, tmp_path / "checkpoint", "query-id")

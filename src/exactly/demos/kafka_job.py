@@ -141,9 +141,13 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
 
 
 def _session(checkpoint: str) -> SparkSession:
+    """Spark's Kafka connector loaded into this job's driver; on a Spark Connect server
+    (``SPARK_REMOTE``) the server must have been started with it (`exactly packages --kafka`),
+    a client cannot add jars to it."""
+    from exactly.spark.connect import remote_url
     from exactly.spark.session import spark_session
 
-    return spark_session(app_name="exactly-kafka-job", kafka=True,
+    return spark_session(app_name="exactly-kafka-job", kafka=remote_url() is None,
                          s3a=checkpoint.startswith("s3a://"))
 
 

@@ -54,7 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keys", type=int, default=50)
     p.add_argument("--mode", choices=["exactly_once", "at_least_once"], default="exactly_once")
     p.add_argument("--sqlite", default=None, help="wal sink: load into this SQLite file")
-    p.add_argument("--master", default="local[2]")
+    p.add_argument("--master", default=None,
+                   help="default: local[2] (EXACTLY_SPARK_MASTER), none on a Spark Connect "
+                        "server (SPARK_REMOTE): the server has its own")
     add_fault_flags(p)
     return p.parse_args(argv)
 

@@ -23,6 +23,11 @@ The savepoint here is a local directory (one on S3 is downloaded first:
 :mod:`exactly.ops.job_savepoints`); the new checkpoint is local or on S3 (``s3a://``): for
 S3 it is written into a local staging directory (:func:`~.places.staging_dir`), Spark's providers
 writing the state there as for a local one, and uploaded before the marker says done.
+
+On a Spark Connect session the restore runs in the client: copies need no Spark, and what
+needs Spark's state providers (a rewrite, Spark's repartition, a new operator's empty state)
+runs in a child process with a classic local Spark (:mod:`~exactly.savepoints.rewrite`), so
+the savepoint and the new checkpoint must be files of the client's host (local or shared).
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ The checkpoint may be local or on S3 (``s3a://``), and so may the target (``s3:/
 files are copied into a local directory (the savepoint's own for a local target, a temporary
 one for S3), Spark reads the copy back there (row counts; this proves it loads), and a
 savepoint for S3 is then uploaded, its manifest last (:func:`upload_savepoint`).
+
+On a Spark Connect session the same runs in the client: the copy is this host's file work and
+the read-back is a batch read (``format("state-metadata")``, ``format("statestore")``) the
+server runs on the copy's path, so the server must see that path (a Connect server on this
+host, or a file system both share: the condition of a checkpoint on Connect already).
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
                      on_start: Callable[[Attempt], None] | None = None,
                      on_end: Callable[[Attempt], None] | None = None,
                      timeout: float = 600,
-                     kill_after: Sequence[float | RandomKill] = ()) -> list[Attempt]:
+                     kill_after: Sequence[float | RandomKill] = (),
+                     end_after_fault: float | None = None) -> list[Attempt]:
     """Run ``command`` with the faults of ``schedule`` armed one per attempt, restarting
     after every injected crash, until an attempt exits cleanly (input drained). A fault
     that is not reached before the input drains does not fire (see :func:`unfired`).
@@ -122,6 +123,13 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
     ``fired={"point": "external_kill", ...}``) and is restarted. An armed fault that had
     not fired by then is armed again in the next attempt.
 
+    ``end_after_fault``: seconds; an attempt whose fault fired (its marker file exists) and
+    that has not ended that long after is ended by the harness (its process tree killed, as
+    after any attempt), instead of waiting for it to die or fail. For jobs whose process
+    outlives the crash: a Spark Connect client whose server the fault killed retries the
+    server for :data:`exactly.spark.connect.RETRY_SECONDS` before it fails. Default: the
+    attempt ends when its process does.
+
     Returns the attempts. Raises :class:`JobFailed` when an attempt fails on its own or
     runs longer than ``timeout`` seconds, and :class:`exactly.procs.ProcessesSurvived` when
     a process of an attempt outlives the kill that follows it.
@@ -130,7 +138,7 @@ def run_with_crashes(command: Sequence[str], schedule: Sequence[FaultSpec], *,
     try:
         return _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end, timeout,
                          [k if isinstance(k, RandomKill) else RandomKill(float(k))
-                          for k in kill_after])
+                          for k in kill_after], end_after_fault)
     finally:
         shutil.rmtree(marker_dir, ignore_errors=True)
 
@@ -142,7 +150,7 @@ def unfired(schedule: Sequence[FaultSpec], attempts: Sequence[Attempt]) -> list[
 
 
 def _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end,
-              timeout, kills: list[RandomKill]) -> list[Attempt]:
+              timeout, kills: list[RandomKill], end_after_fault: float | None) -> list[Attempt]:
     attempts: list[Attempt] = []
     pending = list(schedule)
     while True:
@@ -156,7 +164,9 @@ def _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end,
             argv += armed.with_marker(marker).flags()
         if on_start is not None:
             on_start(attempt)
-        stderr_tail = _run_attempt(argv, child_env, attempt, on_line, timeout)
+        stderr_tail = _run_attempt(argv, child_env, attempt, on_line, timeout,
+                                   (marker, end_after_fault) if armed is not None
+                                   and end_after_fault is not None else None)
         if marker.exists():
             attempt.fired = json.loads(marker.read_text())
         elif attempt.killed_externally and armed is not None:
@@ -176,11 +186,13 @@ def _attempts(command, schedule, marker_dir, env, on_line, on_start, on_end,
 
 
 def _run_attempt(command, child_env, attempt: Attempt,
-                 on_line: Callable[[Attempt, dict], None] | None, timeout: float) -> str:
+                 on_line: Callable[[Attempt, dict], None] | None, timeout: float,
+                 end_after_fault: tuple[Path, float] | None = None) -> str:
     """Run one attempt to its end, then kill whatever is left of its process tree.
 
     The attempt ends when the driver process exits, is killed from outside
-    (``attempt.kill``) or by the watchdog (``timeout``); stdout is read in a thread so
+    (``attempt.kill``), by the watchdog (``timeout``) or, with ``end_after_fault``
+    (marker, seconds), that long after its fault fired; stdout is read in a thread so
     that a leftover process holding the pipe open cannot hold the harness up.
     """
     tail: list[str] = []
@@ -242,8 +254,11 @@ def _run_attempt(command, child_env, attempt: Attempt,
                                      "epoch": max(attempt.epochs, default=None),
                                      "at": time.time()}
                     attempt.killed = _kill(attempt, root)
+        ended_by_fault = (end_after_fault is not None
+                          and _ended_after_fault(proc, *end_after_fault, left))
         try:
-            proc.wait(timeout=left())
+            if not ended_by_fault:  # else the kill below ends it
+                proc.wait(timeout=left())
         except subprocess.TimeoutExpired:
             attempt.timed_out = True
             attempt.killed = _kill(attempt, root)
@@ -261,6 +276,21 @@ def _run_attempt(command, child_env, attempt: Attempt,
     if errors:
         raise errors[0]
     return "".join(tail)
+
+
+def _ended_after_fault(proc: subprocess.Popen, marker: Path, grace: float,
+                       left: Callable[[], float]) -> bool:
+    """Wait until ``proc`` exits or the watchdog's time is up (False), or until ``grace``
+    seconds after ``marker`` appeared -- the attempt's fault fired -- with ``proc`` still
+    running (True)."""
+    fired_at: float | None = None
+    while proc.poll() is None and left() > 0:
+        if fired_at is None and marker.exists():
+            fired_at = time.monotonic()
+        if fired_at is not None and time.monotonic() - fired_at >= grace:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _kill(attempt: Attempt, root: psutil.Process | None) -> list[ProcessInfo]:

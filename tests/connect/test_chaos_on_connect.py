@@ -1,0 +1,198 @@
+"""Kill -9 at every protocol point on Spark Connect, restart, audit: files, PostgreSQL 2PC and
+Kafka stay exactly-once when the job's driver is a Spark Connect server.
+
+The same job commands as the classic chaos tests (tests/chaos/test_file_sink_chaos.py,
+tests/postgres/test_pg_chaos.py, tests/kafka/test_kafka_chaos.py), each attempt with
+``SPARK_REMOTE=<server>`` in its environment: the attempt's process is a Connect client,
+the sink's commit runs in the server's ``foreachBatch`` Python process. A driver-side fault
+fires there and SIGKILLs the Connect server's JVM and every Python worker of it -- what a
+platform's node loss does to the committing process. The test plays the platform: before each
+attempt it starts the server again if it is down (same URL), and after each driver crash it
+checks that nothing of the server is left alive. The client of an attempt whose server died
+would retry for ``exactly.spark.connect.RETRY_SECONDS``; the harness ends it a few seconds
+after its fault fired (``run_with_crashes(end_after_fault=...)``). An executor crash
+(``in_write``) kills one Python worker of the server; the server lives on.
+
+Then the audit the classic tests make: every input record exactly once, nothing dangling.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from exactly.audit import audit_ids, pg_table_ids
+from exactly.auditor import verify
+from exactly.connectors.postgres.two_phase import prepared_count
+from exactly.demos.kafka import audit_output, produce_events
+from exactly.demos.postgres_job import DSN_ENV, command
+from exactly.procs import ProcessInfo
+from exactly.protocol.commitlog import CommitLog
+from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
+from exactly.spark.connect import REMOTE_ENV
+from exactly.testing.chaos import Attempt, python_command, run_with_crashes
+from exactly.testing.connect_server import ConnectServer
+from exactly.testing.file_output import assert_no_dangling_pre_commits
+from exactly.testing.kafka_broker import create_topic
+
+pytestmark = [pytest.mark.chaos, pytest.mark.server]
+
+#: every protocol point of DESIGN.md section 3, in protocol order
+EVERY_POINT = (FaultPoint.IN_WRITE, *DRIVER_POINTS)
+#: seconds an attempt may go on after its fault fired before the harness ends it (a
+#: client whose server died retries it; one whose query failed exits at once)
+END_AFTER_FAULT = 3.0
+
+
+class Platform:
+    """What runs the Connect server in production, played by the test: starts the server
+    before an attempt when it is down; after an attempt killed at a driver point, records
+    what is left of the server (nothing, once the fault's SIGKILL has taken it down)."""
+
+    def __init__(self, server: ConnectServer) -> None:
+        self.server = server
+        self.restarts = 0
+        self.left_after_driver_crash: list[tuple[str, list[ProcessInfo]]] = []
+        self.alive_after_executor_crash: list[bool] = []
+        self._started = 0.0
+
+    def on_start(self, attempt: Attempt) -> None:
+        self._started = time.monotonic()
+        if not self.server.running():
+            self.server.start()
+            self.restarts += 1
+        print(f"attempt {attempt.number}: server up after "
+              f"{time.monotonic() - self._started:.1f} s", flush=True)
+
+    def on_end(self, attempt: Attempt) -> None:
+        print(f"attempt {attempt.number} ({attempt.armed and attempt.armed.render()}): "
+              f"{time.monotonic() - self._started:.1f} s, exit {attempt.returncode}, "
+              f"fired {attempt.fired}", flush=True)
+        if not attempt.crashed:
+            return
+        point = attempt.fired["point"]
+        if point == FaultPoint.IN_WRITE.value:
+            self.alive_after_executor_crash.append(self.server.running())
+            return
+        deadline = time.monotonic() + 20
+        left = self.server.processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = self.server.processes()
+        self.left_after_driver_crash.append(
+            (point, [ProcessInfo.of(p) for p in left]))
+
+    def hooks(self) -> dict:
+        return {"on_start": self.on_start, "on_end": self.on_end,
+                "env": {REMOTE_ENV: self.server.url}, "end_after_fault": END_AFTER_FAULT}
+
+    def assert_every_crash_took_the_server_down(self, points) -> None:
+        """Every driver crash left no process of the server alive and the platform started it
+        again; the executor crash left the server running."""
+        driver = [p.value for p in points if p.on_driver]
+        assert [point for point, _ in self.left_after_driver_crash] == driver
+        assert all(left == [] for _, left in self.left_after_driver_crash), \
+            self.left_after_driver_crash
+        assert self.restarts == len(driver)
+        assert self.alive_after_executor_crash == [True] * (len(points) - len(driver))
+
+
+def fired(attempts: list[Attempt]) -> list[tuple[str, int]]:
+    return [(a.fired["point"], a.fired["epoch"]) for a in attempts if a.crashed]
+
+
+@pytest.fixture
+def platform(connect_server):
+    platform = Platform(connect_server)
+    yield platform
+    connect_server.start()  # the next test finds it running
+
+
+def test_file_sink_on_connect_killed_at_every_protocol_point_commits_every_event_once(
+        events_dir, tmp_path, platform):
+    """The demo pipeline (``exactly pipeline``), 8 files of 500 events in 4 epochs, killed at
+    each point in turn (the schedule of the classic test's EVERY_POINT)."""
+    out = tmp_path / "out"
+    schedule = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_INTENT, 0),
+                FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 1),
+                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
+    job = python_command("pipeline", "--input", str(events_dir), "--output", str(out),
+                         "--checkpoint", str(tmp_path / "ck"), "--max-files-per-epoch", "2")
+    attempts = run_with_crashes(job, schedule, timeout=480, **platform.hooks())
+
+    assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
+    assert not attempts[-1].crashed and attempts[-1].returncode == 0
+    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    report = verify(events_dir, out)
+    assert report.ok, report.rows()
+    assert report.found_rows == 4000
+    assert_no_dangling_pre_commits(out)
+
+
+PG_ROWS, PG_PER_EPOCH = 1_400, 200  # 7 epochs: one per point, then one without a fault
+
+
+def test_postgres_2pc_sink_on_connect_killed_at_every_protocol_point_commits_every_row_once(
+        pg, conn, tmp_path, platform):
+    table = f"ev_{uuid.uuid4().hex[:8]}"
+    ck = tmp_path / "ck"
+    schedule = [FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)]
+    job = command("--sink", "2pc", "--table", table, "--checkpoint", str(ck), "--rows",
+                  str(PG_ROWS), "--rows-per-epoch", str(PG_PER_EPOCH))
+    hooks = platform.hooks()
+    hooks["env"][DSN_ENV] = pg.dsn
+    attempts = run_with_crashes(job, schedule, timeout=480, **hooks)
+
+    assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
+    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    report = audit_ids(pg_table_ids(conn, table), np.arange(PG_ROWS))
+    assert report.ok, report.to_json()
+    assert report.found_rows == PG_ROWS
+    assert prepared_count(conn) == 0, "a prepared transaction was left behind"
+    assert CommitLog(ck / "exactly-sink").completed_epochs() == \
+        list(range(PG_ROWS // PG_PER_EPOCH))
+
+
+KAFKA_EVENTS, KAFKA_EPOCHS = 700, 7
+
+
+@pytest.fixture(scope="module")
+def kafka_server(tmp_path_factory):
+    """A Connect server started with Spark's Kafka connector (the Kafka job reads its input
+    with ``format("kafka")``, whose jars only the server's start can load)."""
+    from exactly.connectors.kafka.jars import connector_conf
+
+    with ConnectServer(tmp_path_factory.mktemp("connect-kafka"), conf=connector_conf(),
+                       java_options=os.environ.get("EXACTLY_DRIVER_JAVA_OPTIONS", "")) as server:
+        yield server
+
+
+def test_kafka_job_on_connect_killed_at_every_protocol_point_is_exactly_once_end_to_end(
+        broker, tmp_path, kafka_server):
+    """Kafka -> per-key running state -> ``exactly.kafka``: a read_committed consumer sees
+    every input id once and per key the state's sequence numbers 1..n."""
+    platform = Platform(kafka_server)
+    name = uuid.uuid4().hex[:8]
+    source, target = f"in-{name}", f"out-{name}"
+    create_topic(broker.bootstrap, source, 2)
+    create_topic(broker.bootstrap, target, 2)
+    produce_events(broker.bootstrap, source, KAFKA_EVENTS)
+    schedule = [FaultSpec(p, i) for i, p in enumerate(EVERY_POINT)]
+    job = [sys.executable, "-m", "exactly.demos.kafka_job", "--bootstrap", broker.bootstrap,
+           "--input", source, "--output", target, "--checkpoint", str(tmp_path / "ck"),
+           "--prefix", f"connect-{name}", "--max-offsets-per-trigger",
+           str(math.ceil(KAFKA_EVENTS / KAFKA_EPOCHS))]
+    attempts = run_with_crashes(job, schedule, timeout=480, **platform.hooks())
+
+    assert fired(attempts) == [(s.point, s.min_epoch) for s in schedule]
+    platform.assert_every_crash_took_the_server_down(EVERY_POINT)
+    committed = audit_output(broker.bootstrap, source, target, "read_committed")
+    assert committed.report.ok, committed.report.to_json()
+    assert committed.report.found_rows == KAFKA_EVENTS
+    assert committed.seq_errors == 0  # the job's state was applied exactly once
