@@ -201,6 +201,15 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     if job.checkpoint.is_memory_storage:
         raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
+    if job.checkpoint.needs_admission and is_connect(spark):
+        raise refuse("min_pause_between_checkpoints and epoch sizing (target_epoch_duration)",
+                     "exactly's sources learn them from a file named by "
+                     "an environment variable Spark's Python workers inherit from the driver "
+                     "JVM, and on Connect that JVM is the server's", "Drop them from the "
+                     "job's CheckpointConfig (Spark's own maxRowsPerTrigger / "
+                     "maxOffsetsPerTrigger options of the source size its epochs), or drop "
+                     "--remote (and SPARK_REMOTE) to run the job with a Spark driver of its "
+                     "own")
     operators = job_operators(job.df)
     if restore is not None:
         try:
@@ -220,15 +229,6 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                   driver=current_process())
     config = job.checkpoint
     admission = job_admission_file(host_dir(job.checkpoint.storage))
-    if config.needs_admission and is_connect(spark):
-        raise refuse("min_pause_between_checkpoints and epoch sizing (target_epoch_duration)",
-                     "exactly's sources learn them from a file named by "
-                     "an environment variable Spark's Python workers inherit from the driver "
-                     "JVM, and on Connect that JVM is the server's", "Drop them from the "
-                     "job's CheckpointConfig (Spark's own maxRowsPerTrigger / "
-                     "maxOffsetsPerTrigger options of the source size its epochs), or drop "
-                     "--remote (and SPARK_REMOTE) to run the job with a Spark driver of its "
-                     "own")
     if config.needs_admission and not admission_named(admission):
         raise ConfigError("min_pause_between_checkpoints and epoch sizing need exactly to "
                           "name the job's admission file before Spark's JVM starts (its "
