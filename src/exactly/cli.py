@@ -469,6 +469,10 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="A strategy option with Flink's name, e.g. attempts=3, delay=10s, "
                    "initial-backoff=1s (repeatable).")
 @click.option("--master", default=None, help="Spark master URL [default: local[2]].")
+@click.option("--remote", default=None, metavar="sc://HOST:PORT",
+              help="Run the job on this Spark Connect server [default: $SPARK_REMOTE, as "
+                   "PySpark reads it; unset: a Spark driver of its own]. A lost server: the "
+                   "driver process is restarted, reconnects and resumes from the checkpoint.")
 @click.option("--spark-ui", is_flag=True, help="Keep Spark's web UI on.")
 @click.option("--shuffle-partitions", default=None, type=click.IntRange(1),
               help="spark.sql.shuffle.partitions of a new checkpoint.")
@@ -517,8 +521,8 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
 @fault_options
 @reports_failure("run")
 def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
-        strategy_options: tuple[str, ...], master: str | None, spark_ui: bool,
-        shuffle_partitions: int | None, spark_conf: tuple[str, ...],
+        strategy_options: tuple[str, ...], master: str | None, remote: str | None,
+        spark_ui: bool, shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
         restore_mode: str, parallelism: int | None, sink_rollback: str, ha: bool,
         host_id: str | None, ha_lease_duration: str, ha_renew_interval: str,
@@ -535,18 +539,24 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     Fault injection (tests and drills): --fault POINT[@EPOCH] crashes the driver at a point
     of the job's exactly sink, of a savepoint or of a restore, once per run (--fault-marker
     FILE: once across runs).
+
+    On Spark Connect (--remote sc://HOST:PORT, or SPARK_REMOTE) the query runs in the
+    server; this command supervises it the same way, and a lost server (its restart) means
+    a new driver process that reconnects and resumes from the checkpoint.
     """
     from exactly.checkpoint.store import is_remote
     from exactly.config import parse_duration
-    from exactly.ops.driver import DriverSpec
+    from exactly.ops.driver import DriverSpec, refuse_on_connect
     from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint
     from exactly.ops.restart import parse_option_pairs
     from exactly.savepoints.manifest import read_manifest
     from exactly.savepoints.restore import RestoreMode
     from exactly.savepoints.sinks import SinkRollback
+    from exactly.spark.connect import remote_url
 
     if not _verbose():
         os.environ.setdefault("EXACTLY_SPARK_LOG_LEVEL", "OFF")
+    remote = remote_url(remote)  # --remote, else SPARK_REMOTE; an URL not sc:// fails here
     restore = None
     if savepoint is not None:
         if not is_checkpoint(savepoint):
@@ -569,7 +579,9 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
-                      restore=restore, fault=_fault(fault, fault_marker, fault_action))
+                      restore=restore, fault=_fault(fault, fault_marker, fault_action),
+                      remote=remote)
+    refuse_on_connect(spec, ha=ha)  # before anything starts
     endpoint = None
     if metrics_port is not None:
         from dataclasses import replace

@@ -84,6 +84,9 @@ class DriverSpec:
     #: run by an ``exactly run --ha`` leader: a driver whose launcher is gone ends at once
     #: (a standby takes the job over and replays its epoch in flight)
     ha: bool = False
+    #: ``exactly run --remote`` (or ``SPARK_REMOTE``): the Spark Connect server the job runs
+    #: on (:func:`refuse_on_connect` names what cannot go with it)
+    remote: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -110,11 +113,18 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
     from exactly.spark.session import spark_session
 
     # no console progress bars between the job's log lines; the job and the command line
-    # may still turn them on
-    conf = {"spark.ui.showConsoleProgress": "false", **spec.default_conf, **extra_conf,
-            **spec.spark_conf}
+    # may still turn them on (a Connect client draws none: the setting is the server's)
+    quiet = {} if spec.remote else {"spark.ui.showConsoleProgress": "false"}
+    conf = {**quiet, **spec.default_conf, **extra_conf, **spec.spark_conf}
     kwargs: dict[str, Any] = {"app_name": f"exactly-run:{Path(spec.job_file).stem}",
                               "conf": conf}
+    own: dict[str, str] = {}
+    if spec.remote:
+        kwargs["remote"] = spec.remote
+        # exactly's own settings (spark.exactly.*) are no setting of Spark's: a Connect
+        # server takes them per session whatever it fixed at its start
+        own = {k: v for k, v in conf.items() if k.startswith("spark.exactly.")}
+        kwargs["conf"] = {k: v for k, v in conf.items() if k not in own}
     if spec.master:
         kwargs["master"] = spec.master
     restored_from = str((spec.restore or {}).get("savepoint") or "")
@@ -124,7 +134,44 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
         kwargs["ui"] = True
     if spec.shuffle_partitions:
         kwargs["shuffle_partitions"] = spec.shuffle_partitions
-    return spark_session(**kwargs)
+    spark = spark_session(**kwargs)
+    for key, value in own.items():
+        spark.conf.set(key, value)
+    return spark
+
+
+def refuse_on_connect(spec: DriverSpec, *, ha: bool = False) -> None:
+    """Raise ConfigError (:func:`exactly.spark.connect.refuse`) when ``spec`` runs on Spark
+    Connect (``spec.remote``) with what a Connect client cannot have: a master or a UI of its
+    own (the server's), an object-storage checkpoint or savepoint (the S3A jars are the
+    server's), ``--ha`` (a failover kills the old leader's driver process, which on Connect
+    does not stop its query: that runs in the server). Nothing has started yet. The checkpoint
+    policies that need the admission file are refused once the job is built
+    (:func:`supervise`)."""
+    from exactly.spark.connect import refuse
+
+    if not spec.remote:
+        return
+    instead = "Drop --remote (and SPARK_REMOTE) to run the job with a Spark driver of its own"
+    if spec.master:
+        raise refuse(f"--master {spec.master}", "the Spark Connect server runs the driver and "
+                     "chose its master when it started", f"Drop --master; or: {instead}")
+    if spec.spark_ui:
+        raise refuse("--spark-ui", "the UI is the server's (its spark.ui.* settings, fixed "
+                     "when it started)", f"Drop --spark-ui and open the server's UI; or: "
+                     f"{instead}")
+    if ha:
+        raise refuse("--ha", "a failover ends the old leader's driver process at once so that "
+                     "its epoch in flight never commits, and on Connect that query runs in "
+                     "the server, which outlives the driver", f"Run one `exactly run "
+                     f"--remote` (the platform restarts it), or: {instead}")
+    restored_from = str((spec.restore or {}).get("savepoint") or "")
+    for what, place in (("checkpoint", spec.checkpoint or ""), ("savepoint", restored_from)):
+        if is_remote(place):
+            raise refuse(f"the {what} {place}", "checkpoints and savepoints on object storage "
+                         "need Spark's S3A file system in the driver, and the driver is the "
+                         "server, whose jars a client cannot change", f"Give a {what} on a "
+                         f"file system the server and this host share; or: {instead}")
 
 
 def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
@@ -142,6 +189,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     from exactly.ops.job_savepoints import restore_job
     from exactly.ops.pacing import Pacer
     from exactly.savepoints.operators import job_operators, record_operators
+    from exactly.spark.connect import is_connect, refuse
 
     try:
         job: Job = check_job(_built(build, spark, where), where)
@@ -153,6 +201,15 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     if job.checkpoint.is_memory_storage:
         raise ConfigError("exactly run needs a durable checkpoint, the job's address: give "
                           "--checkpoint DIR (or CheckpointConfig(storage=DIR) in the job)")
+    if job.checkpoint.needs_admission and is_connect(spark):
+        raise refuse("min_pause_between_checkpoints and epoch sizing (target_epoch_duration)",
+                     "exactly's sources learn them from a file named by "
+                     "an environment variable Spark's Python workers inherit from the driver "
+                     "JVM, and on Connect that JVM is the server's", "Drop them from the "
+                     "job's CheckpointConfig (Spark's own maxRowsPerTrigger / "
+                     "maxOffsetsPerTrigger options of the source size its epochs), or drop "
+                     "--remote (and SPARK_REMOTE) to run the job with a Spark driver of its "
+                     "own")
     operators = job_operators(job.df)
     if restore is not None:
         try:
@@ -278,8 +335,9 @@ def resolve_checkpoint(spec: DriverSpec) -> str:
     job_file = load_job_file(spec.job_file)
     # building the job only defines its DataFrames: a small local session does (no cluster
     # application is registered for it)
-    spark = start_spark(replace(spec, master="local[1]", spark_ui=False),
-                        job_file.session_conf())
+    small = replace(spec, spark_ui=False) if spec.remote else replace(
+        spec, master="local[1]", spark_ui=False)
+    spark = start_spark(small, job_file.session_conf())
     try:
         job = check_job(job_file.build(spark), str(job_file.path))
     finally:
@@ -303,14 +361,29 @@ def main(argv: list[str] | None = None) -> int:
         return _resolve_main(DriverSpec.from_json(args[1]))
     spec = DriverSpec.from_json(args[0])
     run_id = spec.run_id or new_run_id()
-    spark = None
     if spec.launcher is not None and spec.checkpoint:
         watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
                        at_once=spec.ha)
+    session: list[SparkSession] = []
+    code = DRIVER_CRASHED
+    try:
+        code = _drive(spec, run_id, session)
+        return code
+    finally:
+        if session:  # a lost server: nothing to release, and no retries waiting for it
+            _stop_quietly(session[0], lost=code == DRIVER_LOST)
+        if spec.launcher is not None:
+            _end_orphaned(ProcessId.from_json(spec.launcher))
+
+
+def _drive(spec: DriverSpec, run_id: str, session: list[SparkSession]) -> int:
+    """The job of a driver process, in the session it appends to ``session``; returns the
+    exit code (see the module doc)."""
     try:
         job_file = load_job_file(spec.job_file)
         strategy = spec.restart_strategy()
         spark = start_spark(spec, job_file.session_conf())
+        session.append(spark)
         outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
@@ -322,21 +395,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exactly run: driver lost: {exc}", file=sys.stderr, flush=True)
         return DRIVER_LOST
     except TransientError as exc:
-        return _crashed(spec, run_id, exc, "a transient error (restarted)")
+        return _lost(exc) or _crashed(spec, run_id, exc, "a transient error (restarted)")
     except (JobFailedError, ExactlyError) as exc:
         from exactly.causes import root_cause_of
 
+        if _lost(exc):
+            return DRIVER_LOST
         text = str(exc) if isinstance(exc, JobFailedError) else root_cause_of(exc)
         _mark_failed(spec, text)
         print(f"exactly run: job failed: {text}", file=sys.stderr, flush=True)
         return JOB_FAILED
     except Exception as exc:  # unforeseen: the launcher restarts the process, with the cause
-        return _crashed(spec, run_id, exc, "an unexpected error")
-    finally:
-        if spark is not None:
-            _stop_quietly(spark)
-        if spec.launcher is not None:
-            _end_orphaned(ProcessId.from_json(spec.launcher))
+        return _lost(exc) or _crashed(spec, run_id, exc, "an unexpected error")
+
+
+def _lost(exc: BaseException) -> int:
+    """:data:`DRIVER_LOST` when ``exc`` says the Spark driver is gone (e.g. a Spark Connect
+    server that is down or restarting: the session could not be opened, or a call of the
+    build or the restore found it gone), else 0. The launcher then starts a new driver
+    process as the restart strategy says; on Connect it reconnects once the server is back."""
+    if not driver_lost(exc):
+        return 0
+    print(f"exactly run: driver lost: the Spark driver is gone: {exc}", file=sys.stderr,
+          flush=True)
+    return DRIVER_LOST
 
 
 #: exit code of a driver that ended on an error a restart may fix (its cause is in
@@ -510,7 +592,14 @@ def _mark_failed(spec: DriverSpec, detail: str) -> None:
                       detail=detail)
 
 
-def _stop_quietly(spark: SparkSession) -> None:
+def _stop_quietly(spark: SparkSession, *, lost: bool = False) -> None:
+    """Stop ``spark``. ``lost``: its driver is gone; a Spark Connect session then only
+    closes its channel (releasing it on the server would wait out the client's retries)."""
+    from exactly.spark.connect import is_connect
+
+    if lost and is_connect(spark):
+        with contextlib.suppress(Exception):
+            spark.release_session_on_close = False  # type: ignore[attr-defined]
     try:
         spark.stop()
     except Exception as exc:  # the JVM may already be gone

@@ -7,9 +7,11 @@ The launcher is a small process without Spark. It claims the checkpoint (a secon
 * exit 0: the job stopped, drained, finished or was cancelled: the launcher exits 0;
 * exit :data:`~exactly.ops.driver.JOB_FAILED`: the strategy gave up inside the driver (its
   last line names the cause): the launcher exits with the same code;
-* death by a signal (SIGKILL, the OOM killer), :data:`~exactly.ops.driver.DRIVER_LOST` or
-  any other exit: a process failure. Whatever is left of the driver's process tree (PySpark's
-  worker daemons leave its process group) is killed, the failure is recorded in the restart
+* death by a signal (SIGKILL, the OOM killer), :data:`~exactly.ops.driver.DRIVER_LOST` (its
+  JVM is gone; on Spark Connect, ``exactly run --remote``: the server is gone or restarted,
+  and the next driver reconnects once it is back) or any other exit: a process failure.
+  Whatever is left of the driver's process tree (PySpark's worker daemons leave its process
+  group) is killed, the failure is recorded in the restart
   history, and the restart strategy the driver reported decides: a new driver process after
   its delay, or exit :data:`~exactly.ops.driver.JOB_FAILED` with the cause.
 
@@ -44,7 +46,13 @@ from exactly.checkpoint.status import JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
-from exactly.ops.driver import DRIVER_LOST, JOB_FAILED, DriverSpec, job_admission_file
+from exactly.ops.driver import (
+    DRIVER_LOST,
+    JOB_FAILED,
+    DriverSpec,
+    job_admission_file,
+    refuse_on_connect,
+)
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
 from exactly.ops.supervisor import default_strategy
@@ -71,6 +79,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     ``exactly run --ha`` is :func:`exactly.ops.ha.launch_ha`."""
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
     checkpoint = checkpoint_of(spec)
+    refuse_on_connect(replace(spec, checkpoint=checkpoint))  # one the job file names, too
     directory = job_store(checkpoint)
     refuse_if_run_with_ha(directory)
     run_id = new_run_id()
@@ -309,7 +318,7 @@ def _describe(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     if code == DRIVER_LOST:
-        return "lost its Spark driver (JVM)"
+        return "lost its Spark driver (its JVM, or the Spark Connect server it ran on)"
     return f"exited with code {code}"
 
 

@@ -83,7 +83,8 @@ class JobFailedError(ExactlyError):
 
 
 class DriverLostError(ExactlyError):
-    """The driver's JVM is gone or unresponsive: only a new driver process can go on."""
+    """The driver's JVM (on Spark Connect: the server) is gone or unresponsive: only a new
+    driver process can go on (on Connect: it reconnects, once the server is back)."""
 
 
 @dataclass
@@ -108,10 +109,46 @@ def is_fatal(cause_text: str) -> bool:
 
 
 def driver_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the Spark driver (JVM) is gone."""
-    name = type(exc).__name__
-    return name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
-        name == "Py4JError" and "Java side" in str(exc))
+    """Whether ``exc`` (or an exception it was raised from) says the Spark driver is gone:
+    this process's JVM (Py4J), or the Spark Connect server (:func:`connect_server_lost`)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = type(current).__name__
+        if name in ("Py4JNetworkError", "ConnectionRefusedError", "BrokenPipeError") or (
+                name == "Py4JError" and "Java side" in str(current)):
+            return True
+        if connect_server_lost(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+#: gRPC status codes of a Spark Connect call the server did not answer (after the client's
+#: retries, :data:`exactly.spark.connect.RETRY_SECONDS`): down, restarting, unreachable, hung
+CONNECT_LOST_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+#: Spark's error conditions of a session the server no longer has: it restarted (a new
+#: server-side session behind the same session id) or dropped it
+CONNECT_LOST_CONDITIONS = ("INVALID_HANDLE.SESSION_CHANGED", "INVALID_HANDLE.SESSION_NOT_FOUND",
+                           "INVALID_HANDLE.SESSION_CLOSED", "NO_ACTIVE_SESSION")
+
+
+def connect_server_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Spark Connect client's word that its server is gone or restarted
+    (a new driver process reconnects and resumes from the checkpoint); a query's own failure
+    reported through Connect is not."""
+    if not type(exc).__module__.startswith("pyspark."):
+        return False
+    status = getattr(exc, "getGrpcStatusCode", None)
+    if status is not None and getattr(status(), "name", "") in CONNECT_LOST_STATUS:
+        return True
+    condition = getattr(exc, "getCondition", None)
+    if condition is not None and (condition() or "") in CONNECT_LOST_CONDITIONS:
+        return True
+    # the client checks every answer's server-side session id: a restarted server's differs
+    return type(exc).__name__ == "PySparkAssertionError" and (
+        "server side session identifier" in str(exc))
 
 
 class Supervisor:
@@ -319,8 +356,11 @@ class Supervisor:
         """Let the epoch in flight commit, admit no new one, then stop the query. A cancel
         arriving meanwhile stops the query at once: returns that request (else None)."""
         from exactly.checkpoint.spark_files import batch_numbers
+        from exactly.spark.connect import is_connect
 
         self._status("stopping")
+        if is_connect(query):
+            return self._stop_between_epochs(query)
         if self.pacer is not None:
             self.pacer.close_admission()
         location = self.config.storage
@@ -353,6 +393,42 @@ class Supervisor:
         self._collect_progress(query)
         if self.pacer is not None:
             self.pacer.reopen()
+        return cancel
+
+    def _stop_between_epochs(self, query) -> Request | None:
+        """:meth:`_graceful_stop` of a query on Spark Connect. Its sources run in the server,
+        whose Python workers cannot read the admission file (they inherit the server's
+        environment), so no stop can hold the next epoch back: the query is stopped as soon
+        as its epoch in flight committed (the checkpoint's offset and commit logs end at the
+        same epoch), watched in the checkpoint's files rather than through the server so as
+        not to miss the gap before the next trigger. An epoch that started meanwhile is
+        aborted by the stop and replayed at the next start."""
+        from exactly.checkpoint.spark_files import batch_numbers
+
+        location = self.config.storage
+        deadline = time.monotonic() + self.stop_timeout_s
+        cancel = None
+        looks = 0
+        while True:
+            cancel = self._take_cancel()
+            if cancel is not None:
+                log_event(logger, "stop_cancelled", logging.WARNING,
+                          detail="a cancel arrived during the graceful stop: the epoch in "
+                                 "flight is aborted")
+                break
+            if batch_numbers(location, "offsets")[-1:] == batch_numbers(location, "commits")[-1:]:
+                break
+            if time.monotonic() > deadline:
+                log_event(logger, "stop_timeout", logging.WARNING,
+                          detail="the epoch in flight did not complete; it is cancelled and "
+                                 "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+                break
+            looks += 1
+            if looks % 20 == 0 and not query.isActive:  # a call to the server: now and then
+                break
+            self._sleep(0.05)
+        query.stop()
+        self._collect_progress(query)
         return cancel
 
     def _take_cancel(self) -> Request | None:
