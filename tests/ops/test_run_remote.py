@@ -1,7 +1,7 @@
 """``exactly run --remote sc://...``: the launcher supervises a query that runs in a Spark
 Connect server. A SIGKILL of the server followed by its restart (as a platform restarts it):
 ``exactly run`` starts a new driver process, which reconnects and resumes from the
-checkpoint. The whole story (slow lane): a stateful job (per-key totals into PostgreSQL,
+checkpoint. The whole story (default lane): a stateful job (per-key totals into PostgreSQL,
 upserted by key) goes through ``exactly savepoint`` while it runs, a stop with a savepoint, a
 restore of that savepoint with other state partitions into a new checkpoint, and the killed
 server. Drained, every key's count and sum in the table equal the same computation run as one
@@ -164,6 +164,8 @@ def savepoint_restore_and_a_killed_server(connect_server, pg, conn, table: str, 
     return measured
 
 
+# the whole story below kills the server too: this shorter run is in the slow lane
+@pytest.mark.slow
 def test_remote_job_resumes_from_its_checkpoint_after_the_connect_server_was_killed(
         connect_server, pg, conn, table_name, tmp_path):
     started = time.monotonic()
@@ -174,11 +176,6 @@ def test_remote_job_resumes_from_its_checkpoint_after_the_connect_server_was_kil
     print("measured:", {k: round(v, 1) for k, v in measured.items()})
 
 
-# CI budget: with EXACTLY_SLOW=1 (five minutes on a loaded 2-core machine: three driver
-# processes, each opening its Connect session and starting the query); the default lane
-# kills the server under a running job above, restores rescaled savepoints on Connect in
-# tests/savepoints/test_savepoints_on_connect.py
-@pytest.mark.slow
 def test_remote_job_survives_a_savepoint_a_rescaled_restore_and_a_killed_connect_server(
         connect_server, pg, conn, table_name, tmp_path):
     measured = savepoint_restore_and_a_killed_server(connect_server, pg, conn, table_name,

@@ -118,13 +118,8 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
     conf = {**quiet, **spec.default_conf, **extra_conf, **spec.spark_conf}
     kwargs: dict[str, Any] = {"app_name": f"exactly-run:{Path(spec.job_file).stem}",
                               "conf": conf}
-    own: dict[str, str] = {}
     if spec.remote:
         kwargs["remote"] = spec.remote
-        # exactly's own settings (spark.exactly.*) are no setting of Spark's: a Connect
-        # server takes them per session whatever it fixed at its start
-        own = {k: v for k, v in conf.items() if k.startswith("spark.exactly.")}
-        kwargs["conf"] = {k: v for k, v in conf.items() if k not in own}
     if spec.master:
         kwargs["master"] = spec.master
     restored_from = str((spec.restore or {}).get("savepoint") or "")
@@ -134,10 +129,7 @@ def start_spark(spec: DriverSpec, extra_conf: Mapping[str, str]) -> SparkSession
         kwargs["ui"] = True
     if spec.shuffle_partitions:
         kwargs["shuffle_partitions"] = spec.shuffle_partitions
-    spark = spark_session(**kwargs)
-    for key, value in own.items():
-        spark.conf.set(key, value)
-    return spark
+    return spark_session(**kwargs)
 
 
 def refuse_on_connect(spec: DriverSpec, *, ha: bool = False) -> None:

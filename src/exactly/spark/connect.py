@@ -77,16 +77,25 @@ def connect_session(url: str, app_name: str, sql_conf: Mapping[str, str],
         if key not in conf and spark.conf.isModifiable(key):
             spark.conf.set(key, value)
     for key, value in conf.items():
-        if spark.conf.isModifiable(key):
-            spark.conf.set(key, value)
-            continue
-        current = spark.conf.get(key, None)
-        if current != value:
-            raise refuse(f"setting {key}={value}",
-                         f"the server fixed it when it started (it is {current!r} there)",
-                         f"Start the Spark Connect server with --conf {key}={value}, or drop "
-                         "the setting from the job")
+        _set(spark, key, value)
     return spark
+
+
+def _set(spark: Any, key: str, value: str) -> None:
+    """Set ``key`` for the session; a setting Spark does not know (exactly's own) is taken
+    per session too. Refused when the server fixed it at its start to another value."""
+    from pyspark.errors import PySparkException
+
+    try:
+        spark.conf.set(key, value)
+        return
+    except PySparkException:
+        current = spark.conf.get(key, None)
+    if current != value:
+        raise refuse(f"setting {key}={value}",
+                     f"the server fixed it when it started (it is {current!r} there)",
+                     f"Start the Spark Connect server with --conf {key}={value}, or drop "
+                     "the setting from the job")
 
 
 def streaming_sources(df: Any) -> list[tuple[str, dict[str, str]]]:
