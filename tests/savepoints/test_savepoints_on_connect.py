@@ -133,7 +133,9 @@ def rescale_plan(savepoint: Path, partitions: int, *, new_step: bool = False):
 
 
 def test_only_restores_that_change_state_files_go_to_a_classic_spark(tmp_path):
-    from exactly.savepoints.rewrite import needs_spark, plan_from_json, plan_to_json
+    from exactly.savepoints.restore import needs_spark
+    from exactly.savepoints.rewrite import plan_to_json
+    from exactly.savepoints.rewrite_child import plan_from_json
 
     assert not needs_spark(rescale_plan(tmp_path, 2))  # copies: no Spark on Connect
     assert needs_spark(rescale_plan(tmp_path, 3))  # rewritten into 3 partitions

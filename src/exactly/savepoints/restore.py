@@ -406,10 +406,16 @@ def _write(spark: SparkSession, plan: RestorePlan, dest: Path, query_id: str) ->
     from exactly.savepoints import rewrite
     from exactly.spark.connect import is_connect
 
-    if is_connect(spark) and rewrite.needs_spark(plan):
+    if is_connect(spark) and needs_spark(plan):
         rewrite.write_in_child(plan, dest, query_id)
     else:
         write_checkpoint(spark, plan, dest, query_id)
+
+
+def needs_spark(plan: RestorePlan) -> bool:
+    """Whether writing ``plan``'s checkpoint needs Spark (a rewrite, Spark's repartition, or
+    an operator that starts empty) rather than copies of the savepoint's files."""
+    return bool(plan.new) or any(m.method is not Method.COPY for m in plan.moves)
 
 
 def write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,

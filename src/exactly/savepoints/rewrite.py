@@ -7,7 +7,8 @@ Spark Connect client has not, and a Python process cannot hold a classic session
 Connect one. So the client runs that part -- writing the new checkpoint's files from the
 savepoint -- in a child process: ``python -m exactly.savepoints.rewrite`` with the restore
 plan as JSON on stdin, a short-lived classic ``local[1]`` Spark session (Spark Connect
-settings removed from its environment), and the answer as one JSON line on stdout.
+settings removed from its environment; :mod:`~exactly.savepoints.rewrite_child`), and the
+answer as one JSON line on stdout.
 
 That works where the savepoint (a local copy) and the new checkpoint are files of the client's
 host: a local or shared file system, the condition a checkpoint on Connect already has
@@ -24,55 +25,30 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from exactly.errors import ExactlyError, SavepointError
-from exactly.savepoints.manifest import Manifest
-from exactly.savepoints.operators import JobOperator
-
-if TYPE_CHECKING:
-    from exactly.savepoints.restore import RestorePlan
+from exactly.errors import SavepointError
 
 #: environment variables that would make the child's session a Connect one (or reuse the
 #: parent's gateway)
 CONNECT_ENV = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE",
                "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_API_MODE")
+#: the child's module (``python -m``): it imports the restore, which imports this one
+CHILD = "exactly.savepoints.rewrite_child"
 #: how many of the child's last output lines an error quotes
 TAIL_LINES = 30
 
 
-def needs_spark(plan: RestorePlan) -> bool:
-    """Whether writing ``plan``'s checkpoint needs Spark (a rewrite, Spark's repartition, or
-    an operator that starts empty) rather than copies of the savepoint's files."""
-    from exactly.savepoints.restore import Method
-
-    return bool(plan.new) or any(m.method is not Method.COPY for m in plan.moves)
-
-
-def plan_to_json(plan: RestorePlan) -> dict[str, Any]:
+def plan_to_json(plan: Any) -> dict[str, Any]:
+    """A :class:`~exactly.savepoints.restore.RestorePlan` as JSON, for the child."""
     return {"savepoint": str(plan.savepoint), "manifest": plan.manifest.to_json(),
             "partitions": plan.partitions, "backend": plan.backend,
             "moves": [{"old": m.old.operator_id, "new": asdict(m.new),
                        "method": m.method.value} for m in plan.moves],
             "dropped": [o.operator_id for o in plan.dropped],
             "new": [asdict(op) for op in plan.new]}
-
-
-def plan_from_json(data: dict[str, Any]) -> RestorePlan:
-    from exactly.savepoints.restore import Method, Move, RestorePlan
-
-    manifest = Manifest.from_json(data["manifest"])
-    by_id = {op.operator_id: op for op in manifest.operators}
-    return RestorePlan(
-        Path(data["savepoint"]), manifest, int(data["partitions"]), str(data["backend"]),
-        moves=[Move(by_id[m["old"]], JobOperator(**m["new"]), Method(m["method"]))
-               for m in data["moves"]],
-        dropped=[by_id[i] for i in data["dropped"]],
-        new=[JobOperator(**op) for op in data["new"]])
 
 
 def child_env() -> dict[str, str]:
@@ -84,13 +60,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def write_in_child(plan: RestorePlan, dest: Path, query_id: str) -> None:
+def write_in_child(plan: Any, dest: Path, query_id: str) -> None:
     """Write ``plan``'s checkpoint files into the local directory ``dest`` in a child
     process's classic Spark (module docstring). Raises SavepointError with the child's
     reason when it fails."""
     request = {"plan": plan_to_json(plan), "dest": str(dest.absolute()),
                "query_id": query_id, "parent": os.getpid()}
-    proc = subprocess.run([sys.executable, "-m", "exactly.savepoints.rewrite"],
+    proc = subprocess.run([sys.executable, "-m", CHILD],
                           input=json.dumps(request), capture_output=True, text=True,
                           env=child_env(), check=False)
     answer = _answer(proc.stdout)
@@ -116,39 +92,3 @@ def _answer(stdout: str) -> dict[str, Any]:
             if isinstance(value, dict):
                 return value
     return {}
-
-
-def _watch_parent(parent: int) -> None:
-    """Exit this process (and with it its JVM, which ends when its Python goes) as soon as
-    the parent is gone."""
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(3)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, name="exactly-rewrite-parent", daemon=True).start()
-
-
-def main() -> int:
-    request = json.loads(sys.stdin.read())
-    _watch_parent(int(request["parent"]))
-    from exactly.savepoints.restore import write_checkpoint
-    from exactly.spark.session import spark_session
-
-    plan = plan_from_json(request["plan"])
-    spark = spark_session(master="local[1]", app_name="exactly-restore",
-                          shuffle_partitions=plan.partitions)
-    try:
-        write_checkpoint(spark, plan, Path(request["dest"]), str(request["query_id"]))
-    except ExactlyError as exc:  # a refusal that names its cause and fix
-        print(json.dumps({"error": str(exc)}), flush=True)
-        return 2
-    finally:
-        spark.stop()
-    print(json.dumps({"done": True}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
