@@ -6,6 +6,7 @@ Python process the server starts for the query's ``foreachBatch``, where the who
 ``TwoPhaseForeachBatch`` -- the sink included -- arrives cloudpickled from the client. Each
 test drains a few hundred generated rows in a couple of epochs (``exactly.datagen``,
 available_now) and audits the target: every id once, every epoch committed by the protocol.
+Each scenario runs in a Connect client process of its own (``in_client``, conftest.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
 from pyspark.sql import functions as F
 
@@ -64,47 +66,40 @@ def assert_every_id_once(found: np.ndarray, rows: int = ROWS) -> None:
     assert report.found_rows == rows
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1", reason=ALSO_IN_CHAOS)
-def test_file_sink_on_connect_writes_every_row_once(remote, tmp_path):
-    out, ck = tmp_path / "out", tmp_path / "ck"
-    drain(datagen(remote), ck, sink_format="exactly.files", path=str(out))
+def files(spark, tmp: str) -> None:
+    out, ck = Path(tmp) / "out", Path(tmp) / "ck"
+    drain(datagen(spark), ck, sink_format="exactly.files", path=str(out))
     ids, _ = file_ids(out)
     assert_every_id_once(ids)
     assert_every_epoch_committed(out / "_exactly")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1", reason=ALSO_IN_CHAOS)
-def test_postgres_2pc_sink_on_connect_writes_every_row_once(remote, pg, conn, tmp_path,
-                                                            table_name):
-    ck = tmp_path / "ck"
-    drain(datagen(remote), ck, sink_format="exactly.postgres",
-          options={"dsn": pg.dsn, "table": table_name})
-    assert_every_id_once(pg_table_ids(conn, table_name))
-    assert prepared_count(conn) == 0
+def postgres_2pc(spark, tmp: str, dsn: str, table: str) -> None:
+    ck = Path(tmp) / "ck"
+    drain(datagen(spark), ck, sink_format="exactly.postgres",
+          options={"dsn": dsn, "table": table})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert_every_id_once(pg_table_ids(conn, table))
+        assert prepared_count(conn) == 0
     assert_every_epoch_committed(ck / "exactly-sink")
 
 
-def test_write_ahead_sink_into_postgres_on_connect_writes_every_row_once(remote, pg, conn,
-                                                                        tmp_path, table_name):
-    ck = tmp_path / "ck"
-    drain(datagen(remote), ck, sink_format="exactly.wal",
-          options={"dsn": pg.dsn, "table": table_name})
-    assert_every_id_once(pg_table_ids(conn, table_name))
+def write_ahead(spark, tmp: str, dsn: str, table: str) -> None:
+    ck = Path(tmp) / "ck"
+    drain(datagen(spark), ck, sink_format="exactly.wal", options={"dsn": dsn, "table": table})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert_every_id_once(pg_table_ids(conn, table))
     assert_every_epoch_committed(ck / "exactly-sink")
 
 
-def test_upsert_sink_in_update_mode_on_connect_ends_with_the_inputs_counts(remote, pg, conn,
-                                                                          tmp_path, table_name):
-    """A streaming count per key, update mode (foreachBatch on the server): the table holds
-    the count of every key over the whole input, each epoch committed by the protocol."""
-    ck = tmp_path / "ck"
-    counts = datagen(remote).groupBy("key").agg(F.count("*").alias("n"))
+def upsert_counts(spark, tmp: str, dsn: str, table: str) -> None:
+    ck = Path(tmp) / "ck"
+    counts = datagen(spark).groupBy("key").agg(F.count("*").alias("n"))
     drain(counts, ck, sink_format="exactly.upsert", output_mode="update",
-          options={"dsn": pg.dsn, "table": table_name, "keyColumns": "key"},
+          options={"dsn": dsn, "table": table, "keyColumns": "key"},
           config={"state_backend": "hashmap"})
-    got = dict(conn.execute(f'SELECT key, n FROM "{table_name}"').fetchall())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        got = dict(conn.execute(f'SELECT key, n FROM "{table}"').fetchall())
     assert got == dict(Counter(f"k{i % KEYS:04d}" for i in range(ROWS)))
     assert_every_epoch_committed(ck / "exactly-sink")
     # the history (exactly checkpoints / ui) is fed by Connect's client-side listener
@@ -116,35 +111,74 @@ def test_upsert_sink_in_update_mode_on_connect_ends_with_the_inputs_counts(remot
     assert [r["kind"] for r in records if r["kind"] in ("run", "run_end")] == ["run", "run_end"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1", reason=ALSO_IN_CHAOS)
-def test_kafka_sink_on_connect_writes_every_row_once_for_read_committed_consumers(
-        remote, broker, topic, tmp_path):
-    ck = tmp_path / "ck"
-    df = datagen(remote).select(F.col("key"),
-                                F.to_json(F.struct("id", "key", "amount")).alias("value"))
+def kafka(spark, tmp: str, bootstrap: str, topic: str) -> None:
+    ck = Path(tmp) / "ck"
+    df = datagen(spark).select(F.col("key"),
+                               F.to_json(F.struct("id", "key", "amount")).alias("value"))
     drain(df, ck, sink_format="exactly.kafka",
-          options={"kafka.bootstrap.servers": broker.bootstrap, "topic": topic,
+          options={"kafka.bootstrap.servers": bootstrap, "topic": topic,
                    "transactionalIdPrefix": f"connect-{topic}"})
-    values = [value for _, _, _, value in consume_all(broker.bootstrap, topic)]
+    values = [value for _, _, _, value in consume_all(bootstrap, topic)]
     assert_every_id_once(json_ids(values))
     assert_every_epoch_committed(ck / "exactly-sink")
 
 
-def test_an_object_storage_checkpoint_is_refused_on_connect_before_the_query_starts(
-        remote, tmp_path):
+def object_storage_refused(spark, tmp: str) -> None:
     """Refused in the client, naming why, before the server starts anything: no query runs
     and nothing is written."""
-    out = tmp_path / "out"
+    out = Path(tmp) / "out"
     with pytest.raises(ConfigError, match="Spark Connect") as refused:
-        start_query(datagen(remote), sink_format="exactly.files", path=str(out),
+        start_query(datagen(spark), sink_format="exactly.files", path=str(out),
                     checkpoint=CheckpointConfig(storage="s3a://bucket/ck"), available_now=True)
     assert "s3a" in str(refused.value)
-    assert remote.streams.active == []
+    assert spark.streams.active == []
     assert not out.exists()
 
 
+MODULE = "test_sinks_on_connect"
+SLOW = pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1", reason=ALSO_IN_CHAOS)
+
+
+@pytest.mark.slow
+@SLOW
+def test_file_sink_on_connect_writes_every_row_once(in_client, tmp_path):
+    in_client(MODULE, "files", tmp=str(tmp_path))
+
+
+@pytest.mark.slow
+@SLOW
+def test_postgres_2pc_sink_on_connect_writes_every_row_once(in_client, pg, tmp_path,
+                                                            table_name):
+    in_client(MODULE, "postgres_2pc", tmp=str(tmp_path), dsn=pg.dsn, table=table_name)
+
+
+def test_write_ahead_sink_into_postgres_on_connect_writes_every_row_once(in_client, pg,
+                                                                        tmp_path, table_name):
+    in_client(MODULE, "write_ahead", tmp=str(tmp_path), dsn=pg.dsn, table=table_name)
+
+
+def test_upsert_sink_in_update_mode_on_connect_ends_with_the_inputs_counts_and_its_history(
+        in_client, pg, tmp_path, table_name):
+    """A streaming count per key, update mode (foreachBatch on the server): the table holds
+    the count of every key over the whole input, each epoch committed by the protocol, and
+    the checkpoint's history records every epoch (Connect's client-side listener)."""
+    in_client(MODULE, "upsert_counts", tmp=str(tmp_path), dsn=pg.dsn, table=table_name)
+
+
+@pytest.mark.slow
+@SLOW
+def test_kafka_sink_on_connect_writes_every_row_once_for_read_committed_consumers(
+        in_client, broker, topic, tmp_path):
+    in_client(MODULE, "kafka", tmp=str(tmp_path), bootstrap=broker.bootstrap, topic=topic)
+
+
+def test_an_object_storage_checkpoint_is_refused_on_connect_before_the_query_starts(
+        in_client, tmp_path):
+    in_client(MODULE, "object_storage_refused", tmp=str(tmp_path))
+
+
 def test_spark_kafka_connector_is_refused_on_connect_naming_the_server_start(connect_server):
+    """Refused before connecting: no session is opened in this (pytest) process."""
     from exactly.spark.session import spark_session
 
     with pytest.raises(ConfigError) as refused:

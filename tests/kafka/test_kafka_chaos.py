@@ -44,8 +44,9 @@ SPARK_SCHEDULE = SCHEDULE if SLOW else [FaultSpec(FaultPoint.BEFORE_INTENT, 1),
 EXPECTED_POINTS = ({p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
                    ) - (set() if SLOW else GENERIC_POINTS)
 #: the start_query (foreachBatch) job also streams each epoch's staged rows into its open
-#: transaction while the tasks run: a kill there too, after the protocol's points
-STREAMED_SCHEDULE = [*SCHEDULE, FaultSpec(STREAMING, len(SCHEDULE) + 1)]
+#: transaction while the tasks run: a kill there too, after the protocol's points (with
+#: EXACTLY_SLOW=1: CI budget, issue 32)
+STREAMED_SCHEDULE = [*SCHEDULE, FaultSpec(STREAMING, len(SCHEDULE) + 1)] if SLOW else SCHEDULE
 
 
 def _run(broker, workdir, sink: str, schedule: list[FaultSpec],
@@ -71,7 +72,7 @@ def sparks(broker, tmp_path_factory) -> ChaosRun:
 
 
 def test_every_point_fired_and_the_broker_restarted(ours):
-    assert set(ours.fired) == EXPECTED_POINTS | {STREAMING}
+    assert set(ours.fired) == EXPECTED_POINTS | ({STREAMING} if SLOW else set())
     assert ours.broker_restarts == 1
 
 

@@ -47,21 +47,33 @@ def table_totals(conn, table: str) -> dict[str, tuple[int, float]]:
     return {key: (int(n), float(total)) for key, n, total in rows}
 
 
+#: the batch audit, in a Connect client process of its own (this pytest worker may hold a
+#: classic session, beside which PySpark opens no Connect session)
+BATCH_AUDIT = """
+import json, os, sys
+from pyspark.sql import functions as F
+from exactly.connectors.datagen import generate
+from exactly.spark.session import spark_session
+url, rows, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+spark = spark_session(remote=url, app_name="batch-audit")
+found = (spark.createDataFrame(generate(0, rows, keys, 0).to_pandas()).groupBy("key")
+         .agg(F.count("*").alias("n"), F.sum("amount").alias("total")).collect())
+spark.stop()
+print(json.dumps({r["key"]: [int(r["n"]), float(r["total"])] for r in found}), flush=True)
+os._exit(0)
+"""
+
+
 def batch_totals(url: str, rows: int) -> dict[str, tuple[int, float]]:
     """Every key's count and sum over ids 0..rows-1, as one batch on the Connect server."""
-    from pyspark.sql import functions as F
+    import subprocess
+    import sys
 
-    from exactly.connectors.datagen import generate
-    from exactly.spark.session import spark_session
-
-    spark = spark_session(remote=url, app_name="batch-audit")
-    try:
-        input_rows = spark.createDataFrame(generate(0, rows, KEYS, 0).to_pandas())
-        found = input_rows.groupBy("key").agg(F.count("*").alias("n"),
-                                              F.sum("amount").alias("total")).collect()
-    finally:
-        spark.stop()
-    return {r["key"]: (int(r["n"]), float(r["total"])) for r in found}
+    proc = subprocess.run([sys.executable, "-c", BATCH_AUDIT, url, str(rows), str(KEYS)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {key: (int(n), float(total)) for key, (n, total) in found.items()}
 
 
 def assert_same_totals(found: dict[str, tuple[int, float]],

@@ -90,6 +90,9 @@ checkpoint = <unknown>, runId = 9e, opId = 2, ver = 0, numPartitions = 2] stateS
                                             (2, "TransformWithStateInPySpark")]
 
 
+# CI budget: tests/ops/test_run_remote.py restores a savepoint rescaled on Connect in the
+# default lane (through exactly run --remote); the new step's empty state: EXACTLY_SLOW=1
+@pytest.mark.slow
 def test_aggregation_savepoint_on_connect_restores_rescaled_with_a_new_step(
         connect_server, pg, conn, table_name, tmp_path, savepoints):
     env = {"JOB_KIND": "agg", "JOB_DSN": pg.dsn, "JOB_TABLE": table_name,
