@@ -38,6 +38,10 @@ import numpy as np
 MIN_ROWS = 1_000_000
 MIN_WARMUP_ROWS = 100_000
 MIN_REPEAT = 3
+#: the client settings every Kafka producer of a comparison gets (librdkafka and Java names
+#: agree): bench/kafka_sink.py and bench/visibility.py
+KAFKA_CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
+                "enable.idempotence": "true", "compression.type": "none"}
 MIN_P99_VALUES = 100
 
 

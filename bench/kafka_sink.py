@@ -69,9 +69,8 @@ import harness as h
 from exactly import options as opt
 from exactly.testing.kafka_broker import broker_or_configured, consume_all, create_topic, quiet_conf
 
-#: the client settings every producer of the comparison gets (librdkafka and Java names agree)
-CLIENT = {"linger.ms": "5", "batch.size": "1000000", "acks": "all",
-          "enable.idempotence": "true", "compression.type": "none"}
+#: the client settings every producer of the comparison gets
+CLIENT = h.KAFKA_CLIENT
 VARIANTS = ("exactly_once", "at_least_once", "spark_kafka", "python_noop", "noop",
             "plain_producer")
 

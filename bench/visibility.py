@@ -75,7 +75,6 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).parent))
 import harness as h
 import latency as lat
-from kafka_sink import CLIENT as KAFKA_CLIENT  # the same producer settings as there
 
 from exactly import options as opt
 from exactly.config import CheckpointConfig
@@ -334,7 +333,7 @@ class KafkaTarget(Target):
                              "to_json(named_struct('id', id, 'ts', ts)) as value")
 
     def start(self, kind: str, df: Any, out: str, ck: Path) -> Any:
-        client = {f"kafka.{k}": v for k, v in KAFKA_CLIENT.items()}
+        client = {f"kafka.{k}": v for k, v in h.KAFKA_CLIENT.items()}
         if kind == "spark_kafka":
             return self.spark(df.writeStream.format("kafka")
                               .option("kafka.bootstrap.servers", self.ctx.bootstrap)

@@ -369,11 +369,8 @@ class Supervisor:
         quiet = 0
         cancel = None
         while query.isActive:
-            cancel = self._take_cancel()
+            cancel = self._cancel_during_stop()
             if cancel is not None:
-                log_event(logger, "stop_cancelled", logging.WARNING,
-                          detail="a cancel arrived during the graceful stop: the epoch in "
-                                 "flight is aborted")
                 break
             self._collect_progress(query)
             offsets = batch_numbers(location, "offsets")
@@ -383,10 +380,7 @@ class Supervisor:
             quiet = quiet + 1 if settled else 0
             if quiet >= 2 and time.monotonic() >= grace_until:
                 break
-            if time.monotonic() > deadline:
-                log_event(logger, "stop_timeout", logging.WARNING,
-                          detail="the epoch in flight did not complete; it is cancelled and "
-                                 "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+            if self._stop_timed_out(deadline):
                 break
             self._sleep(min(self.poll_s, 0.1))
         query.stop()
@@ -410,18 +404,12 @@ class Supervisor:
         cancel = None
         looks = 0
         while True:
-            cancel = self._take_cancel()
+            cancel = self._cancel_during_stop()
             if cancel is not None:
-                log_event(logger, "stop_cancelled", logging.WARNING,
-                          detail="a cancel arrived during the graceful stop: the epoch in "
-                                 "flight is aborted")
                 break
             if batch_numbers(location, "offsets")[-1:] == batch_numbers(location, "commits")[-1:]:
                 break
-            if time.monotonic() > deadline:
-                log_event(logger, "stop_timeout", logging.WARNING,
-                          detail="the epoch in flight did not complete; it is cancelled and "
-                                 "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+            if self._stop_timed_out(deadline):
                 break
             looks += 1
             if looks % 20 == 0 and not query.isActive:  # a call to the server: now and then
@@ -430,6 +418,24 @@ class Supervisor:
         query.stop()
         self._collect_progress(query)
         return cancel
+
+    def _cancel_during_stop(self) -> Request | None:
+        """A cancel that arrived during a graceful stop (logged: the epoch is aborted)."""
+        cancel = self._take_cancel()
+        if cancel is not None:
+            log_event(logger, "stop_cancelled", logging.WARNING,
+                      detail="a cancel arrived during the graceful stop: the epoch in "
+                             "flight is aborted")
+        return cancel
+
+    def _stop_timed_out(self, deadline: float) -> bool:
+        """Whether a graceful stop ran past ``deadline`` (logged: the epoch is replayed)."""
+        if time.monotonic() <= deadline:
+            return False
+        log_event(logger, "stop_timeout", logging.WARNING,
+                  detail="the epoch in flight did not complete; it is cancelled and "
+                         "replayed at the next start", stop_timeout_s=self.stop_timeout_s)
+        return True
 
     def _take_cancel(self) -> Request | None:
         """A cancel waiting to be handled (a second signal, or ``exactly cancel``)."""
