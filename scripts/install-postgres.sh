@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# PostgreSQL for exactly's PostgreSQL sinks, source, tests and benchmark. Idempotent.
-#   - Debian `postgresql` (server binaries: initdb, pg_ctl, postgres) and
-#     `libpostgresql-jdbc-java` (/usr/share/java/postgresql.jar, for Spark's JDBC writer in
-#     bench/postgres_sink.py); tests start their own throw-away cluster, never the system one
-#   - psycopg 3 in .venv (the sinks' client library)
-# Called by scripts/setup.sh, which exports apt_install and log.
+# PostgreSQL for exactly's PostgreSQL sinks, source, tests, demo and benchmarks. Idempotent.
+#   - Debian `postgresql` (server binaries: initdb, pg_ctl, postgres); tests and the demo
+#     start their own throw-away cluster, never the system one
+#   - psycopg 3 in .venv (the sinks' client library; a dependency of exactly)
+# Called by scripts/setup.sh (`postgres`, `tests`), which exports apt_install and log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -f /usr/share/java/postgresql.jar ]; then
-  apt_install postgresql libpostgresql-jdbc-java
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  apt_install postgresql
 fi
 # Debian starts a system cluster on install; the tests never use it and need no daemon.
 if command -v pg_lsclusters >/dev/null 2>&1 && pg_lsclusters -h 2>/dev/null | grep -q online; then

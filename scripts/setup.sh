@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Set up everything exactly needs on a fresh Debian machine. Idempotent and cached:
-#   - the Debian packages: a Java runtime for Spark (openjdk-17, only when no java is on
-#     PATH), PostgreSQL and its JDBC driver, Maven (for the jars below); with --browser also
-#     chromium and chromium-driver (the dashboard's browser tests) -- one apt transaction
-#   - .venv with exactly and its test dependencies (reinstalled only when pyproject changes)
-#   - every extra installer in scripts/install-*.sh (PostgreSQL, Kafka and S3 jars, ...), the
-#     state writer's jar, the driver's class archive (the dashboard's chart library is
-#     committed: scripts/vendor-js.sh, for maintainers only, re-vendors it)
-# Steps that do not need each other run side by side (the apt transaction beside the pip
-# install; the jar downloads beside the class archive build): on a fresh machine most of the
-# time is network and unpacking.
+# Set up what a command needs on a fresh Debian machine, and nothing more. Idempotent and
+# cached: a second run with nothing to do takes about a second.
+#
+#   scripts/setup.sh            the files demo: .venv with exactly, and a Java runtime for
+#                               Spark (Debian's openjdk-17, only when no java is on PATH)
+#   scripts/setup.sh PART...    that plus each PART:
+#     postgres   PostgreSQL's server binaries (Debian) for throw-away servers, and the test kit
+#     kafka      the Kafka broker's jars (Maven Central, ~/.cache/exactly/kafka), the test kit
+#     s3         S3Proxy's jars (Maven Central, ~/.cache/exactly/s3proxy), the test kit
+#     browser    chromium and chromium-driver (the dashboard's browser tests)
+#     tests      everything the test suite needs: postgres, kafka, s3 and browser, the test
+#                tools (pytest, ruff, mypy), exactly's state writer jar
+#     bench      tests, plus PostgreSQL's JDBC driver (Spark's JDBC writer in bench/)
+#
+# Every driver start loads Spark's classes from a class-data-sharing archive built here once
+# per PySpark and Java runtime (~/.cache/exactly/jvm; exactly.spark.class_archive). Steps that
+# do not need each other run side by side (the Debian packages beside the Python install, the
+# jar downloads beside the archive build): on a fresh machine most of the time is the network,
+# unpacking, and building PySpark's wheel from its source distribution.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,51 +48,84 @@ run_all() {
   fi
 }
 
-debs=(postgresql libpostgresql-jdbc-java maven)
-command -v java >/dev/null 2>&1 || debs+=(openjdk-17-jre-headless)
+postgres=0 kafka=0 s3=0 browser=0 tests=0 bench=0
 for arg in "$@"; do
   case "$arg" in
-    --browser) debs+=(chromium chromium-driver) ;;
-    *) log "unknown argument $arg (known: --browser)"; exit 2 ;;
+    postgres) postgres=1 ;;
+    kafka) kafka=1 ;;
+    s3) s3=1 ;;
+    browser|--browser) browser=1 ;;
+    tests) tests=1 ;;
+    bench) bench=1; tests=1 ;;
+    *) log "unknown part '$arg' (known: postgres kafka s3 browser tests bench)"; exit 2 ;;
   esac
 done
+[ $tests -eq 1 ] && postgres=1 kafka=1 s3=1 browser=1
+
+debs=()
+command -v java >/dev/null 2>&1 || debs+=(openjdk-17-jre-headless)
+if [ $postgres -eq 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  debs+=(postgresql)
+fi
+[ $bench -eq 1 ] && debs+=(libpostgresql-jdbc-java)
+# Maven fetches the broker's and S3Proxy's jars; only when one is missing (install-*.sh check)
+if { [ $kafka -eq 1 ] || [ $s3 -eq 1 ]; } && ! command -v mvn >/dev/null 2>&1; then
+  debs+=(maven)
+fi
+[ $browser -eq 1 ] && debs+=(chromium chromium-driver)
+
+# the extras of exactly installed into .venv: the test kit for throw-away servers, the test
+# tools for the suite
+extras=""
+{ [ $postgres -eq 1 ] || [ $kafka -eq 1 ] || [ $s3 -eq 1 ]; } && extras="testkit"
+[ $tests -eq 1 ] && extras="test"
 PYTHON="${PYTHON:-python3}"
+rank() { case "$1" in test) echo 2 ;; testkit) echo 1 ;; *) echo 0 ;; esac; }
 python_env() {
   if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
     "$PYTHON" -m venv .venv
   fi
-  local stamp=".venv/.exactly-installed" want
-  want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing exactly and its dependencies into .venv"
-    .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[test]'
-    echo "$want" > "$stamp"
+  # the stamp holds pyproject's digest and the extras installed with it (test includes
+  # testkit): a venv set up for the tests serves the demos without a reinstall
+  local stamp=".venv/.exactly-installed" digest have="" have_extras="" want="$EXTRAS"
+  digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+  [ -f "$stamp" ] && read -r have have_extras < "$stamp" || true
+  if [ "$have" = "$digest" ]; then
+    [ "$(rank "$have_extras")" -ge "$(rank "$want")" ] && return 0
   fi
+  log "installing exactly${want:+[$want]} and its dependencies into .venv"
+  .venv/bin/pip install -q -e ".${want:+[$want]}"
+  echo "$digest $want" > "$stamp"
 }
+export -f rank
 export -f python_env
-export PYTHON
+export PYTHON EXTRAS="$extras"
 
-run_all "Debian packages (${debs[*]})" "apt_install ${debs[*]}" \
-        "the Python environment (.venv)" python_env
+steps=("the Python environment (.venv)" python_env)
+[ ${#debs[@]} -gt 0 ] && steps+=("Debian packages (${debs[*]})" "apt_install ${debs[*]}")
+run_all "${steps[@]}"
 
-installers=""
-for installer in scripts/install-*.sh; do
-  [ -e "$installer" ] || continue
-  installers+="bash $installer && "
-done
-# exactly's state writer (savepoint restores that rescale or switch the state backend): a
-# wheel carries it; the checkout's editable install compiles it against the installed PySpark
-# once, cached in ~/.cache/exactly/jvm. The driver's
-# class archive (JDK class-data sharing): every driver start, restart and test loads Spark's
-# classes from it (about half a driver's start-up CPU); built once per PySpark and Java runtime
-jvm_files='.venv/bin/python -c "from exactly.spark.state_writer_jar import ensure_jar; ensure_jar()" && .venv/bin/python -c "
+# the class archive needs .venv's PySpark and a Java runtime: after the step above
+jvm_files='.venv/bin/python -c "
 from exactly.spark.class_archive import archive_path, build
 path = archive_path()
 if path is not None and not path.is_file():
     import sys; print(\"[setup] building the Spark driver class archive (once)\", file=sys.stderr)
     build()
 "'
-run_all "the installers (scripts/install-*.sh)" "${installers}true" \
-        "the state writer and the class archive" "$jvm_files"
+# exactly's state writer (savepoint restores that rescale or switch the state backend): a
+# wheel carries it; a checkout compiles it against the installed PySpark once, cached in
+# ~/.cache/exactly/jvm (a session compiles it on first use otherwise)
+if [ $tests -eq 1 ]; then
+  jvm_files='.venv/bin/python -c "from exactly.spark.state_writer_jar import ensure_jar; ensure_jar()" && '"$jvm_files"
+fi
+steps=("the class archive" "$jvm_files")
+[ $postgres -eq 1 ] && steps+=("PostgreSQL" "bash scripts/install-postgres.sh")
+[ $kafka -eq 1 ] && steps+=("the Kafka broker's jars" "bash scripts/install-kafka.sh")
+[ $s3 -eq 1 ] && steps+=("S3Proxy's jars" "bash scripts/install-objectstore.sh")
+run_all "${steps[@]}"
+# exactly's bytecode, compiled here for the processes that cannot write it (Python writes
+# none where PYTHONDONTWRITEBYTECODE is set, as on CI machines, and would compile exactly
+# anew in every driver and worker); only what changed since the last run is compiled again
+.venv/bin/python -m compileall -q src/exactly >/dev/null

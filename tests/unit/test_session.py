@@ -4,11 +4,13 @@ real start is in tests/spark/test_start_checks.py."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from exactly.errors import ConfigError
 from exactly.spark import session, worker_daemon
+from exactly.spark.pyspark_path import PYTHON_PATH_SETTING, SITE_DIR
 from exactly.spark.session import (
     MASTER_ENV,
     default_master,
@@ -98,3 +100,14 @@ def test_python_workers_run_exactlys_daemon_unless_switched_off(monkeypatch):
     assert session_conf("local[2]")["spark.python.daemon.module"] == worker_daemon.MODULE
     monkeypatch.setenv(worker_daemon.ENV, "off")
     assert "spark.python.daemon.module" not in session_conf("local[2]")
+
+
+def test_sparks_other_python_processes_get_the_sitecustomize_first_and_keep_a_users_path(
+        monkeypatch):
+    monkeypatch.delenv(worker_daemon.ENV, raising=False)
+    assert session_conf("local[2]")[PYTHON_PATH_SETTING] == SITE_DIR
+    users = session_conf("local[2]", conf={PYTHON_PATH_SETTING: f"/opt/libs{os.pathsep}/x"})
+    assert users[PYTHON_PATH_SETTING] == os.pathsep.join([SITE_DIR, "/opt/libs", "/x"])
+    assert (Path(SITE_DIR) / "sitecustomize.py").is_file()
+    monkeypatch.setenv(worker_daemon.ENV, "off")
+    assert PYTHON_PATH_SETTING not in session_conf("local[2]")

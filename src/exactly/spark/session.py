@@ -9,10 +9,12 @@ and binds where Spark binds. The UI is off unless asked for.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,6 +24,7 @@ from exactly.errors import ConfigError
 from exactly.spark import worker_daemon
 from exactly.spark.class_archive import with_driver_options
 from exactly.spark.formats import register
+from exactly.spark.pyspark_path import PYTHON_PATH_SETTING, python_path
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: environment variable: JVM options added to every driver spark_session starts
@@ -103,7 +106,7 @@ def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | Non
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
     }
-    if worker_daemon.enabled():  # Python workers load PySpark's cached bytecode
+    if worker_daemon.enabled():  # Spark's Python processes load PySpark's cached bytecode
         settings["spark.python.daemon.module"] = worker_daemon.MODULE
     local = on_this_machine(master)
     if local:
@@ -117,6 +120,8 @@ def session_conf(master: str, *, ui: bool = False, shuffle_partitions: int | Non
     if adaptive is not None:
         settings["spark.sql.adaptive.enabled"] = "true" if adaptive else "false"
     settings.update(conf or {})
+    if worker_daemon.enabled():  # ... and so do the other Python processes (a user's path kept)
+        settings[PYTHON_PATH_SETTING] = python_path(settings.get(PYTHON_PATH_SETTING))
     return settings
 
 
@@ -183,7 +188,8 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with _driver_jvm_python_path():
+            spark = builder.getOrCreate()
     except Exception as exc:  # PySparkRuntimeError: [JAVA_GATEWAY_EXITED] ...
         if settings.get("spark.jars.packages") and "JAVA_GATEWAY_EXITED" in str(exc):
             raise ConfigError(
@@ -199,6 +205,32 @@ def spark_session(master: str | None = None, app_name: str = "exactly",
     spark.sparkContext.setLogLevel(os.environ.get("EXACTLY_SPARK_LOG_LEVEL", "ERROR"))
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _driver_jvm_python_path() -> Iterator[None]:
+    """While a new driver JVM starts: this process's ``PYTHONPATH`` with exactly's
+    ``sitecustomize`` first (:func:`exactly.spark.pyspark_path.python_path`), for the JVM to
+    inherit. Spark starts one Python process per driver outside ``spark.executorEnv``: the
+    data-source lookup of the session's first data source, which then imports the installed
+    PySpark too instead of compiling it from Spark's zip. This process's own environment is
+    restored once the JVM runs; nothing changes when a JVM is already running (an existing
+    session, ``spark-submit``) or the worker daemon is switched off."""
+    from pyspark import SparkContext
+
+    if (SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT")
+            or not worker_daemon.enabled()):
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = python_path(before)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _remote_session(url: str, app_name: str, conf: dict[str, str], *, master: str | None,

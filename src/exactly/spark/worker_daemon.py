@@ -18,8 +18,8 @@ It also imports, once, the modules every worker of an exactly job imports next (
 data sources and sinks, PyArrow: :data:`PRELOAD`) before it forks any worker, so the task
 workers start with them loaded instead of each importing them.
 Nothing in them starts a thread or opens a connection at import. Spark starts its
-data-source planning and sink-commit processes through PySpark's own daemon, not this one,
-which is one reason ``start_query`` commits through ``foreachBatch`` (docs/performance.md).
+data-source planning and sink-commit processes through PySpark's own daemon, not this one;
+their path gets the same order from the ``sitecustomize`` of :mod:`exactly.spark.pyspark_path`.
 
 Guarantees: the same PySpark code runs, only loaded from the installed package; the daemon's
 protocol with the JVM is PySpark's own. ``EXACTLY_WORKER_DAEMON=off`` in the driver's
@@ -28,9 +28,9 @@ environment keeps Spark's daemon.
 
 from __future__ import annotations
 
-import os
 import sys
 
+from exactly.spark.pyspark_path import prefer_installed_pyspark
 from exactly.switches import switched_on
 
 MODULE = "exactly.spark.worker_daemon"
@@ -42,27 +42,6 @@ ENV = "EXACTLY_WORKER_DAEMON"
 
 def enabled() -> bool:
     return switched_on(ENV)
-
-
-def _installed_pyspark_zips(path: list[str]) -> list[str]:
-    """The entries of ``path`` that are the zip files inside an installed PySpark package
-    (``<site>/pyspark/python/lib/*.zip`` next to ``<site>/pyspark/__init__.py``)."""
-    found = []
-    for entry in path:
-        if not entry.endswith(".zip"):
-            continue
-        lib = os.path.dirname(entry)
-        package = os.path.dirname(os.path.dirname(lib))
-        if (os.path.basename(lib) == "lib" and os.path.basename(package) == "pyspark"
-                and os.path.isfile(os.path.join(package, "__init__.py"))):
-            found.append(entry)
-    return found
-
-
-def prefer_installed_pyspark(path: list[str]) -> list[str]:
-    """``path`` with an installed PySpark's own zip files moved to its end."""
-    zips = _installed_pyspark_zips(path)
-    return [p for p in path if p not in zips] + zips
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> None:

@@ -32,6 +32,7 @@ import pyspark
 
 from exactly.procs import ProcessesSurvived, ProcessInfo, processes_with_env
 from exactly.spark import worker_daemon
+from exactly.spark.pyspark_path import SITE_DIR
 from exactly.testing.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -61,8 +62,12 @@ class ConnectServer:
         self.start_timeout = start_timeout
         self.starts = 0
         self.proc: subprocess.Popen | None = None
-        path = os.pathsep.join([str(self._site_dir()),
-                                *(p for p in sys.path if p and Path(p).is_dir())])
+        # the sitecustomize of SITE_DIR: the server's Python processes import the installed
+        # PySpark (cached bytecode) instead of Spark's zip. The server gives its foreachBatch
+        # runner 10 s to connect back; importing PySpark's Connect client from the zip costs
+        # that process ~2 s of CPU instead of ~1.2 s, which a loaded 2-core machine stretched
+        # past the 10 s
+        path = os.pathsep.join([SITE_DIR, *(p for p in sys.path if p and Path(p).is_dir())])
         self.env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
                     "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                     "PYTHONPATH": path, SERVER_ENV: self.ident}
@@ -71,21 +76,6 @@ class ConnectServer:
             self.env.pop(key, None)
         if java_options:
             self.env["JAVA_TOOL_OPTIONS"] = java_options
-
-    def _site_dir(self) -> Path:
-        """A directory with a ``sitecustomize`` for the server's Python processes: it moves
-        PySpark's own zip files (which Spark puts first on their path) behind the installed
-        package, whose bytecode is cached, as exactly's worker daemon does for the tasks.
-        The server gives its ``foreachBatch`` runner 10 s to connect back; importing PySpark's
-        Connect client from the zip costs that process ~2 s of CPU instead of ~1.2 s, which
-        a loaded 2-core machine stretched past the 10 s."""
-        site = self.root / "python-site"
-        site.mkdir(parents=True, exist_ok=True)
-        (site / "sitecustomize.py").write_text(
-            "import sys\n"
-            "from exactly.spark.worker_daemon import prefer_installed_pyspark\n"
-            "sys.path[:] = prefer_installed_pyspark(sys.path)\n")
-        return site
 
     @property
     def url(self) -> str:
