@@ -200,8 +200,9 @@ def test_cancel_applies_externalized_cleanup_to_the_checkpoint(spark, tmp_path, 
 
 def test_the_readmes_filter_job_passes_exactly_verify_with_its_where(spark, tmp_path,
                                                                        events_dir):
-    """The README's example as a user runs it: exactly.files -> where amount > X ->
-    exactly.files (X drops about half of these events; the README's X = 0 would drop none),
+    """The README's job (and docs/python.md's start_query example) as a user runs it:
+    exactly.files -> where amount > X -> exactly.files (X drops about half of these events;
+    the docs' X = 0 would drop none),
     then `exactly verify` with the job's filter (EXACTLY ONCE, every value equal) and without
     it (the filtered ids reported missing: the filter matters)."""
     from click.testing import CliRunner

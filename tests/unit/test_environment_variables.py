@@ -1,6 +1,7 @@
-"""The environment variables exactly reads are the ones the README lists, and none is a test
-switch: a fault is never armed, and the commit path never chosen, by the environment; the
-internal plumbing variables cannot make a fault kill anything beyond the job's own tree."""
+"""The environment variables exactly reads are the ones docs/configuration.md lists (the page
+the README points to), and none is a test switch: a fault is never armed, and the commit path
+never chosen, by the environment; the internal plumbing variables cannot make a fault kill
+anything beyond the job's own tree."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from exactly.protocol.faults import FaultSpec, action_for, fault_from, kill_proc
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "exactly"
 README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 NAME = re.compile(r"^_?EXACTLY_[A-Z][A-Z0-9_]*$")
 MENTION = re.compile(r"(?<![\w.])_?EXACTLY_[A-Z][A-Z0-9_]*\b")
 #: the test switches this repository once read from the environment
@@ -51,9 +53,10 @@ def variables_in_source() -> tuple[set[str], set[str], set[str]]:
     return product, kit - product, mentioned
 
 
-def readme_tables() -> list[set[str]]:
-    """The variable names of each table in the README's section "Environment variables"."""
-    text = README.read_text()
+def documented_tables() -> list[set[str]]:
+    """The variable names of each table in docs/configuration.md's section "Environment
+    variables"."""
+    text = CONFIGURATION.read_text()
     start = text.index("\n## Environment variables\n")
     end = text.find("\n## ", start + 1)
     section = text[start:end if end != -1 else len(text)]
@@ -69,12 +72,13 @@ def readme_tables() -> list[set[str]]:
     return tables
 
 
-def test_the_readme_lists_exactly_the_variables_the_source_reads():
+def test_the_configuration_page_lists_exactly_the_variables_the_source_reads():
     product, kit, mentioned = variables_in_source()
-    documented, kit_documented = readme_tables()
+    documented, kit_documented = documented_tables()
+    assert "docs/configuration.md" in README.read_text(), "the README must link to the tables"
     assert product == documented, (
-        f"read but not in the README's table: {sorted(product - documented)}; in the table "
-        f"but read nowhere: {sorted(documented - product)}")
+        f"read but not in docs/configuration.md's table: {sorted(product - documented)}; in "
+        f"the table but read nowhere: {sorted(documented - product)}")
     assert kit == kit_documented, (
         f"read by the test kit but not in its table: {sorted(kit - kit_documented)}; in its "
         f"table but read nowhere: {sorted(kit_documented - kit)}")
