@@ -80,3 +80,24 @@ def test_a_lease_on_s3_fences_a_live_holder_on_another_host_until_it_expires(log
     assert a.renew("run-a") is False
     with pytest.raises(FencedError, match="run-b holds it"):
         a.verify("run-a")
+
+
+def test_a_run_that_ended_releases_its_lease_on_s3_through_the_checkpoint_s_note(s3_bucket):
+    """The driver finds a sink's lease through the checkpoint (``sink-leases.json``, noted by
+    the sink's commit) and releases it when the run ends: the next run on another host takes
+    it at once, the ended run is fenced, and another run's lease is left alone."""
+    from exactly.checkpoint.sink_leases import note_lease, noted_leases
+    from exactly.spark.run_end import end_query_run
+
+    checkpoint = f"s3a://{s3_bucket}/ck"
+    lease_uri = f"s3://{s3_bucket}/out/_exactly"
+    assert note_lease(checkpoint, lease_uri) is True
+    assert note_lease(checkpoint, lease_uri) is False  # once
+    assert noted_leases(checkpoint) == [lease_uri]
+    Lease(lease_uri, stale_after=60).acquire("run-a", ProcessId("host-a", 1, 1))
+    assert end_query_run("run-b", checkpoint) == []  # not its lease
+    assert end_query_run("run-a", checkpoint) == [lease_uri]
+    with pytest.raises(FencedError, match="released"):
+        Lease(lease_uri).verify("run-a")
+    assert Lease(lease_uri, stale_after=60).acquire("run-b", ProcessId("host-b", 2, 2))
+    assert Lease(lease_uri).current().generation == 2

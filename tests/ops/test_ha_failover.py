@@ -568,7 +568,13 @@ def test_ha_sink_lease_fences_a_resumed_driver_whose_launcher_stays_paused(tmp_p
                                          if "FencedError" in e.get("cause", "")],
                                 "host-a's driver failing on the sink lease", timeout=120)
         assert "fenced off" in fenced[0]["cause"], fenced
-        assert "FencedError" in a.output()
+        # The driver logs the fence, naming the error, before the error leaves its commit
+        # (Committer._fencing): before the query fails and the failure is recorded, so the
+        # output holds it once the history does. (The supervisor's own "restart" line, which
+        # also names it, is written only after the history entry.)
+        said = [line for line in a.output().splitlines()
+                if '"event": "fenced"' in line and zombie_run in line]
+        assert said and '"error": "FencedError"' in said[-1], a.output()[-3000:]
         assert_decided_nothing_after(out / "_exactly", zombie_run, paused_at)
         assert sink_run(out / "_exactly") == b_run  # the zombie never took the lease back
         assert not hosts.entries(first.run_id, "failure", "leadership")  # launcher asleep

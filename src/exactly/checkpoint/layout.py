@@ -15,6 +15,8 @@ A checkpoint (a local directory or ``s3a://bucket/prefix``) holds::
       restore.json         the savepoint restore that made this checkpoint
       retained/            a retained checkpoint a restore takes over
       operators.json       the job's stateful operators (savepoints)
+      sink-leases.json     where the query's sinks keep their leases, for the driver to
+                           release them when a run ends (exactly.checkpoint.sink_leases)
 
 The file sink keeps its commit log beside its output, in ``<output>/_exactly``.
 """
@@ -38,6 +40,7 @@ DRIVER_EXIT = "driver-exit.json"
 ADMISSION = "admission.json"
 RESTORE_MARKER = "restore.json"
 RETAINED_DIR = "retained"
+SINK_LEASES = "sink-leases.json"
 
 
 def join(location: str, *parts: str) -> str:

@@ -348,6 +348,8 @@ def lease_holder(log: Path) -> tuple[LeaseState | None, bool | None]:
     state = Lease(log).current()
     if state is None:
         return None, False
+    if state.released:  # its run ended and gave it up: nobody may use it
+        return state, False
     return state, state.holder.is_alive()
 
 
@@ -375,7 +377,11 @@ def _check_lease(report: Report, log: Path) -> None:
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.acquired_at))
     who = (f"run {state.run_id} (generation {state.generation}), driver pid "
            f"{state.holder.pid} on {state.holder.host}, since {since}")
-    if alive is None:
+    if state.released_at is not None:
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.released_at))
+        report.add("info", path, f"released at {ended} by {who}: its query ended (the next "
+                   "start takes the lease over)")
+    elif alive is None:
         age = time.time() - state.renewed_at
         report.add("info", path, f"held by {who}: on another host, renewed {age:.0f} s ago")
     elif alive:

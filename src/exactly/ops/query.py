@@ -75,21 +75,38 @@ class ExactlyQuery:
 
     def await_termination(self, timeout: float | None = None) -> bool | None:
         """Wait for the query to end (at most ``timeout`` seconds); re-raises its failure.
-        When it ended, its end is in the checkpoint's history too."""
+        When it ended, its end is in the checkpoint's history too, and its run's sink leases
+        are released (:meth:`halt`)."""
         try:
             # pyspark's stub says int, but it takes seconds as any number
             return self.query.awaitTermination(cast(int | None, timeout))
         finally:
-            self._history_ended()
+            if not self.query.isActive:
+                self.run_ended()
+                self._history_ended()
 
     def stop(self) -> None:
         """Stop the query; the checkpoint stays, so a restart resumes where it stopped."""
-        self.query.stop()
+        self.halt()
         self._history_ended()
+
+    def halt(self) -> None:
+        """Stop the query and end its run: once this returns, no heartbeat renews the run's
+        sink leases any more, and they are released for the next run
+        (:func:`exactly.spark.run_end.end_query_run`). The checkpoint stays."""
+        self.query.stop()
+        self.run_ended()
+
+    def run_ended(self) -> None:
+        """The query is no longer active: stop its run's lease heartbeats and release its
+        sink leases (idempotent; a listener does the same when Spark reports the end)."""
+        from exactly.spark.run_end import end_query_run
+
+        end_query_run(str(self.query.runId), self.checkpoint_location)
 
     def cancel(self) -> None:
         """Stop the query and apply ``externalized_cleanup`` to its checkpoint."""
-        self.query.stop()
+        self.halt()
         self._history_ended()
         if self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION:
             delete_checkpoint(self.checkpoint_location)
@@ -282,6 +299,10 @@ def start_supervised_query(df: DataFrame, *, sink_format: str, checkpoint: Check
             refuse_memory_checkpoint_on_owned_log(log_dir)
         # a re-planned epoch fails here, on a local checkpoint or on S3
         check_checkpoint_against_log(str(local) if local is not None else location, log_dir)
+    if not connect:
+        from exactly.spark.run_end import watch_run_ends
+
+        watch_run_ends(spark)  # a run's end releases its sink leases, however it ends
     writer: Any
     if built is not None:
         from exactly.spark.foreach_batch import TwoPhaseForeachBatch

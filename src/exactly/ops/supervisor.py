@@ -274,9 +274,9 @@ class Supervisor:
                 if request is not None:
                     self._handled = request
                     if request.action == "cancel":
-                        query.stop()
+                        exq.halt()
                         return _Watch("cancelled")
-                    cancel = self._graceful_stop(query)
+                    cancel = self._graceful_stop(exq)
                     if cancel is not None:  # a cancel cut the graceful stop short
                         self._answer(request, "done", "cancelled before it completed",
                                      last_epoch=self.last_epoch)
@@ -286,6 +286,7 @@ class Supervisor:
                         return _Watch("stopped")
                     return _Watch("drain" if request.params.get("drain") else "stopped")
                 if not query.isActive:
+                    exq.run_ended()  # its sink leases released before any restart
                     self._collect_progress(query)
                     error = query.exception()
                     if error is not None:
@@ -305,7 +306,7 @@ class Supervisor:
                     epoch = (self.last_epoch + 1) if self.last_epoch is not None else 0
                     log_event(logger, "checkpoint_timeout", logging.WARNING, epoch=epoch,
                               timeout_s=timeout)
-                    query.stop()
+                    exq.halt()
                     cause = (f"CheckpointTimeout: epoch {epoch} did not complete within "
                              f"timeout={self.config.timeout!r}; it was cancelled")
                     wall = time.time()
@@ -352,15 +353,16 @@ class Supervisor:
             return True
         return False
 
-    def _graceful_stop(self, query) -> Request | None:
+    def _graceful_stop(self, exq) -> Request | None:
         """Let the epoch in flight commit, admit no new one, then stop the query. A cancel
         arriving meanwhile stops the query at once: returns that request (else None)."""
         from exactly.checkpoint.spark_files import batch_numbers
         from exactly.spark.connect import is_connect
 
+        query = exq.query
         self._status("stopping")
         if is_connect(query):
-            return self._stop_between_epochs(query)
+            return self._stop_between_epochs(exq)
         if self.pacer is not None:
             self.pacer.close_admission()
         location = self.config.storage
@@ -383,13 +385,13 @@ class Supervisor:
             if self._stop_timed_out(deadline):
                 break
             self._sleep(min(self.poll_s, 0.1))
-        query.stop()
+        exq.halt()
         self._collect_progress(query)
         if self.pacer is not None:
             self.pacer.reopen()
         return cancel
 
-    def _stop_between_epochs(self, query) -> Request | None:
+    def _stop_between_epochs(self, exq) -> Request | None:
         """:meth:`_graceful_stop` of a query on Spark Connect. Its sources run in the server,
         whose Python workers cannot read the admission file (they inherit the server's
         environment), so no stop can hold the next epoch back: the query is stopped as soon
@@ -399,6 +401,7 @@ class Supervisor:
         aborted by the stop and replayed at the next start."""
         from exactly.checkpoint.spark_files import batch_numbers
 
+        query = exq.query
         location = self.config.storage
         deadline = time.monotonic() + self.stop_timeout_s
         cancel = None
@@ -415,7 +418,7 @@ class Supervisor:
             if looks % 20 == 0 and not query.isActive:  # a call to the server: now and then
                 break
             self._sleep(0.05)
-        query.stop()
+        exq.halt()
         self._collect_progress(query)
         return cancel
 
@@ -582,7 +585,7 @@ class Supervisor:
                      last_epoch=self.last_epoch, checkpoint_deleted=delete)
         self._status("cancelled")
         if exq is not None:
-            exq.query.stop()
+            exq.halt()
         self._abort_in_flight()
         if not delete:
             self._answer_late_requests("cancelled")

@@ -42,9 +42,11 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+from exactly.checkpoint.sink_leases import note_lease
 from exactly.config import Mode
 from exactly.errors import ExactlyError, FencedError
 from exactly.logs import ensure_console, log_event
@@ -81,19 +83,45 @@ class Committer:
         """Bind the sink to ``query_id``, take the lease for ``run_id`` (FencedError if
         another live driver holds it) and, when this run is new, recover. True if new."""
         self.log.claim_owner(query_id)
-        try:
+        with self._fencing(run_id):
             new = self.lease.acquire(run_id, driver_identity())
+            if self.lease.keep(run_id):  # heartbeat until the run ends (exactly.spark.run_end)
+                self._note_lease()
+            self.sink.open_run(query_id, run_id)
+            self._begun = (query_id, run_id)
+            if not new:
+                return False
+            self.recover(query_id, keep=keep)
+            return True
+
+    def _note_lease(self) -> None:
+        """Note where this sink's lease is in the query's checkpoint, so that the driver
+        releases it when the run ends even when this process (a sink-runner worker of
+        Spark's) never learns of that (:mod:`exactly.checkpoint.sink_leases`)."""
+        checkpoint = self.settings.checkpoint_location
+        if not checkpoint:
+            return
+        try:
+            note_lease(checkpoint, str(self.lease.directory))
+        except Exception as exc:  # a hint only: the lease goes stale instead
+            log_event(logger, "lease_not_noted", logging.WARNING, sink=self.sink.name,
+                      checkpoint=checkpoint, error=repr(exc),
+                      effect="when this run ends its lease goes stale instead of being "
+                             "released at once")
+
+    @contextmanager
+    def _fencing(self, run_id: str) -> Iterator[None]:
+        """Log a FencedError raised inside (WARNING ``fenced``, naming the error) before it
+        leaves the committer, whichever check noticed the fence first: taking the lease, the
+        intent check, the intent written first by another run, or the target's own fencing
+        (a newer Kafka producer, a Delta conflict). The console says why the epoch failed
+        before the query fails."""
+        try:
+            yield
         except FencedError as exc:
             log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
-                      detail=str(exc))
+                      error=type(exc).__name__, detail=str(exc))
             raise
-        self.lease.keep(run_id)  # heartbeat while this driver process runs
-        self.sink.open_run(query_id, run_id)
-        self._begun = (query_id, run_id)
-        if not new:
-            return False
-        self.recover(query_id, keep=keep)
-        return True
 
     def ensure_run(self, query_id: str, run_id: str) -> None:
         """:meth:`begin_run` unless this committer has begun ``run_id`` already: a committer
@@ -129,7 +157,13 @@ class Committer:
         if self._begun != (query_id, run_id):  # foreachBatch began it before its tasks ran
             self.begin_run(query_id, run_id, keep=handles)
         steps.lap("begin")
+        with self._fencing(run_id):
+            self._commit_begun(epoch, handles, query_id, run_id, started, steps, pre_commit_ms)
 
+    def _commit_begun(self, epoch: int, handles: Sequence[Handle], query_id: str,
+                      run_id: str, started: float, steps: _Steps,
+                      pre_commit_ms: float | None) -> None:
+        """:meth:`commit_epoch` once the run has begun: steps 2a-2d."""
         current = input_record(self.settings.checkpoint_location, epoch)
         steps.lap("input")
         # The epoch right after the one this committer's previous call completed (in this
@@ -193,12 +227,7 @@ class Committer:
         raise error
 
     def _verify_lease(self, run_id: str, intent: dict[str, Any]) -> None:
-        try:
-            self.lease.verify(run_id, intent)
-        except FencedError as exc:
-            log_event(logger, "fenced", logging.WARNING, sink=self.sink.name, run_id=run_id,
-                      detail=str(exc))
-            raise
+        self.lease.verify(run_id, intent)  # FencedError logged by _fencing
 
     def _finish(self, intent: Intent, started: float | None = None,
                 pre_commit_ms: float | None = None, steps: _Steps | None = None) -> None:

@@ -28,6 +28,14 @@ predecessor did not get to it (:meth:`Lease.pending_intent`), before it aborts o
 holder paused (or whose lease expired early) between its check and its intent file can never
 decide an epoch whose pre-commits the new holder already aborted.
 
+A run that ends -- its query stopped, failed or finished -- stops its heartbeats and releases
+its lease (:func:`end_run`, :meth:`Lease.release`): the lease then records that the run gave
+it up (``released_at``), so the next run of the query takes it at once, from any driver and
+any host, instead of waiting until it goes stale or its driver process exits. A released
+lease fences its run like a lost one: its renewals write nothing, and its intent check and
+any later attempt of that run to take the lease again raise FencedError. Nothing else
+changes: the generation and the admitted intent (``pending``) stay for the next holder.
+
 Clocks: the age of a lease is measured from when the store last wrote ``lease.json`` (the
 file's modification time; S3's ``LastModified``), never from a time the holder wrote into it,
 so a holder's clock that jumps forward cannot keep its lease alive past ``stale_after`` and one
@@ -78,14 +86,23 @@ class LeaseState:
     #: the last intent a holder was admitted to write (a commit-log intent record), kept
     #: across takeovers until the next admitted intent replaces it
     pending: dict | None = None
+    #: when the run gave the lease up (its query ended, :meth:`Lease.release`); None while
+    #: it holds it. A released lease is free for the next run and fences its own.
+    released_at: float | None = None
+
+    @property
+    def released(self) -> bool:
+        return self.released_at is not None
 
     @classmethod
     def from_json(cls, data: dict) -> LeaseState:
         pending = data.get("pending")
         if pending is not None and not isinstance(pending, dict):
             raise TypeError(f"pending is {type(pending).__name__}, not an intent record")
+        released = data.get("released_at")
         return cls(data["run_id"], int(data["generation"]), ProcessId.from_json(data["holder"]),
-                   float(data["acquired_at"]), float(data["renewed_at"]), pending)
+                   float(data["acquired_at"]), float(data["renewed_at"]), pending,
+                   None if released is None else float(released))
 
     def to_json(self) -> dict:
         value = {"run_id": self.run_id, "generation": self.generation,
@@ -93,6 +110,8 @@ class LeaseState:
                  "renewed_at": self.renewed_at, "token": uuid.uuid4().hex}
         if self.pending is not None:
             value["pending"] = self.pending
+        if self.released_at is not None:
+            value["released_at"] = self.released_at
         return value
 
 
@@ -167,6 +186,8 @@ class Lease:
         """
         def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
             if cur is not None and cur.run_id == run_id:
+                if cur.released:  # the run ended: it never commits again
+                    raise self._fenced(run_id, cur)
                 return False, self._renewed(cur, now)
             if cur is not None and cur.holder != me and self._alive(cur, now):
                 raise self._fenced(run_id, cur)
@@ -177,11 +198,19 @@ class Lease:
 
         return self._change(decide)
 
+    def live_holder(self, me: ProcessId) -> LeaseState | None:
+        """The lease when another live driver than ``me`` holds it (not released, not stale
+        on another host, its process alive on this one); else None."""
+        cur = self.current()
+        if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
+            return cur
+        return None
+
     def refuse_if_held(self, me: ProcessId) -> None:
         """Before a start: raise FencedError when another live driver holds the lease, so a
         second instance fails on fencing first, not on what its (older) checkpoint lacks."""
-        cur = self.current()
-        if cur is not None and cur.holder != me and self._alive(cur, self._clock()):
+        cur = self.live_holder(me)
+        if cur is not None:
             raise self._fenced("not started yet", cur)
 
     def wait_free(self, me: ProcessId, timeout: float, *, poll: float = 0.5) -> bool:
@@ -216,7 +245,7 @@ class Lease:
         finds it (:meth:`pending_intent`) even if this holder never writes the intent file.
         """
         def decide(cur: LeaseState | None, now: float) -> tuple[int, LeaseState | None]:
-            if cur is None or cur.run_id != run_id:
+            if cur is None or cur.run_id != run_id or cur.released:
                 raise self._fenced(run_id, cur)
             if intent is not None:
                 return cur.generation, replace(cur, renewed_at=now, pending=intent)
@@ -233,11 +262,31 @@ class Lease:
 
     def renew(self, run_id: str) -> bool:
         """Heartbeat: renew the lease if ``run_id`` still holds it; False when it does not
-        (another run took it over, or the file was removed)."""
-        def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
+        (another run took it over, the run released it, or the file was removed)."""
+        return self._heartbeat(run_id) == "renewed"
+
+    def _heartbeat(self, run_id: str) -> str:
+        """:meth:`renew`, saying why not: ``renewed``, ``released`` (the run gave the lease
+        up: nothing is written) or ``lost`` (another run holds it, or nobody does)."""
+        def decide(cur: LeaseState | None, now: float) -> tuple[str, LeaseState | None]:
             if cur is None or cur.run_id != run_id:
-                return False, None  # never recreate a removed lease (or its directory)
-            return True, replace(cur, renewed_at=now)
+                return "lost", None  # never recreate a removed lease (or its directory)
+            if cur.released:
+                return "released", None
+            return "renewed", replace(cur, renewed_at=now)
+
+        return self._change(decide)
+
+    def release(self, run_id: str) -> bool:
+        """Give the lease up for ``run_id``, whose query ended: the next run takes it at once
+        (from any driver, on any host), and ``run_id`` is fenced from now on -- its renewals
+        write nothing, its intent check and any attempt to take the lease again raise
+        FencedError. True when this call released it; False (and nothing written) when
+        another run holds it, nobody does, or it was released already."""
+        def decide(cur: LeaseState | None, now: float) -> tuple[bool, LeaseState | None]:
+            if cur is None or cur.run_id != run_id or cur.released:
+                return False, None
+            return True, replace(cur, released_at=now)
 
         return self._change(decide)
 
@@ -250,6 +299,8 @@ class Lease:
         return None
 
     def _alive(self, state: LeaseState, now: float) -> bool:
+        if state.released:  # its run ended and gave it up
+            return False
         alive = state.holder.is_alive()
         if alive is None:  # another host: trust the lease until it goes stale
             return not self.is_stale(now)
@@ -264,20 +315,32 @@ class Lease:
             return True
         return (self._clock() if now is None else now) - written >= self.stale_after
 
-    def keep(self, run_id: str) -> None:
+    def keep(self, run_id: str) -> bool:
         """Renew the lease of ``run_id`` from a heartbeat thread of this process until the
-        run loses it or the process ends (one thread per lease and run)."""
+        run ends (:func:`end_run`), releases or loses the lease, or the process ends (one
+        thread per lease and run). True when this call started the thread."""
         key = (str(self.path), run_id)
         with _KEEPERS_LOCK:
-            keeper = _KEEPERS.get(key)
-            if keeper is None or not keeper.is_alive():
-                _KEEPERS[key] = keeper = LeaseKeeper(self, run_id)
-                keeper.start()
+            for gone in [k for k, kept in _KEEPERS.items() if not kept.is_alive()]:
+                del _KEEPERS[gone]
+            if key in _KEEPERS:
+                return False
+            _KEEPERS[key] = keeper = LeaseKeeper(self, run_id)
+            keeper.start()
+            return True
 
     @staticmethod
     def _fenced(run_id: str, holder: LeaseState | None) -> FencedError:
         if holder is None:
             who = "nobody holds it any more (the lease file was removed)"
+        elif holder.released and holder.run_id == run_id:
+            ended = time.strftime("%Y-%m-%d %H:%M:%S",
+                                  time.localtime(holder.released_at or 0.0))
+            return FencedError(
+                f"this instance (run {run_id}) is fenced off: the run ended and released the "
+                f"sink's lease at {ended} (its query was stopped or terminated); a run that "
+                "ended never commits again. Start the query again: the new run takes the "
+                "lease. This instance committed nothing after releasing it.")
         else:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.acquired_at))
             who = (f"run {holder.run_id} holds it (generation {holder.generation}, driver pid "
@@ -296,11 +359,61 @@ class Lease:
 _KEEPERS: dict[tuple[str, str], LeaseKeeper] = {}
 _KEEPERS_LOCK = threading.Lock()
 
+#: how long :func:`end_run` waits for a heartbeat busy with a renewal (a slow store)
+STOP_TIMEOUT_S = 30.0
+
+
+def keepers(run_id: str | None = None) -> list[LeaseKeeper]:
+    """The live heartbeat threads of this process (of ``run_id`` only, when given)."""
+    with _KEEPERS_LOCK:
+        return [k for (_, run), k in _KEEPERS.items()
+                if k.is_alive() and (run_id is None or run == run_id)]
+
+
+def end_run(run_id: str, *, release: bool = True) -> list[str]:
+    """The run ``run_id`` ended (its query stopped, failed or finished): stop this process's
+    heartbeats of its leases, wait until none is renewing any more, and (``release``) give
+    those leases up (:meth:`Lease.release`), so the next run takes them at once. Returns the
+    leases this call released (their directories or prefixes). Safe to call more than once,
+    and for a run with no heartbeat here.
+
+    A release that fails (storage unreachable) is logged: that lease then goes stale as if
+    its driver had died. Fencing holds either way -- the run never commits again."""
+    with _KEEPERS_LOCK:
+        mine = [(key, k) for key, k in _KEEPERS.items() if key[1] == run_id]
+    for _, keeper in mine:  # every caller waits (the query's stop and the listener race)
+        keeper.stop()
+    with _KEEPERS_LOCK:
+        for key, keeper in mine:
+            if _KEEPERS.get(key) is keeper:
+                del _KEEPERS[key]
+    released = []
+    if release:
+        for _, keeper in mine:
+            if release_quietly(keeper.lease, run_id):
+                released.append(str(keeper.lease.directory))
+    return released
+
+
+def release_quietly(lease: Lease, run_id: str) -> bool:
+    """:meth:`Lease.release`, logging (WARNING) instead of raising when it fails."""
+    try:
+        done = lease.release(run_id)
+    except Exception as exc:  # the lease goes stale instead: logged, never raised
+        log_event(logger, "lease_release_failed", logging.WARNING, run_id=run_id,
+                  lease=str(lease.path), error=repr(exc),
+                  detail="the lease goes stale after exactly.leaseStaleAfterSeconds instead")
+        return False
+    if done:
+        log_event(logger, "lease_released", run_id=run_id, lease=str(lease.path))
+    return done
+
 
 class LeaseKeeper(threading.Thread):
     """Renews one run's lease every ``stale_after / 4`` seconds (at least every 30 s, at most
-    every 0.5 s) until the run loses it; a daemon thread, so it ends with its process. A
-    failed renewal (a full disk, a storage outage) is logged and tried again."""
+    every 0.5 s) until the run ends (:meth:`stop`), its lease is released (by whichever
+    process learnt that the run ended) or lost; a daemon thread, so it ends with its
+    process. A failed renewal (a full disk, a storage outage) is logged and tried again."""
 
     def __init__(self, lease: Lease, run_id: str) -> None:
         super().__init__(name=f"exactly-lease-{run_id[:8]}", daemon=True)
@@ -309,15 +422,30 @@ class LeaseKeeper(threading.Thread):
         self.interval = min(30.0, max(0.5, lease.stale_after / 4))
         self.stopped = threading.Event()
 
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Renew no more: returns once the thread ended (True), or after ``timeout`` seconds
+        while a renewal it began still waits on the store (False; it renews nothing after)."""
+        self.stopped.set()
+        if self is not threading.current_thread() and self.ident is not None:
+            self.join(timeout)
+        return not self.is_alive()
+
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
             try:
-                if not self.lease.renew(self.run_id):
-                    log_event(logger, "lease_lost", logging.WARNING, run_id=self.run_id,
-                              lease=str(self.lease.path),
-                              detail="another run holds the lease: this run is fenced off "
-                                     "and will commit nothing")
-                    return
+                outcome = self.lease._heartbeat(self.run_id)
             except Exception as exc:  # keep trying: the lease goes stale only if this persists
-                log_event(logger, "lease_renewal_failed", logging.WARNING, run_id=self.run_id,
-                          lease=str(self.lease.path), error=repr(exc))
+                if not self.stopped.is_set():
+                    log_event(logger, "lease_renewal_failed", logging.WARNING,
+                              run_id=self.run_id, lease=str(self.lease.path), error=repr(exc))
+                continue
+            if outcome == "lost":
+                log_event(logger, "lease_lost", logging.WARNING, run_id=self.run_id,
+                          lease=str(self.lease.path),
+                          detail="another run holds the lease: this run is fenced off "
+                                 "and will commit nothing")
+                return
+            if outcome == "released":  # the run ended, told by another process
+                log_event(logger, "lease_heartbeat_ended", run_id=self.run_id,
+                          lease=str(self.lease.path))
+                return

@@ -57,11 +57,8 @@ def recover_on_new_driver(sink: TwoPhaseCommitSink, settings: SinkSettings,
         if seen is not None and _marker_driver(seen, marker, directory) == me:
             return False
         lease = Lease(directory, stale_after=settings.lease_stale_after)
-        holder = lease.current()
-        if holder is not None and holder.holder != me:
-            alive = holder.holder.is_alive()
-            if alive or (alive is None and not lease.is_stale()):
-                return False  # a live instance owns the sink; it is not ours to touch
+        if lease.live_holder(me) is not None:
+            return False  # a live instance owns the sink; it is not ours to touch
         Committer(sink, settings, fault).recover(owner["query_id"])
         store.write(MARKER_NAME, json.dumps({"driver": me.to_json(), "at": time.time()},
                                             sort_keys=True, indent=1).encode())

@@ -105,6 +105,8 @@ class TwoPhaseForeachBatch:
         self._committer: Committer | None = None
         #: on Spark Connect: (query id, run id) of the run this process serves
         self._run_identity: tuple[str, str] | None = None
+        #: whether the session's run ends are watched (exactly.spark.run_end)
+        self._watching = False
 
     def _identity(self, batch_df: Any) -> tuple[str, str]:
         """(query id, run id) of the query calling this function."""
@@ -141,11 +143,20 @@ class TwoPhaseForeachBatch:
         return self._run_identity
 
     def __call__(self, batch_df: Any, epoch: int) -> None:
+        from exactly.spark.connect import is_connect
+
         query_id, run_id = self._identity(batch_df)
+        if not self._watching and not is_connect(batch_df):
+            from pyspark.sql import SparkSession
+
+            from exactly.spark.run_end import watch_run_ends
+
+            # the session the query runs in (batch_df's is a clone): the run's end stops
+            # the lease heartbeat this object's committer starts
+            watch_run_ends(SparkSession.builder.getOrCreate())
+            self._watching = True
         if self.prepare and not self._prepared:
             from pyspark.sql.pandas.types import to_arrow_schema
-
-            from exactly.spark.connect import is_connect
 
             # no RDDs on Connect: the sink's checks of the task count are skipped there
             partitions = None if is_connect(batch_df) else batch_df.rdd.getNumPartitions()

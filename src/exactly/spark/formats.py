@@ -234,9 +234,13 @@ DATA_SOURCES = (FilesDataSource, DatagenDataSource, PostgresDataSource, WalDataS
 
 
 def register(spark: SparkSession) -> None:
-    """Make every ``format("exactly.*")`` of :data:`DATA_SOURCES` available in ``spark``."""
+    """Make every ``format("exactly.*")`` of :data:`DATA_SOURCES` available in ``spark``, and
+    release a query's sink leases when its run ends (:mod:`exactly.spark.run_end`)."""
+    from exactly.spark.run_end import watch_run_ends
+
     for source in DATA_SOURCES:
         spark.dataSource.register(source)
+    watch_run_ends(spark)
 
 
 # -- building sinks: one factory for streamWriter, foreachBatch and the start-time checks ----
