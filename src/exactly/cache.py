@@ -23,16 +23,16 @@ def configured_dir(env: str, default: Path) -> Path:
     return Path(configured).expanduser() if configured else default
 
 
-def missing_jars(what: str, directory: Path, env: str, installer: str,
+def missing_jars(what: str, directory: Path, env: str, part: str,
                  cache: Path) -> ConfigError:
-    """The error for jars that are not in ``directory``, naming both fixes: the installer
-    script that fetches them into ``cache``, or ``env`` naming a directory that holds them."""
+    """The error for jars that are not in ``directory``, naming both fixes: ``scripts/setup.sh
+    PART``, which fetches them into ``cache``, or ``env`` naming a directory that holds them."""
     if os.environ.get(env):
         where = f"{directory} (from {env})"
         fix = (f"point {env} at a directory holding them, or unset it and run "
-               f"scripts/setup.sh (or {installer}) to fetch them into {cache}")
+               f"scripts/setup.sh {part} to fetch them into {cache}")
     else:
         where = str(directory)
-        fix = (f"run scripts/setup.sh (or {installer}) to fetch them from Maven "
+        fix = (f"run scripts/setup.sh {part} to fetch them from Maven "
                f"Central, or set {env} to a directory holding them")
     return ConfigError(f"{what} are missing in {where}: {fix}")

@@ -38,7 +38,7 @@ def describe_group(bootstrap: str, group: str) -> dict[tuple[str, int], dict[str
     jars = broker_jars_dir()
     if not any(jars.glob("kafka-tools-*.jar")):
         pytest.fail(f"the broker jars in {jars} lack kafka-tools (kafka-consumer-groups.sh); "
-                    "run scripts/install-kafka.sh", pytrace=False)
+                    "run scripts/setup.sh kafka", pytrace=False)
     done = subprocess.run(
         ["java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{jars}/*",
          CONSUMER_GROUPS_TOOL, "--bootstrap-server", bootstrap, "--describe", "--group", group],

@@ -25,7 +25,7 @@ from pathlib import Path
 from exactly.errors import ConfigError
 from exactly.testing.ports import free_port
 
-SETUP_HINT = ("run scripts/setup.sh (it installs Debian's postgresql package), or set "
+SETUP_HINT = ("run scripts/setup.sh postgres (it installs Debian's postgresql package), or set "
               "EXACTLY_PG_BIN to a directory holding initdb, pg_ctl and postgres")
 
 

@@ -86,7 +86,7 @@ def s3proxy_jars_dir() -> Path:
     if any(directory.glob("s3proxy-*.jar")):
         return directory
     raise missing_jars("S3Proxy jars (org.gaul:s3proxy and its dependencies)", directory,
-                       JARS_ENV, "scripts/install-objectstore.sh", cache_dir() / "jars")
+                       JARS_ENV, "s3", cache_dir() / "jars")
 
 
 def _check_xattrs(directory: Path) -> None:

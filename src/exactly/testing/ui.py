@@ -83,7 +83,7 @@ def headless_chromium() -> Iterator[Any]:
 
     for binary in (CHROMIUM, CHROMEDRIVER):
         if shutil.which(binary) is None:
-            pytest.fail(f"{binary} is missing: run scripts/setup.sh --browser (Debian "
+            pytest.fail(f"{binary} is missing: run scripts/setup.sh browser (Debian "
                         "chromium and chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM

@@ -76,7 +76,7 @@ def jars_dir(kind: str, env: str) -> Path:
 
 def missing(what: str, directory: Path, env: str) -> ConfigError:
     """The error for broker jars that are not in ``directory``, naming both fixes."""
-    return missing_jars(what, directory, env, "scripts/install-kafka.sh", cache_dir())
+    return missing_jars(what, directory, env, "kafka", cache_dir())
 
 
 def connector_jars() -> list[str]:
