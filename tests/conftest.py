@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lanes import parse_share, why_skipped
 
 from exactly.demos.files import write_events
 
@@ -79,9 +80,30 @@ def _start_order(item) -> int:
     return len(LONGEST_FIRST)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow-share", metavar="K/N", default=None,
+                     help="also run share K of N of the slow proofs (tests marked slow; "
+                          "soaks never): tests/lanes.py")
+
+
+def _slow_share(config) -> tuple[int, int] | None:
+    value = config.getoption("--slow-share")
+    if value is None:
+        return None
+    try:
+        return parse_share(value)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--slow-share {exc}") from None
+
+
+def pytest_configure(config):
+    _slow_share(config)  # a bad --slow-share is a usage error before anything is collected
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark every test with its lane by folder; a contract case that needs a server leaves
-    the fast lane. Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    the fast lane. Slow proofs (marked ``slow``) run in their share (``--slow-share K/N``),
+    soaks (marked ``soak``) never; EXACTLY_SLOW=1 runs both (tests/lanes.py)."""
     items.sort(key=_start_order)  # stable: the order inside a file stays
     root = Path(__file__).parent
     for item in items:
@@ -93,10 +115,12 @@ def pytest_collection_modifyitems(config, items):
             if lane == "fast" and "server" in item.keywords:
                 continue
             item.add_marker(getattr(pytest.mark, lane))
-    if os.environ.get("EXACTLY_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="soak run: set EXACTLY_SLOW=1 (./scripts/test --slow) to "
-                                   "include it")
+    share = _slow_share(config)
+    everything = os.environ.get("EXACTLY_SLOW") == "1"
     for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+        # markers, not keywords: a keyword is also any node's name (a folder named "slow")
+        reason = why_skipped(item.nodeid, slow=item.get_closest_marker("slow") is not None,
+                             soak=item.get_closest_marker("soak") is not None, share=share,
+                             everything=everything)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))

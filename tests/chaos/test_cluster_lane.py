@@ -19,7 +19,7 @@ staged or pending leftovers.
 
 The default lane runs the write-ahead sink here (its executors stage to S3, its driver loads
 PostgreSQL); the file, 2PC, upsert, Kafka and Delta sinks (each killed at protocol points in
-its own chaos test) join it with EXACTLY_SLOW=1, to keep the default run within its CI
+its own chaos test) join it in the slow lane, to keep the default run within its CI
 budget.
 """
 
@@ -193,7 +193,7 @@ def pipeline(tmp_path: Path, events: Path, output: str, *extra: str) -> list[str
 
 
 # CI budget: the default lane's cluster run is the write-ahead sink's below (executors staging
-# to S3, a PostgreSQL target); the file sink on the cluster with EXACTLY_SLOW=1
+# to S3, a PostgreSQL target); the file sink on the cluster in the slow lane
 @pytest.mark.slow
 def test_file_sink_on_the_cluster(cluster, tmp_path, events):
     out = tmp_path / "out"
@@ -247,7 +247,7 @@ class OnS3:
 
 @pytest.mark.server
 # CI budget: the default lane runs the write-ahead sink here (executors staging to S3); the
-# 2PC and upsert sinks, whose tasks write to PostgreSQL directly, run with EXACTLY_SLOW=1
+# 2PC and upsert sinks, whose tasks write to PostgreSQL directly, run in the slow lane
 @pytest.mark.parametrize("sink", [pytest.param("2pc", marks=pytest.mark.slow), "wal",
                                   pytest.param("upsert", marks=pytest.mark.slow)])
 def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink, request, monkeypatch):
@@ -273,7 +273,7 @@ def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink, request
 
 
 # CI budget: the Kafka sink under kills is tests/kafka/test_kafka_chaos.py, on S3 in the
-# contract suite (case kafka_s3); on the cluster with EXACTLY_SLOW=1
+# contract suite (case kafka_s3); on the cluster in the slow lane
 @pytest.mark.slow
 @pytest.mark.server
 def test_kafka_sink_on_the_cluster(cluster, broker, s3_server, tmp_path, monkeypatch):

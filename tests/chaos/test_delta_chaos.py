@@ -11,7 +11,6 @@ version the table ever had is read back as well: each must hold whole epochs onl
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
@@ -33,11 +32,10 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
 #: an attempt killed mid-write (its file and marker are aborted), an intent without its Delta
 #: commit (recovery makes it), a Delta commit without its completion record (the table's
 #: transaction version recognises it). The others (before the intent, between the handle
-#: checks, a completed epoch Spark replays) run with EXACTLY_SLOW=1 and in the contract
+#: checks, a completed epoch Spark replays) are killed by the slow proofs and the contract
 #: suite (tests/contract, cases delta and delta_s3).
 DECIDING_POINTS = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.AFTER_INTENT, 1),
                    FaultSpec(FaultPoint.AFTER_COMMITS, 2)]
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 
 
 class PollingReader(threading.Thread):
@@ -74,17 +72,11 @@ def whole_epochs(ids: list[int]) -> bool:
     return len(ids) % EPOCH_ROWS == 0 and len(set(ids)) == len(ids)
 
 
-@pytest.fixture(params=[
-    "local",
-    # CI budget: Delta on S3 under kills runs with EXACTLY_SLOW=1 (~170 s); the default lane
-    # keeps the local run of the same points, the contract suite's case delta_s3 (every
-    # protocol point against S3Proxy, in process) and the S3 nemesis run of the Delta sink
-    pytest.param("s3", marks=[pytest.mark.slow, pytest.mark.skipif(
-        not SLOW, reason="Delta on S3 under kills: set EXACTLY_SLOW=1 (the default lane runs "
-                         "the same points on a local table, and contract case delta_s3)")])])
+@pytest.fixture
 def where(request, tmp_path) -> tuple[str, str, dict[str, str], dict[str, str]]:
     """``(table URI, checkpoint, storage options for readers, environment for the job)``:
-    all local, or all on S3 (the commit log follows the checkpoint)."""
+    all local, or all on S3 (the commit log follows the checkpoint): ``"local"`` or ``"s3"``,
+    the test's parameter."""
     if request.param == "local":
         return str(tmp_path / "table"), str(tmp_path / "ck"), {}, {}
     request.applymarker(pytest.mark.server)
@@ -94,16 +86,23 @@ def where(request, tmp_path) -> tuple[str, str, dict[str, str], dict[str, str]]:
     return f"s3://{bucket}/events", f"s3a://{bucket}/ck", s3.storage_options(), s3.env()
 
 
+@pytest.mark.parametrize("where,points", [
+    pytest.param("local", DECIDING_POINTS, id="local"),
+    pytest.param("local", EVERY_POINT, id="local-every-point", marks=pytest.mark.slow),
+    # CI budget: Delta on S3 under kills is a slow proof (~170 s); the default lane keeps the
+    # local run, the contract suite's case delta_s3 (every protocol point against S3Proxy, in
+    # process) and the S3 nemesis run of the Delta sink
+    pytest.param("s3", EVERY_POINT, id="s3-every-point", marks=pytest.mark.slow),
+], indirect=["where"])
 def test_delta_sink_killed_at_every_protocol_point_commits_every_event_exactly_once(
-        tmp_path, where):
-    """One run, restarted after each kill -9 (one crash per protocol point; every point with
-    EXACTLY_SLOW=1, else the three where the Delta sink decides the outcome). After every
-    crash the table holds whole epochs, the crashed epoch only when the kill came after its
-    Delta commit; a polling reader and every version of the table hold whole epochs only;
-    at the end every event is there exactly once, and no data file or pending marker of an
-    aborted attempt is left."""
+        tmp_path, where, points):
+    """One run, restarted after each kill -9 (one crash per protocol point: in the default
+    lane the three where the Delta sink decides the outcome, in the slow proofs every point,
+    local and on S3). After every crash the table holds whole epochs, the crashed epoch only
+    when the kill came after its Delta commit; a polling reader and every version of the
+    table hold whole epochs only; at the end every event is there exactly once, and no data
+    file or pending marker of an aborted attempt is left."""
     uri, checkpoint, options, env = where
-    points = EVERY_POINT if SLOW else DECIDING_POINTS
     events = tmp_path / "input"
     write_events(events, 4 * EPOCH_ROWS, 8, seed=5)
     command = python_command("pipeline", "--sink", "delta", "--input", str(events),

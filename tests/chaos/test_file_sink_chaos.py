@@ -54,10 +54,9 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
 
 @pytest.mark.parametrize("writer", [
     "start_query",
-    pytest.param("datasource", marks=[pytest.mark.slow, pytest.mark.skipif(
-        os.environ.get("EXACTLY_SLOW") != "1",
-        reason="the data source writer's commit path under kills: set EXACTLY_SLOW=1 (the "
-               "default lane runs start_query's; tests/spark/test_commit_path.py runs both)")])])
+    # slow: the data source writer's commit path under kills (the default lane runs
+    # start_query's; tests/spark/test_commit_path.py runs both)
+    pytest.param("datasource", marks=pytest.mark.slow)])
 def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
         events_dir, tmp_path, writer):
     """One run, restarted after each kill -9: one crash per protocol point. After every
@@ -111,7 +110,7 @@ def _wait_for(predicate, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
-# CI budget: with EXACTLY_SLOW=1. The default lane fences a second live instance of every
+# CI budget: a slow proof. The default lane fences a second live instance of every
 # sink in tests/contract (test_a_second_live_instance_is_fenced_and_commits_nothing, case
 # files among them), a second Spark query of the 2PC sink in tests/postgres/test_fencing.py,
 # and a second driver process on this file sink's output, from another host, in

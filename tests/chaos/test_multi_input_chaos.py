@@ -25,7 +25,6 @@ is restarted until both inputs are drained. Then:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from datetime import timedelta
@@ -50,14 +49,12 @@ FILES, ORDERS_PER_FILE = 4, 50  # 4 files of 50 orders, one file an epoch -> epo
 ROWS_PER_EPOCH = 60  # 200 payments, 60 an epoch: cut at other places than the orders
 ADDED = 30  # orders (one new file) and payments added while the job is down after a crash
 TABLE_ID_OFFSET = 1_000_000
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
-#: the default lane kills the union and the join twice each, before and after the intent
-#: (an epoch replayed from its logged positions, and one finished from its intent); every
-#: point each with EXACTLY_SLOW=1 (CI budget). The file sink's own every-point run is
+#: the default lane kills the join twice, before and after the intent (an epoch replayed
+#: from its logged positions, and one finished from its intent); the slow proofs kill the
+#: union and the join at every point (CI budget). The file sink's own every-point run is
 #: tests/chaos/test_file_sink_chaos.py
-UNION_POINTS = (tuple(FaultPoint) if SLOW else (FaultPoint.IN_WRITE, FaultPoint.AFTER_COMMITS))
-JOIN_POINTS = (tuple(FaultPoint) if SLOW else
-               (FaultPoint.AFTER_INTENT, FaultPoint.AFTER_COMPLETE))
+JOIN_POINTS = (FaultPoint.AFTER_INTENT, FaultPoint.AFTER_COMPLETE)
+EVERY_POINT = tuple(FaultPoint)
 
 
 @pytest.fixture(scope="module")
@@ -266,11 +263,10 @@ def fresh_inputs(pg, tmp: Path) -> Inputs:
 # source and a PostgreSQL source) at protocol points in the default lane
 def test_union_killed_at_protocol_points_in_turn_commits_both_inputs_exactly_once(
         pg, spark, tmp_path):
-    """One run killed at protocol points in turn (the i-th at epoch i + 1; two points, every
-    point with EXACTLY_SLOW=1), rows added to both inputs while it is down after each
-    crash."""
+    """One run killed at every protocol point in turn (the i-th at epoch i + 1), rows added
+    to both inputs while it is down after each crash."""
     inputs = fresh_inputs(pg, tmp_path)
-    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(UNION_POINTS)]
+    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(EVERY_POINT)]
     run_until_drained("union", inputs, tmp_path, schedule)
     assert len(inputs.files) == FILES + len(schedule)
     assert_audits_clean("union", inputs, tmp_path, spark)
@@ -280,8 +276,8 @@ def test_union_killed_at_protocol_points_in_turn_commits_both_inputs_exactly_onc
 @pytest.mark.parametrize("point", list(FaultPoint), ids=lambda p: p.value)
 def test_union_killed_at_a_protocol_point_commits_both_inputs_exactly_once(point, pg, spark,
                                                                            tmp_path):
-    """Killed once at ``point`` in epoch 1 (each point in a run of its own, EXACTLY_SLOW=1);
-    rows added to both inputs while it is down."""
+    """Killed once at ``point`` in epoch 1 (each point in a run of its own); rows added to
+    both inputs while it is down."""
     inputs = fresh_inputs(pg, tmp_path)
     run_until_drained("union", inputs, tmp_path, [FaultSpec(point, 1)])
     assert len(inputs.files) == FILES + 1
@@ -293,11 +289,22 @@ def test_join_killed_at_protocol_points_in_turn_joins_both_inputs_exactly_once(
         pg, spark, tmp_path):
     """Stream-stream inner join with watermarks on both sides; payments arrive in the reverse
     order of their orders, so most pairs meet across epochs through the join state. One run,
-    killed at protocol points in turn (the i-th at epoch i + 1; two points, every point with
-    EXACTLY_SLOW=1), rows added to both inputs after every crash: each order is joined with its
-    payment exactly once, in the epoch that took the later of the two, as in a batch join."""
+    killed at two protocol points in turn (the i-th at epoch i + 1), rows added to both
+    inputs after every crash: each order is joined with its payment exactly once, in the
+    epoch that took the later of the two, as in a batch join."""
+    join_killed_in_turn(pg, spark, tmp_path, JOIN_POINTS)
+
+
+@pytest.mark.slow
+def test_join_killed_at_every_protocol_point_in_turn_joins_both_inputs_exactly_once(
+        pg, spark, tmp_path):
+    """The join run above, killed at every protocol point in turn."""
+    join_killed_in_turn(pg, spark, tmp_path, EVERY_POINT)
+
+
+def join_killed_in_turn(pg, spark, tmp_path: Path, points: tuple[FaultPoint, ...]) -> None:
     inputs = fresh_inputs(pg, tmp_path)
-    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(JOIN_POINTS)]
+    schedule = [FaultSpec(point, i + 1) for i, point in enumerate(points)]
     run_until_drained("join", inputs, tmp_path, schedule)
     assert len(inputs.files) == FILES + len(schedule)
     assert_audits_clean("join", inputs, tmp_path, spark)
@@ -310,4 +317,4 @@ def test_join_killed_at_protocol_points_in_turn_joins_both_inputs_exactly_once(
 
 @pytest.mark.slow
 def test_the_union_and_join_runs_together_kill_at_every_protocol_point():
-    assert sorted(set(UNION_POINTS) | set(JOIN_POINTS)) == sorted(FaultPoint)
+    assert sorted(set(EVERY_POINT)) == sorted(FaultPoint)

@@ -15,8 +15,9 @@ The fault log goes with every failure (in the message, and
 
 Default lane: one short run per sink (each kind of fault once, a few more at random; no kill:
 every sink's default lane already kills its driver at every protocol point, and a restart
-costs a new driver JVM). Slow lane (``EXACTLY_SLOW=1``) / ``scripts/soak --nemesis``:
-``EXACTLY_NEMESIS_FAULTS`` faults per sink (default 200), kills included, with
+costs a new driver JVM); the write-ahead sink's is a slow proof. Soaks (marked ``soak``:
+``scripts/soak --nemesis``, ``./scripts/test --slow``): one long run per sink,
+``EXACTLY_NEMESIS_FAULTS`` faults (default 200), kills included, with
 ``EXACTLY_NEMESIS_REPORT`` naming a JSON-lines file for the summary table.
 Clock jumps are not in these runs: the job's leases take their clock in-process only, so they
 are proven by tests/unit/test_lease_clock_jumps.py (see docs/reliability.md).
@@ -60,17 +61,40 @@ pytestmark = [pytest.mark.chaos,
                                  reason=f"the nemesis's full disk: {why_unavailable()}")]
 
 JOB = Path(__file__).parents[1] / "ops" / "jobs" / "datagen_job.py"
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 SEED = int(os.environ.get("EXACTLY_NEMESIS_SEED", "28"))
-#: faults per sink: the default lane holds each kind once and a few more
-FAULTS = int(os.environ.get("EXACTLY_NEMESIS_FAULTS", "200" if SLOW else "0"))
+#: the short run's faults beyond one of each kind
 EXTRA_FAULTS = 2
 ROWS_PER_EPOCH = 1000
-#: rows per second of the job's input (the soak's runs last minutes: fewer rows keep the
-#: readers' snapshots, which the checker keeps whole, within memory)
-RATE = 200 if SLOW else 400
-#: how often the readers that read the whole output poll it
-POLL_S = 1.0 if SLOW else 0.1
+
+
+@dataclass(frozen=True)
+class Length:
+    """A short run or a soak: its faults and its input."""
+
+    #: faults in all; 0: each kind once and EXTRA_FAULTS more
+    faults: int
+    #: whether the driver is killed too
+    kills: bool
+    #: rows per second of the job's input (the soak's runs last minutes: fewer rows keep the
+    #: readers' snapshots, which the checker keeps whole, within memory)
+    rate: int
+    #: how often the readers that read the whole output poll it
+    poll_s: float
+    #: the ranges of the random gaps between faults and of their durations
+    gap: tuple[float, float]
+    duration: tuple[float, float]
+    #: the share of the time the job is up (a soak's kills keep it down about half of it)
+    up: float
+
+
+#: the default lane's run: each kind of fault once and a few more, no kill
+SHORT = Length(0, False, 400, 0.1, (0.2, 0.8), (0.3, 1.2), 1.0)
+
+
+def soak() -> Length:
+    """The soak's run: ``EXACTLY_NEMESIS_FAULTS`` faults (200), kills included."""
+    return Length(int(os.environ.get("EXACTLY_NEMESIS_FAULTS", "200")), True, 200, 1.0,
+                  (0.2, 1.0), (0.3, 1.8), 0.5)
 
 
 @dataclass
@@ -121,11 +145,10 @@ class Target:
     location: str = ""
 
 
-def schedule_for(kinds: list[str]) -> FaultSchedule:
-    """The default lane: each kind once and a few more, short; the soak: ``FAULTS``."""
-    count = FAULTS or len(kinds) + EXTRA_FAULTS
-    gap, duration = ((0.2, 1.0), (0.3, 1.8)) if SLOW else ((0.2, 0.8), (0.3, 1.2))
-    return FaultSchedule.random(SEED, kinds, count, gap=gap, duration=duration,
+def schedule_for(kinds: list[str], length: Length) -> FaultSchedule:
+    """The short run: each kind once and a few more; the soak: its faults."""
+    count = length.faults or len(kinds) + EXTRA_FAULTS
+    return FaultSchedule.random(SEED, kinds, count, gap=length.gap, duration=length.duration,
                                 durations={actions.KILL: (0.0, 0.0),
                                            "net.cut": (0.0, 0.0),
                                            actions.ANSWER: (2.0, 4.0)})
@@ -153,21 +176,21 @@ def epochs_of_input(checkpoint: Path) -> dict[int, int]:
     return epoch_of
 
 
-def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
+def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary:
     summary = Summary(target.sink, SEED)
     started = time.monotonic()
     log = FaultLog(tmp_path / "faults.jsonl", seed=SEED)
     disk = SmallDisk(tmp_path / "disk", 256 << 20).mount()
     checkpoint = disk.path / "ck"
-    kinds_known = sorted([*([actions.KILL] if SLOW else []), "pause.driver",
+    kinds_known = sorted([*([actions.KILL] if length.kills else []), "pause.driver",
                           "pause.executor", actions.DISK, *target.server_actions(FaultLog())])
-    schedule = schedule_for(kinds_known)
+    schedule = schedule_for(kinds_known, length)
     # the input lasts about as long as the faults do, so that faults meet a job at work: the
     # generator's rate counts from each driver's start, and a soak's kills keep the job down
     # about half of the time
-    rows = max(target.rows, int(RATE * (schedule.faults[-1].at + 10) * (0.5 if SLOW else 1)))
+    rows = max(target.rows, int(length.rate * (schedule.faults[-1].at + 10) * length.up))
     target.rows = rows
-    env = {"JOB_ROWS": str(rows), "JOB_RATE": str(RATE),
+    env = {"JOB_ROWS": str(rows), "JOB_RATE": str(length.rate),
            "JOB_MAX_ROWS": str(ROWS_PER_EPOCH), "JOB_INTERVAL": "500ms",
            "PYSPARK_PYTHON": sys.executable, **target.env}
     run = SupervisedRun(JOB, checkpoint, env, "--restart-strategy", "fixed-delay",
@@ -187,7 +210,7 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
             return status.driver.pid if status is not None and status.driver else None
 
         kinds: dict[str, Action] = {
-            **({actions.KILL: actions.kill_action(driver)} if SLOW else {}),
+            **({actions.KILL: actions.kill_action(driver)} if length.kills else {}),
             "pause.driver": actions.pause_action(
                 lambda: driver_pids(driver() or 0), "driver", log),
             "pause.executor": actions.pause_action(
@@ -205,7 +228,7 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
         def drained() -> bool:
             return len({r.id for r in target.final_rows()}) >= rows
         run.wait_for(drained, "every row in the target after the faults",
-                     timeout=300 + rows / RATE)
+                     timeout=300 + rows / length.rate)
         stopped = run.command("stop", str(checkpoint))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
@@ -251,6 +274,15 @@ def run_under_nemesis(tmp_path: Path, target: Target) -> Summary:
 # -- the file sink ----------------------------------------------------------------------------
 def test_the_file_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path):
+    files_under_the_nemesis(tmp_path, SHORT)
+
+
+@pytest.mark.soak
+def test_the_file_sink_soaks_under_the_nemesis_with_kills(tmp_path):
+    files_under_the_nemesis(tmp_path, soak())
+
+
+def files_under_the_nemesis(tmp_path: Path, length: Length) -> None:
     out = tmp_path / "out"
 
     def final_rows() -> list[Row]:
@@ -260,14 +292,15 @@ def test_the_file_sink_under_the_nemesis_commits_every_row_once_and_readers_see_
         return list(last) if last else []
 
     target = Target("files", {"JOB_SINK": "files", "JOB_OUT": str(out)}, 3000, final_rows,
-                    lambda h: [FileOutputObserver(h, out, poll_seconds=POLL_S)],
+                    lambda h: [FileOutputObserver(h, out, poll_seconds=length.poll_s)],
                     whole_epochs={"files"}, location=str(out))
-    summary = run_under_nemesis(tmp_path, target)
+    summary = run_under_nemesis(tmp_path, target, length)
     assert summary.faults.keys() >= {"pause.driver", "pause.executor", "disk.full"}
 
 
 # -- PostgreSQL: the 2PC sink and the write-ahead sink ----------------------------------------
-def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy) -> Target:
+def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy,
+               poll_s: float) -> Target:
     epoch_column = "exactly_epoch" if sink == "postgres" else None
 
     def final_rows() -> list[Row]:
@@ -283,11 +316,11 @@ def _pg_target(sink: str, pg: Any, conn: Any, table: str, proxy: FaultProxy) -> 
 
     def observers(history: History) -> list[Observer]:
         found = [PostgresObserver(history, pg.dsn, table, name="table",
-                                  epoch_column=epoch_column, poll_seconds=POLL_S)]
+                                  epoch_column=epoch_column, poll_seconds=poll_s)]
         if sink == "postgres":  # the view shows whole epochs; the table, whole tasks
             found.append(PostgresObserver(history, pg.dsn, f"{table}_committed",
                                           name="view", epoch_column=epoch_column,
-                                          poll_seconds=POLL_S))
+                                          poll_seconds=poll_s))
         return found
 
     def server(log: FaultLog) -> dict[str, Action]:
@@ -316,8 +349,21 @@ def pg_proxy(pg):
     pytest.param("wal", marks=pytest.mark.slow)])
 def test_a_postgres_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, pg, conn, table_name, pg_proxy, sink):
-    target = _pg_target(sink, pg, conn, table_name, pg_proxy)
-    summary = run_under_nemesis(tmp_path, target)
+    postgres_under_the_nemesis(tmp_path, _pg_target(sink, pg, conn, table_name, pg_proxy,
+                                                    SHORT.poll_s), SHORT)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("sink", ["postgres", "wal"])
+def test_a_postgres_sink_soaks_under_the_nemesis_with_kills(tmp_path, pg, conn, table_name,
+                                                            pg_proxy, sink):
+    length = soak()
+    postgres_under_the_nemesis(tmp_path, _pg_target(sink, pg, conn, table_name, pg_proxy,
+                                                    length.poll_s), length)
+
+
+def postgres_under_the_nemesis(tmp_path: Path, target: Target, length: Length) -> None:
+    summary = run_under_nemesis(tmp_path, target, length)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.blackhole"}
 
 
@@ -331,6 +377,17 @@ def s3_proxy(s3_server):
 
 def test_the_delta_sink_on_s3_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, s3_server, s3_bucket, s3_proxy):
+    delta_on_s3_under_the_nemesis(tmp_path, s3_server, s3_bucket, s3_proxy, SHORT)
+
+
+@pytest.mark.soak
+def test_the_delta_sink_on_s3_soaks_under_the_nemesis_with_kills(tmp_path, s3_server,
+                                                                 s3_bucket, s3_proxy):
+    delta_on_s3_under_the_nemesis(tmp_path, s3_server, s3_bucket, s3_proxy, soak())
+
+
+def delta_on_s3_under_the_nemesis(tmp_path: Path, s3_server: Any, s3_bucket: str,
+                                  s3_proxy: FaultProxy, length: Length) -> None:
     uri = f"s3://{s3_bucket}/events"
     options = s3_server.storage_options()
 
@@ -359,15 +416,26 @@ def test_the_delta_sink_on_s3_under_the_nemesis_commits_every_row_once_and_reade
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_proxy.port}"}
     target = Target("delta-s3", env, 3000, final_rows,
                     lambda h: [DeltaObserver(h, uri, storage_options=options,
-                                             poll_seconds=POLL_S)], {"delta"},
+                                             poll_seconds=length.poll_s)], {"delta"},
                     server, location=f"delta:{uri}")
-    summary = run_under_nemesis(tmp_path, target)
+    summary = run_under_nemesis(tmp_path, target, length)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.drop"}
 
 
 # -- Kafka ------------------------------------------------------------------------------------
 def test_the_kafka_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, broker, topic, kafka_proxy):
+    kafka_under_the_nemesis(tmp_path, broker, topic, kafka_proxy, SHORT)
+
+
+@pytest.mark.soak
+def test_the_kafka_sink_soaks_under_the_nemesis_with_kills(tmp_path, broker, topic,
+                                                           kafka_proxy):
+    kafka_under_the_nemesis(tmp_path, broker, topic, kafka_proxy, soak())
+
+
+def kafka_under_the_nemesis(tmp_path: Path, broker: Any, topic: str, kafka_proxy: FaultProxy,
+                            length: Length) -> None:
     from exactly.testing.kafka_broker import consume_all
 
     read = json_row("id")
@@ -391,7 +459,7 @@ def test_the_kafka_sink_under_the_nemesis_commits_every_row_once_and_readers_see
            "JOB_KAFKA_CALL_TIMEOUT_MS": "10000"}
     target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
                     server, location=f"kafka://{broker.bootstrap}/{topic}")
-    summary = run_under_nemesis(tmp_path, target)
+    summary = run_under_nemesis(tmp_path, target, length)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.cut"}
 
 

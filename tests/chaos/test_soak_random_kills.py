@@ -17,12 +17,14 @@ none changed or gone); for PostgreSQL it polls the table and checks that no id i
 visible twice and the row count never goes down. At the end: zero ids missing, zero
 duplicated, no pre-commit or prepared transaction left, no process of any attempt alive.
 
-Runs only with ``EXACTLY_SLOW=1``. Knobs (environment): ``EXACTLY_SOAK_KILLS`` (total over
-both sinks, default 100), ``EXACTLY_SOAK_KILLS_PER_JOB`` (25), ``EXACTLY_SOAK_MIN_DELAY``
-(1 s), ``EXACTLY_SOAK_MAX_DELAY`` (30 s), ``EXACTLY_SOAK_MAX_RUN_DELAY`` (8 s),
-``EXACTLY_SOAK_MID_RUN_SHARE`` (share of kills after the first epoch, 0.35),
-``EXACTLY_SOAK_SEED``; ``EXACTLY_SOAK_REPORT`` names a JSON-lines file that receives each
-sink's summary. ``scripts/soak`` runs it and prints the summary table.
+Marked ``soak``: runs with ``scripts/soak`` and ``./scripts/test --slow`` (``EXACTLY_SLOW=1``),
+never in the default lane nor in a share of the slow lane. Knobs (environment):
+``EXACTLY_SOAK_KILLS`` (total over both sinks, default 100), ``EXACTLY_SOAK_KILLS_PER_JOB``
+(25), ``EXACTLY_SOAK_MIN_DELAY`` (1 s), ``EXACTLY_SOAK_MAX_DELAY`` (30 s),
+``EXACTLY_SOAK_MAX_RUN_DELAY`` (8 s), ``EXACTLY_SOAK_MID_RUN_SHARE`` (share of kills after
+the first epoch, 0.35), ``EXACTLY_SOAK_SEED``; ``EXACTLY_SOAK_REPORT`` names a JSON-lines
+file that receives each sink's summary. ``scripts/soak`` runs it and prints the summary
+table.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from exactly.procs import ProcessInfo, job_processes
 from exactly.testing.chaos import Attempt, RandomKill, python_command, run_with_crashes
 from exactly.testing.readers import BackgroundReader
 
-pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 KILLS = int(os.environ.get("EXACTLY_SOAK_KILLS", "100"))
 KILLS_PER_JOB = int(os.environ.get("EXACTLY_SOAK_KILLS_PER_JOB", "25"))

@@ -60,12 +60,10 @@ EVERY_POINT = (FaultPoint.IN_WRITE, *DRIVER_POINTS)
 END_AFTER_FAULT = 3.0
 
 
-#: what a driver-point fault kills: the committing runner alone, or the whole server
-DEATHS = ["runner", pytest.param("server", marks=[pytest.mark.slow, pytest.mark.skipif(
-    os.environ.get("EXACTLY_SLOW") != "1",
-    reason="a server SIGKILL at every point costs a server start per point: set "
-           "EXACTLY_SLOW=1 (tests/ops/test_run_remote.py kills the server in the default "
-           "lane)")])]
+#: what a driver-point fault kills: the committing runner alone, or the whole server (slow:
+#: a server SIGKILL at every point costs a server start per point;
+#: tests/ops/test_run_remote.py kills the server in the default lane)
+DEATHS = ["runner", pytest.param("server", marks=pytest.mark.slow)]
 ACTIONS = {"runner": KILL_PROCESS, "server": KILL}
 
 

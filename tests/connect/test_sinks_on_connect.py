@@ -11,7 +11,6 @@ Each scenario runs in a Connect client process of its own (``in_client``, confte
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -32,9 +31,7 @@ from exactly.testing.kafka_broker import consume_all
 pytestmark = [pytest.mark.spark, pytest.mark.server]
 
 #: files, PostgreSQL 2PC and Kafka through start_query on Connect are audited in the default
-#: lane by tests/connect/test_chaos_on_connect.py; their short runs here are in the slow lane
-ALSO_IN_CHAOS = ("the chaos tests on Connect audit this sink through start_query in the "
-                 "default lane: set EXACTLY_SLOW=1")
+#: lane by tests/connect/test_chaos_on_connect.py; their short runs here are slow proofs
 
 ROWS, PER_EPOCH, KEYS = 600, 200, 7  # 3 epochs
 EPOCHS = ROWS // PER_EPOCH
@@ -136,17 +133,14 @@ def object_storage_refused(spark, tmp: str) -> None:
 
 
 MODULE = "test_sinks_on_connect"
-SLOW = pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1", reason=ALSO_IN_CHAOS)
 
 
 @pytest.mark.slow
-@SLOW
 def test_file_sink_on_connect_writes_every_row_once(in_client, tmp_path):
     in_client(MODULE, "files", tmp=str(tmp_path))
 
 
 @pytest.mark.slow
-@SLOW
 def test_postgres_2pc_sink_on_connect_writes_every_row_once(in_client, pg, tmp_path,
                                                             table_name):
     in_client(MODULE, "postgres_2pc", tmp=str(tmp_path), dsn=pg.dsn, table=table_name)
@@ -166,7 +160,6 @@ def test_upsert_sink_in_update_mode_on_connect_ends_with_the_inputs_counts_and_i
 
 
 @pytest.mark.slow
-@SLOW
 def test_kafka_sink_on_connect_writes_every_row_once_for_read_committed_consumers(
         in_client, broker, topic, tmp_path):
     in_client(MODULE, "kafka", tmp=str(tmp_path), bootstrap=broker.bootstrap, topic=topic)

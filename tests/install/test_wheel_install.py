@@ -44,7 +44,7 @@ def read_parquet(files: list[Path]) -> pd.DataFrame:
 def test_the_file_demo_runs_from_the_wheel_and_writes_every_input_event_once(installed_wheel,
                                                                             crashes):
     """``exactly demo`` (quick start 1). CI budget: the default lane runs it without a crash
-    (one driver); the crash and restart from the wheel with EXACTLY_SLOW=1."""
+    (one driver); the crash and restart from the wheel in the slow lane."""
     workdir = installed_wheel.workdir / f"demo-{crashes}"
     installed_wheel.run("exactly", "demo", "--events", "1000", "--crashes", str(crashes),
                         "--workdir", workdir, timeout=480)

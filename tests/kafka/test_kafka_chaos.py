@@ -5,12 +5,13 @@ with Spark's own Kafka writer. A ``read_committed`` consumer of our output sees 
 id exactly once and per key the state's sequence numbers 1..n; Spark's sink duplicates every
 epoch it had written when the driver died before Spark's commit log.
 
-EXACTLY_SLOW=1 runs a larger input with more epochs.
+The default lane runs a short input; its slow proofs (marked ``slow``) a larger input with
+more epochs, killed at every point, and the comparison with Spark's sink.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import pytest
 from rich.console import Console
@@ -23,63 +24,77 @@ from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 
 pytestmark = pytest.mark.chaos
 
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
-EVENTS = 6000 if SLOW else 1200
-EPOCHS = 20 if SLOW else 10
 #: the broker is killed and restarted once the last (fault-free) attempt reports this epoch
 BROKER_RESTART_EPOCH = 8
-#: every point with EXACTLY_SLOW=1; the default lane leaves out the two points that are the
-#: generic protocol's alone (before the intent, between two handle commits: decided by the
-#: commit log, killed for every sink in tests/contract and by the file and PostgreSQL
-#: every-point runs) -- the Kafka sink's own steps decide all the others (CI budget, issue 28)
+#: the two points that are the generic protocol's alone (before the intent, between two
+#: handle commits: decided by the commit log, killed for every sink in tests/contract and by
+#: the file and PostgreSQL every-point runs) -- the Kafka sink's own steps decide all the
+#: others: the default lane leaves them out (CI budget, issue 28)
 GENERIC_POINTS = {FaultPoint.BEFORE_INTENT.value, FaultPoint.BETWEEN_COMMITS.value}
-SCHEDULE = (chaos_schedule(EPOCHS, None, None) if SLOW else
-            [FaultSpec(spec.point, epoch) for epoch, spec in enumerate(
-                [s for s in chaos_schedule(EPOCHS, None, None)
-                 if s.point not in GENERIC_POINTS], start=1)])
-#: Spark's own sink only needs to show the duplicates a driver crash causes: two driver
-#: crashes by default, the whole schedule in the long variant
-SPARK_SCHEDULE = SCHEDULE if SLOW else [FaultSpec(FaultPoint.BEFORE_INTENT, 1),
-                                        FaultSpec(FaultPoint.AFTER_COMPLETE, 2)]
-EXPECTED_POINTS = ({p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
-                   ) - (set() if SLOW else GENERIC_POINTS)
-#: the start_query (foreachBatch) job also streams each epoch's staged rows into its open
-#: transaction while the tasks run: a kill there too, after the protocol's points (with
-#: EXACTLY_SLOW=1: CI budget, issue 32)
-STREAMED_SCHEDULE = [*SCHEDULE, FaultSpec(STREAMING, len(SCHEDULE) + 1)] if SLOW else SCHEDULE
+EVERY_POINT = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
 
 
-def _run(broker, workdir, sink: str, schedule: list[FaultSpec],
+@dataclass(frozen=True)
+class Input:
+    """A run's input and the points its schedule kills."""
+
+    events: int
+    epochs: int
+    schedule: list[FaultSpec]
+    #: the points the schedule fires
+    points: set[str]
+
+
+#: the default lane's run: the Kafka sink's own points
+SHORT = Input(1200, 10, [FaultSpec(spec.point, epoch) for epoch, spec in enumerate(
+    [s for s in chaos_schedule(10, None, None) if s.point not in GENERIC_POINTS], start=1)],
+    EVERY_POINT - GENERIC_POINTS)
+#: the slow proofs' run: a larger input with more epochs, every point
+LONG = Input(6000, 20, chaos_schedule(20, None, None), EVERY_POINT)
+#: the start_query (foreachBatch) job of the long run also streams each epoch's staged rows
+#: into its open transaction while the tasks run: a kill there too, after the protocol's
+#: points (a slow proof: CI budget, issue 32)
+STREAMED_SCHEDULE = [*LONG.schedule, FaultSpec(STREAMING, len(LONG.schedule) + 1)]
+
+
+def _run(broker, workdir, sink: str, run: Input, schedule: list[FaultSpec] | None = None,
          writer: str = "start_query") -> ChaosRun:
     def restart() -> None:
         broker.kill()
         broker.start()
 
-    return run_chaos(broker.bootstrap, workdir, events=EVENTS, epochs=EPOCHS, sink=sink,
-                     schedule=schedule, restart_broker=restart,
-                     restart_broker_after_epoch=BROKER_RESTART_EPOCH, writer=writer)
+    return run_chaos(broker.bootstrap, workdir, events=run.events, epochs=run.epochs,
+                     sink=sink, schedule=run.schedule if schedule is None else schedule,
+                     restart_broker=restart, restart_broker_after_epoch=BROKER_RESTART_EPOCH,
+                     writer=writer)
 
 
 @pytest.fixture(scope="module")
 def ours(broker, tmp_path_factory) -> ChaosRun:
-    return _run(broker, tmp_path_factory.mktemp("kafka-chaos-exactly"), "exactly",
+    return _run(broker, tmp_path_factory.mktemp("kafka-chaos-exactly"), "exactly", SHORT)
+
+
+@pytest.fixture(scope="module")
+def ours_long(broker, tmp_path_factory) -> ChaosRun:
+    return _run(broker, tmp_path_factory.mktemp("kafka-chaos-exactly-long"), "exactly", LONG,
                 STREAMED_SCHEDULE)
 
 
 @pytest.fixture(scope="module")
 def sparks(broker, tmp_path_factory) -> ChaosRun:
-    return _run(broker, tmp_path_factory.mktemp("kafka-chaos-spark"), "spark", SPARK_SCHEDULE)
+    """Spark's own Kafka sink, the long run's input and schedule."""
+    return _run(broker, tmp_path_factory.mktemp("kafka-chaos-spark"), "spark", LONG)
 
 
 def test_every_point_fired_and_the_broker_restarted(ours):
-    assert set(ours.fired) == EXPECTED_POINTS | ({STREAMING} if SLOW else set())
+    assert set(ours.fired) == SHORT.points
     assert ours.broker_restarts == 1
 
 
 def test_read_committed_consumers_see_every_record_exactly_once(ours):
     r = ours.committed.report
     assert r.ok, r.to_json()
-    assert r.found_rows == EVENTS
+    assert r.found_rows == SHORT.events
     assert ours.committed.seq_errors == 0  # the job's state was applied exactly once
 
 
@@ -92,25 +107,42 @@ def test_read_uncommitted_consumers_also_see_the_aborted_transaction(ours):
     assert r.duplicate_extra_rows > 0
 
 
+@pytest.mark.slow
+def test_a_larger_input_killed_at_every_point_and_in_the_streamed_publish_is_exactly_once(
+        ours_long):
+    """The three tests above on the long run: every point, the streamed publish's too, and
+    the broker restart; read_committed consumers see every record once, read_uncommitted
+    ones the aborted transactions too."""
+    assert set(ours_long.fired) == LONG.points | {STREAMING}
+    assert ours_long.broker_restarts == 1
+    r = ours_long.committed.report
+    assert r.ok, r.to_json()
+    assert r.found_rows == LONG.events
+    assert ours_long.committed.seq_errors == 0
+    r = ours_long.uncommitted.report
+    assert r.missing.count == 0
+    assert r.duplicate_extra_rows > 0
+
+
 @pytest.mark.slow  # a comparison with Spark's own sink, not a guarantee of ours
-def test_side_by_side_with_sparks_kafka_sink(ours, sparks):
+def test_side_by_side_with_sparks_kafka_sink(ours_long, sparks):
     table = Table(title=f"same job; {len(STREAMED_SCHEDULE)} (exactly.kafka) and "
-                        f"{len(SPARK_SCHEDULE)} "
-                        f"(Spark's sink) driver crashes + 1 broker restart each; {EVENTS} "
-                        "input records")
+                        f"{len(LONG.schedule)} "
+                        f"(Spark's sink) driver crashes + 1 broker restart each; "
+                        f"{LONG.events} input records")
     for column in ("sink", "consumer", "records", "missing ids", "duplicated ids",
                    "extra records", "state errors"):
         table.add_column(column)
-    for name, run in (("exactly.kafka", ours), ("Spark kafka", sparks)):
+    for name, run in (("exactly.kafka", ours_long), ("Spark kafka", sparks)):
         for audit in (run.committed, run.uncommitted):
             r = audit.report
             table.add_row(name, audit.isolation_level, str(audit.records), str(r.missing.count),
                           str(r.duplicated.count), str(r.duplicate_extra_rows),
                           str(audit.seq_errors))
     Console(width=120).print(table)
-    assert sparks.fired == [s.point for s in SPARK_SCHEDULE]
-    assert ours.committed.report.duplicate_extra_rows == 0
-    assert ours.committed.report.missing.count == 0
+    assert sparks.fired == [s.point for s in LONG.schedule]
+    assert ours_long.committed.report.duplicate_extra_rows == 0
+    assert ours_long.committed.report.missing.count == 0
     # by construction: each driver crash came after Spark's writer had written the epoch
     # and before Spark's commit log, so the replay wrote the epoch again
     assert sparks.committed.report.duplicate_extra_rows > 0
@@ -118,7 +150,6 @@ def test_side_by_side_with_sparks_kafka_sink(ours, sparks):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 def test_the_kafka_demo_audits_exactly_once(broker, tmp_path, monkeypatch):
     from exactly.demos.kafka import run_demo
 
@@ -128,15 +159,14 @@ def test_the_kafka_demo_audits_exactly_once(broker, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 def test_through_the_data_source_writer_every_point_and_a_broker_restart_stay_exactly_once(
         broker, tmp_path):
     """The same schedule with the sink committed by its data source writer in Spark's
     commit process (PySpark's own ``writeStream.format("exactly.kafka")``), where the kept
     producer lives in a reused Python worker instead of the driver."""
-    run = _run(broker, tmp_path, "exactly", SCHEDULE, writer="datasource")
-    assert set(run.fired) == EXPECTED_POINTS
+    run = _run(broker, tmp_path, "exactly", LONG, writer="datasource")
+    assert set(run.fired) == LONG.points
     assert run.broker_restarts == 1
     assert run.committed.report.ok, run.committed.report.to_json()
-    assert run.committed.report.found_rows == EVENTS
+    assert run.committed.report.found_rows == LONG.events
     assert run.committed.seq_errors == 0

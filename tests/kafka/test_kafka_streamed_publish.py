@@ -4,7 +4,7 @@ Driven step by step as ``foreachBatch`` drives the sink: ``start_early_publish``
 tasks, the tasks, the commit (intent, then ``publish_epoch``), ``stop_early_publish``. Every
 test audits what ``read_committed`` and ``read_uncommitted`` consumers of the topic see.
 A SIGKILL of the driver while the streamed transaction is open is in the chaos run
-(tests/kafka/test_kafka_chaos.py with EXACTLY_SLOW=1, point ``kafka.streaming``).
+(tests/kafka/test_kafka_chaos.py's slow proofs, point ``kafka.streaming``).
 """
 
 from __future__ import annotations

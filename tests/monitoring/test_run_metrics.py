@@ -22,7 +22,7 @@ J = "flink_jobmanager_job_"
 T = "flink_taskmanager_job_task_"
 
 
-# CI budget: both variants run with EXACTLY_SLOW=1. The default lane scrapes the restored run
+# CI budget: both variants run in the slow lane. The default lane scrapes the restored run
 # of the wheel install test (tests/install/test_wheel_install.py), which compares the same
 # Flink-named values with `exactly checkpoints --json`; these add the launcher's socket
 # ownership (False, 32-46 s) and a driver restart counted on the endpoint (True, 44-73 s).

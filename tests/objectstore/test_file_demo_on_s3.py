@@ -4,7 +4,6 @@ commit log stay on a POSIX directory: its epoch publish is a rename, which S3 la
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -14,13 +13,9 @@ from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import python_command, run_with_crashes
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 
-pytestmark = [
-    pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
-                       reason="long variant: set EXACTLY_SLOW=1 (the default lane proves the "
-                              "s3a:// checkpoint under kills in tests/ops/test_run_on_s3.py and "
-                              "tests/chaos/test_cluster_lane.py)"),
-]
+#: slow: the default lane proves the s3a:// checkpoint under kills in
+#: tests/ops/test_run_on_s3.py and tests/chaos/test_cluster_lane.py
+pytestmark = [pytest.mark.server, pytest.mark.chaos, pytest.mark.slow]
 POINTS = [FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.AFTER_COMMITS, 2)]
 
 

@@ -4,7 +4,7 @@ after the intent (recovery publishes the epoch from the staged objects), inside 
 transaction (the restart aborts it and publishes again) and while tasks write (their
 half-written uploads are aborted), restarted, and audited by a read_committed consumer.
 
-A long variant (EXACTLY_SLOW=1), as is this job on the standalone cluster
+A slow proof (marked ``slow``), as is this job on the standalone cluster
 (tests/chaos/test_cluster_lane.py). The default lane runs the sink against S3 at every
 protocol point without Spark (tests/contract, case kafka_s3), the Kafka job under kills with
 its state on local disk (tests/kafka/test_kafka_chaos.py) and the write-ahead sink's staging
@@ -12,7 +12,6 @@ on S3 under kills on the cluster."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -22,12 +21,7 @@ from exactly.demos.kafka import run_chaos
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 
-pytestmark = [
-    pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
-                       reason="long variant: set EXACTLY_SLOW=1 (the default lane runs the "
-                              "Kafka sink on S3 in tests/contract, case kafka_s3)"),
-]
+pytestmark = [pytest.mark.server, pytest.mark.chaos, pytest.mark.slow]
 EVENTS, EPOCHS = 1000, 5
 SCHEDULE = [FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(IN_TRANSACTION, 2),
             FaultSpec(FaultPoint.IN_WRITE, 3)]

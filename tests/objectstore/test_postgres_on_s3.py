@@ -5,7 +5,6 @@ decides the outcome, restarted, audited."""
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import numpy as np
@@ -18,14 +17,9 @@ from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
 
-pytestmark = [
-    pytest.mark.server, pytest.mark.chaos, pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
-                       reason="long variant: set EXACTLY_SLOW=1 (the default lane proves the "
-                              "S3 commit log and s3a:// checkpoint under kills with the "
-                              "write-ahead sink into PostgreSQL on a cluster, "
-                              "tests/chaos/test_cluster_lane.py)"),
-]
+#: slow: the default lane proves the S3 commit log and s3a:// checkpoint under kills with the
+#: write-ahead sink into PostgreSQL on a cluster (tests/chaos/test_cluster_lane.py)
+pytestmark = [pytest.mark.server, pytest.mark.chaos, pytest.mark.slow]
 ROWS, PER_EPOCH = 4_000, 1_000
 #: the two points where only the commit log on S3 knows the outcome: after the intent
 #: (recovery commits it) and between the handle commits (half of the epoch is visible, the

@@ -1,5 +1,5 @@
 """A supervised job rides out outages of its target and slow epochs: PostgreSQL stopped for
-20 s, the Kafka broker killed and restarted (both with EXACTLY_SLOW=1, CI budget), a lock that
+20 s, the Kafka broker killed and restarted (both in the slow lane, CI budget), a lock that
 makes epochs exceed the checkpoint timeout. Each ends with an audit: zero lost, zero
 duplicated."""
 
@@ -69,7 +69,7 @@ def test_postgres_stopped_for_20_seconds_restarts_with_backoff_until_it_is_back(
         assert _prepared(fresh) == 0
 
 
-# CI budget: with EXACTLY_SLOW=1; the default lane restarts the broker under the Kafka sink's
+# CI budget: in the slow lane; the default lane restarts the broker under the Kafka sink's
 # chaos run (tests/kafka/test_kafka_chaos.py) and PostgreSQL mid-commit (test_pg_chaos.py)
 @pytest.mark.slow
 def test_kafka_broker_killed_and_restarted_kafka_to_kafka_goes_on_exactly_once_with_min_pause(

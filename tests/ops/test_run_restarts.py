@@ -105,7 +105,7 @@ def _check_checkpoint_history(run: SupervisedRun, ck: Path, rows: int) -> None:
     assert view["latest"]["restore"]["source"] == "checkpoint"
 
 
-# CI budget: with EXACTLY_SLOW=1. The default lane gives up by the strategy in
+# CI budget: in the slow lane. The default lane gives up by the strategy in
 # tests/unit/test_restart_strategies.py (fixed-delay, two attempts), gives up a real Spark
 # job in process in tests/spark/test_repeated_failure.py, ends `exactly run` with exit 3 and
 # the root cause as its last line in tests/ops/test_launcher_where_it_runs.py (an error in

@@ -6,8 +6,8 @@ the input is drained. Then: every input id exactly once in the table, no prepare
 transaction left, and for the stateful pipelines the table equals a crash-free
 batch computation over the same input.
 
-The default run covers every protocol point for the 2PC sink and the points that matter most
-for the others; ``EXACTLY_SLOW=1`` runs every point for every sink.
+The default lane covers every protocol point for the 2PC sink and the points that matter
+most for the others; its slow proofs (marked ``slow``) kill every point for every sink.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from exactly.testing.chaos import run_with_crashes
 from exactly.testing.readers import BackgroundReader
 
 pytestmark = pytest.mark.chaos
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 ROWS, PER_EPOCH = 8_000, 1_000  # 8 epochs
 ALL_POINTS = (FaultPoint.IN_WRITE, *DRIVER_POINTS)
 
@@ -73,12 +72,9 @@ def test_2pc_sink_survives_a_kill_at_every_protocol_point(pg, conn, tmp_path, po
     assert_all_epochs_complete(ck, ROWS // PER_EPOCH)
 
 
-#: default: the executor crash and the seeds' write-ahead flaw (killed after the load
-#: committed, before the acknowledgement); every point with EXACTLY_SLOW=1
-WAL_POINTS = ALL_POINTS if SLOW else (FaultPoint.IN_WRITE, FaultPoint.AFTER_COMMITS)
 #: the input of a run killed at fewer points than ALL_POINTS (default lane): the crashed
 #: epochs 0 and 1 and two epochs after them, instead of 8 (CI budget)
-FEW_ROWS = ROWS if SLOW else 4 * PER_EPOCH
+FEW_ROWS = 4 * PER_EPOCH
 
 
 def fill_source_table(conn, name: str, rows: int) -> None:
@@ -94,27 +90,29 @@ def fill_source_table(conn, name: str, rows: int) -> None:
 # cluster (tests/chaos/test_cluster_lane.py [wal]) and runs under the nemesis, the PostgreSQL
 # table source is killed at protocol points by the join run (test_multi_input_chaos.py)
 def test_wal_sink_into_postgres_from_the_table_source_survives_kills(pg, conn, tmp_path):
-    """Also the seeds' write-ahead flaw: killed after the load committed (after_commits),
-    before the epoch was acknowledged -- the marker in the same transaction prevents the
-    duplicate. The input is the replayable PostgreSQL table source."""
+    """Killed at every protocol point, among them the seeds' write-ahead flaw: killed after
+    the load committed (after_commits), before the epoch was acknowledged -- the marker in
+    the same transaction prevents the duplicate. The input is the replayable PostgreSQL
+    table source."""
     source, table = f"src_{uuid.uuid4().hex[:8]}", f"ev_{uuid.uuid4().hex[:8]}"
-    fill_source_table(conn, source, FEW_ROWS)
+    fill_source_table(conn, source, ROWS)
     ck = tmp_path / "ck"
     run_job(pg, ["--sink", "wal", "--source", "table", "--source-table", source, "--table",
                  table, "--checkpoint", str(ck), "--rows-per-epoch", str(PER_EPOCH)],
-            WAL_POINTS)
-    assert_exactly_once(conn, table, FEW_ROWS)
+            ALL_POINTS)
+    assert_exactly_once(conn, table, ROWS)
     assert not list((ck / "exactly-sink" / "wal").glob("*/*")), "staged files left behind"
 
 
 @pytest.mark.slow  # CI budget: the write-ahead sink under kills is the PostgreSQL run above; SQLite
 # at every protocol point is the contract suite (case sqlite_wal)
 def test_wal_sink_into_sqlite_survives_a_kill_between_load_and_acknowledgement(pg, tmp_path):
+    """Killed at every protocol point, among them between the load and the
+    acknowledgement (after_commits)."""
     db = tmp_path / "out.sqlite"
-    points = ALL_POINTS if SLOW else (FaultPoint.AFTER_COMMITS,)
     run_job(pg, ["--sink", "wal", "--sqlite", str(db), "--table", "events", "--checkpoint",
                  str(tmp_path / "ck"), "--rows", str(ROWS), "--rows-per-epoch",
-                 str(PER_EPOCH)], points)
+                 str(PER_EPOCH)], ALL_POINTS)
     report = audit_ids(sqlite_table_ids(str(db), "events"), np.arange(ROWS))
     assert report.ok, report.to_json()
 
@@ -154,27 +152,28 @@ class Poller(BackgroundReader):
                 self.stopping.wait(0.2)
 
 
-@pytest.mark.parametrize("sink,pipeline,points", [
-    pytest.param("2pc", "aggregate", ALL_POINTS if SLOW else (FaultPoint.AFTER_INTENT,),
-                 id="2pc-aggregate"),
-    # the upsert sink's protocol points are also killed in tests/contract; slow lane here
-    pytest.param("upsert", "keyed", ALL_POINTS if SLOW else (FaultPoint.IN_WRITE,),
-                 id="upsert-keyed", marks=pytest.mark.slow),
+@pytest.mark.parametrize("sink,pipeline,points,rows", [
+    pytest.param("2pc", "aggregate", (FaultPoint.AFTER_INTENT,), FEW_ROWS, id="2pc-aggregate"),
+    pytest.param("2pc", "aggregate", ALL_POINTS, ROWS, id="2pc-aggregate-every-point",
+                 marks=pytest.mark.slow),
+    # the upsert sink's protocol points are also killed in tests/contract; slow here
+    pytest.param("upsert", "keyed", ALL_POINTS, ROWS, id="upsert-keyed-every-point",
+                 marks=pytest.mark.slow),
 ])
-def test_running_aggregates_in_update_mode_equal_a_crash_free_batch_run(pg, conn, tmp_path,
-                                                                        sink, pipeline, points):
+def test_running_aggregates_in_update_mode_equal_a_crash_free_batch_run(
+        pg, conn, tmp_path, sink, pipeline, points, rows):
     """Per-key running count and sum, updated in place each epoch (foreachBatch path), killed
     at protocol points: the table equals the batch result, and a reader polling the table
     during the crashes and restarts never sees a count go down."""
     table, keys = f"agg_{uuid.uuid4().hex[:8]}", 20
     args = ["--sink", sink, "--pipeline", pipeline, "--table", table, "--checkpoint",
-            str(tmp_path / "ck"), "--rows", str(FEW_ROWS), "--rows-per-epoch", str(PER_EPOCH),
+            str(tmp_path / "ck"), "--rows", str(rows), "--rows-per-epoch", str(PER_EPOCH),
             "--keys", str(keys)]
     with Poller(pg, table) as poller:
         run_job(pg, args, points)
     got = {k: (e, t) for k, e, t in conn.execute(
         f'SELECT key, events, total_cents FROM "{table}"').fetchall()}
-    assert got == expected_totals(FEW_ROWS, keys)
+    assert got == expected_totals(rows, keys)
     assert poller.reads > 0 and poller.backwards == []
     assert prepared_count(conn) == 0
 
@@ -262,7 +261,6 @@ def test_2pc_survives_connections_terminated_during_the_run(pg, conn, tmp_path):
     assert_exactly_once(conn, table, 4000)
 
 
-@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 @pytest.mark.slow
 def test_2pc_through_the_data_source_writer_survives_a_kill_at_every_protocol_point(
         pg, conn, tmp_path):
@@ -277,7 +275,6 @@ def test_2pc_through_the_data_source_writer_survives_a_kill_at_every_protocol_po
     assert_all_epochs_complete(ck, ROWS // PER_EPOCH)
 
 
-@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 @pytest.mark.slow
 def test_upsert_sink_append_path_survives_a_kill_at_every_protocol_point(pg, conn, tmp_path):
     table = f"ev_{uuid.uuid4().hex[:8]}"
@@ -286,7 +283,6 @@ def test_upsert_sink_append_path_survives_a_kill_at_every_protocol_point(pg, con
     assert_exactly_once(conn, table)
 
 
-@pytest.mark.skipif(not SLOW, reason="long variant: set EXACTLY_SLOW=1")
 @pytest.mark.slow
 def test_postgres_demo_passes_its_own_audit(tmp_path):
     from rich.console import Console

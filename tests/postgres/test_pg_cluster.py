@@ -21,11 +21,7 @@ from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.procs import _stat
 from exactly.testing.spark_cluster import StandaloneCluster
 
-pytestmark = [
-    pytest.mark.chaos, pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("EXACTLY_SLOW") != "1",
-                       reason="long variant (a Spark cluster): set EXACTLY_SLOW=1"),
-]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]  # slow: a Spark cluster
 
 
 @pytest.fixture

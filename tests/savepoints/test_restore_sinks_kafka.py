@@ -24,7 +24,7 @@ def topic_ids(broker, topic) -> np.ndarray:
 
 
 # CI budget: the Kafka sink's hand-over and refused rollback are proven without Spark in
-# test_rollback_lineage.py (case kafka); this job end to end with EXACTLY_SLOW=1
+# test_rollback_lineage.py (case kafka); this job end to end in the slow lane
 @pytest.mark.slow
 def test_an_upgrade_takes_the_topic_over_and_a_rollback_is_refused(spark, broker, topic,
                                                                   tmp_path, savepoints):

@@ -6,7 +6,6 @@ taken. Real Spark under ``exactly run``, real files; the audit counts every id."
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from exactly.savepoints.manifest import INPROGRESS_SUFFIX, read_manifest
 from exactly.testing.supervised import SupervisedRun
 
 JOB = Path(__file__).parent / "jobs" / "stateful_job.py"
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
 
 
 def env_for(out: Path, **extra: str) -> dict[str, str]:
@@ -67,6 +65,22 @@ def restore_v2_through_a_kill(tmp_path: Path, out: Path, ck: Path, source: Path,
 
 def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_through_a_crash(
         tmp_path):
+    savepoints_and_restores(tmp_path, restore_the_retained_checkpoint=False)
+
+
+# CI budget: a slow proof; the default lane restores a retained checkpoint in
+# test_restore_transform_with_state.py, and through a kill above
+@pytest.mark.slow
+def test_savepoint_stop_a_new_version_and_then_its_retained_checkpoint_restored_through_crashes(
+        tmp_path):
+    savepoints_and_restores(tmp_path, restore_the_retained_checkpoint=True)
+
+
+def savepoints_and_restores(tmp_path: Path, *, restore_the_retained_checkpoint: bool) -> None:
+    """A savepoint while the job runs, ``stop --savepoint``, ``--inspect``, version 2
+    restored from it through a kill; with ``restore_the_retained_checkpoint``, then the
+    stopped version 2's checkpoint restored like a savepoint (``-s CHECKPOINT``) through a
+    kill; the checkpoint histories name every savepoint and restore."""
     ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
     run = SupervisedRun(JOB, ck, env_for(out), log=tmp_path / "run1.log")
     try:
@@ -100,14 +114,13 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
     restored = read_manifest(final_sp)  # no_claim: the savepoint is untouched
     assert restored.files == manifest.files
 
-    # the stopped job's checkpoint restores like a savepoint (-s CHECKPOINT), its state
-    # mapped by the uids its last driver recorded; the first driver is killed after writing
-    # the restored state, and the next one stages and restores the checkpoint again. (CI
-    # budget: with EXACTLY_SLOW=1; the default lane restores a retained checkpoint in
-    # test_restore_transform_with_state.py, and through a kill above.)
     checkpoints = [("ck", ck), ("ck2", ck2)]
     restores = [("ck2", "savepoint", final_sp, manifest.epoch)]
-    if SLOW:
+    if restore_the_retained_checkpoint:
+        # the stopped job's checkpoint restores like a savepoint (-s CHECKPOINT), its state
+        # mapped by the uids its last driver recorded; the first driver is killed after
+        # writing the restored state, and the next one stages and restores the checkpoint
+        # again
         ck3, last = tmp_path / "ck3", max(again.committed_epochs())
         restore_v2_through_a_kill(tmp_path, out, ck3, ck2, beyond=last + 1)
         record = json.loads((ck3 / "exactly-job" / "restore.json").read_text())
@@ -134,7 +147,7 @@ def test_savepoint_while_running_stop_with_savepoint_and_a_new_version_restored_
         assert views[name]["counts"]["restored"] == 1, views[name]["counts"]
 
 
-# CI budget: with EXACTLY_SLOW=1 (a restore refusing an incomplete savepoint is
+# CI budget: a slow proof (a restore refusing an incomplete savepoint is
 # tests/unit/test_cli.py; the default lane kills a driver while it restores, above)
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["savepoint.copied", "savepoint.written"])

@@ -2,21 +2,20 @@
 user runs them: ``exactly savepoint CK`` while the job runs (into the default target beside
 the checkpoint, ``s3://bucket/prefix.savepoints``), ``exactly stop --savepoint s3://...``
 and ``exactly run -s s3://... --checkpoint s3a://... --parallelism 3`` with a new version
-of the job (with EXACTLY_SLOW=1: its first driver SIGKILLed once the restored checkpoint is
-on S3, and then ``-s s3a://RETAINED-CHECKPOINT`` through the same kill). Real Spark under
+of the job (its first driver SIGKILLed once the restored checkpoint is on S3), and then
+``-s s3a://RETAINED-CHECKPOINT`` through the same kill. Real Spark under
 ``exactly run``; the audit counts every id and checks each key's running totals against a
 batch computation of the input. ``--inspect`` and ``--dispose`` on S3:
 test_savepoints_on_s3.py.
 
-In the slow lane (EXACTLY_SLOW=1): the default run is at its 20-minute budget, and the
-default lane keeps the savepoints on S3 in process (test_savepoints_on_s3.py: a restore into
+A slow proof (marked ``slow``): the default lane is at its 20-minute budget; it keeps the
+savepoints on S3 in process (test_savepoints_on_s3.py: a restore into
 S3 rescaled and switched through a crash, a running job's savepoint read from its copy) and
 ``exactly run`` on S3 with a driver kill (tests/ops/test_run_on_s3.py); the same commands on a
 cluster are in tests/chaos/test_cluster_on_s3.py, slow too."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -31,9 +30,6 @@ from exactly.savepoints.restore import read_marker
 from exactly.testing.supervised import SupervisedRun
 
 pytestmark = pytest.mark.server
-SLOW = os.environ.get("EXACTLY_SLOW") == "1"
-
-
 
 
 def savepoint_uri(stdout: str) -> str:
@@ -77,20 +73,19 @@ def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_res
     assert not (tmp_path / "s3:").exists() and not (tmp_path / "s3a:").exists()
 
     # version 2 (a new dedup step before the running totals) on 3 state partitions goes on
-    # from the savepoint on S3 into a new checkpoint on S3. With EXACTLY_SLOW=1 its first
-    # driver is killed once the restored checkpoint is uploaded, before the restore says
-    # done, and the next one restores again from scratch (CI budget: the default lane
-    # crashes a restore into S3 at the same point in-process, test_savepoints_on_s3.py)
+    # from the savepoint on S3 into a new checkpoint on S3. Its first driver is killed once
+    # the restored checkpoint is uploaded, before the restore says done, and the next one
+    # restores again from scratch (the default lane crashes a restore into S3 at the same
+    # point in-process, test_savepoints_on_s3.py)
     ck2, fired = f"s3a://{s3_bucket}/jobs/totals-v2", tmp_path / "fired"
-    kill = ("--fault", "restore.state", "--fault-marker", str(fired)) if SLOW else ()
     again = SupervisedRun(JOB, ck2, env_for(out, JOB_VERSION="v2"), "-s", final_sp,
-                          "--parallelism", "3", *kill, log=tmp_path / "run2.log")
+                          "--parallelism", "3", "--fault", "restore.state", "--fault-marker",
+                          str(fired), log=tmp_path / "run2.log")
     try:
         again.wait_for(lambda: max(again.committed_epochs(), default=-1) > manifest.epoch + 1,
                        "epochs after the restore", timeout=400)
-        assert fired.exists() == SLOW
-        assert [e["kind"] for e in again.history() if e["event"] == "failure"] == (
-            ["process"] if SLOW else [])
+        assert fired.exists()
+        assert [e["kind"] for e in again.history() if e["event"] == "failure"] == ["process"]
         assert again.command("stop", ck2).returncode == 0
         assert again.wait(timeout=120) == 0, again.output()[-3000:]
     finally:
@@ -104,9 +99,9 @@ def test_savepoints_of_a_job_on_s3_are_taken_inspected_disposed_and_restored_res
     assert marker["partitions"] == "2->3" and marker["new"] == ["dedup"]
     assert read_manifest(final_sp).files == manifest.files  # no_claim: untouched
 
-    if SLOW:  # the stopped job's checkpoint on S3 restores like a savepoint (-s CHECKPOINT)
-        restore_a_retained_checkpoint_on_s3_through_a_kill(tmp_path, s3_bucket, out, ck2,
-                                                           max(again.committed_epochs()))
+    # the stopped job's checkpoint on S3 restores like a savepoint (-s CHECKPOINT)
+    restore_a_retained_checkpoint_on_s3_through_a_kill(tmp_path, s3_bucket, out, ck2,
+                                                       max(again.committed_epochs()))
 
     dispose(running_sp)  # the command: test_savepoints_on_s3.py
     assert not open_store(running_sp).any()

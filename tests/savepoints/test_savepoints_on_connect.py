@@ -91,7 +91,7 @@ checkpoint = <unknown>, runId = 9e, opId = 2, ver = 0, numPartitions = 2] stateS
 
 
 # CI budget: tests/ops/test_run_remote.py restores a savepoint rescaled on Connect in the
-# default lane (through exactly run --remote); the new step's empty state: EXACTLY_SLOW=1
+# default lane (through exactly run --remote); the new step's empty state: slow lane
 @pytest.mark.slow
 def test_aggregation_savepoint_on_connect_restores_rescaled_with_a_new_step(
         connect_server, pg, conn, table_name, tmp_path, savepoints):

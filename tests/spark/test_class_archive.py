@@ -32,7 +32,7 @@ def _sources(log_file) -> dict[str, str]:
     return found
 
 
-# CI budget: the switch's "off" with EXACTLY_SLOW=1 (the tests' drivers all start with it on)
+# CI budget: the switch's "off" in the slow lane (the tests' drivers all start with it on)
 @pytest.mark.parametrize("switch", ["on", pytest.param("off", marks=pytest.mark.slow)])
 def test_the_driver_loads_sparks_classes_from_the_archive_unless_switched_off(tmp_path, switch):
     archive = class_archive.build()  # built by scripts/setup.sh; once here otherwise
