@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from exactly.demos.files import write_events
@@ -55,6 +58,20 @@ FOLDER_LANES = {
 }
 
 
+#: the folders of the fast lane: ``-m fast`` collects only these (the test modules of the
+#: others would be imported only to be deselected: seconds, on every pytest worker)
+FAST_FOLDERS = {folder for folder, lanes in FOLDER_LANES.items() if "fast" in lanes}
+TESTS = Path(__file__).parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if (config.getoption("markexpr", "") == "fast" and collection_path.parent == TESTS
+            and collection_path.name in FOLDER_LANES
+            and collection_path.name not in FAST_FOLDERS):
+        return True
+    return None
+
+
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
@@ -80,17 +97,22 @@ def _start_order(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its lane by folder; a contract case that needs a server leaves
-    the fast lane. Long soak runs (marked ``slow``) run only with EXACTLY_SLOW=1."""
+    """Mark every test with its lane by folder; a contract case that needs a server, and a
+    test that starts a JVM (marked ``jvm``), leave the fast lane. Long soak runs (marked
+    ``slow``) run only with EXACTLY_SLOW=1."""
     items.sort(key=_start_order)  # stable: the order inside a file stays
-    root = Path(__file__).parent
     for item in items:
         try:
-            folder = Path(str(item.fspath)).relative_to(root).parts[0]
+            folder = Path(str(item.fspath)).relative_to(TESTS).parts[0]
         except ValueError:
             continue
+        if folder not in FAST_FOLDERS and item.get_closest_marker("fast") is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked fast, but the fast lane collects only "
+                f"tests/{{{','.join(sorted(FAST_FOLDERS))}}}: move it there")
         for lane in FOLDER_LANES.get(folder, ()):
-            if lane == "fast" and "server" in item.keywords:
+            if lane == "fast" and ("server" in item.keywords
+                                   or item.get_closest_marker("jvm") is not None):
                 continue
             item.add_marker(getattr(pytest.mark, lane))
     if os.environ.get("EXACTLY_SLOW") == "1":
@@ -100,3 +122,82 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _children() -> list[psutil.Process]:
+    """This process's children (a grandchild left behind has a child left behind too, or
+    was re-parented away from here), read from /proc/self/task/*/children: psutil's
+    children() scans every process of the machine, milliseconds after every test."""
+    listings = list(Path("/proc/self/task").glob("*/children"))
+    if not listings:  # a kernel without them
+        return psutil.Process().children()
+    children = []
+    for listing in listings:
+        try:
+            pids = listing.read_text().split()
+        except OSError:  # the thread ended
+            continue
+        for pid in pids:
+            try:
+                children.append(psutil.Process(int(pid)))
+            except psutil.NoSuchProcess:
+                continue
+    return children
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The seed of a random order (pytest-randomly) again at the end, where a failure is."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.getoption("randomly_reorganize", False):
+        terminalreporter.write_line(f"random order: replay it with -p randomly "
+                                    f"--randomly-seed={seed} (one process: -n 0)")
+
+
+@pytest.fixture(autouse=True)
+def _fast_test_leaves_nothing_behind(request):
+    """A fast test shares its process with hundreds of others, run in any order: what it
+    changes in the process must not reach the next one. After it, the heartbeat threads of
+    the leases its sinks took are stopped and the logging an in-process ``exactly`` command
+    set up (``exactly.logs.configure``) is undone; a child process, a thread or an
+    environment variable it left behind, or a working directory it changed, fails it."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    from exactly.protocol.lease import stop_heartbeats
+
+    logger = logging.getLogger("exactly")
+    logging_before = (list(logger.handlers), logger.level)
+    environ, cwd = dict(os.environ), os.getcwd()
+    threads = set(threading.enumerate())
+    yield
+    stop_heartbeats()
+    logger.handlers[:] = logging_before[0]
+    logger.setLevel(logging_before[1])
+    left: list[str] = []
+    children = _children()
+    for child in children:
+        try:
+            left.append(f"process {child.pid} ({child.status()}): "
+                        f"{' '.join(child.cmdline())[:200]}")
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(children, timeout=10)
+    for thread in set(threading.enumerate()) - threads:
+        thread.join(2.0)
+        if thread.is_alive():
+            left.append(f"thread {thread.name}")
+    changed = sorted(k for k in environ.keys() | os.environ.keys()
+                     if environ.get(k) != os.environ.get(k) and k != "PYTEST_CURRENT_TEST")
+    if changed:
+        left.append(f"environment variables {', '.join(changed)} (use monkeypatch)")
+        for name in changed:
+            if name in environ:
+                os.environ[name] = environ[name]
+            else:
+                del os.environ[name]
+    if os.getcwd() != cwd:
+        left.append(f"working directory {os.getcwd()} (use monkeypatch.chdir)")
+        os.chdir(cwd)
+    if left:
+        pytest.fail("the test left behind: " + "; ".join(left), pytrace=False)

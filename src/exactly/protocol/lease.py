@@ -321,3 +321,18 @@ class LeaseKeeper(threading.Thread):
             except Exception as exc:  # keep trying: the lease goes stale only if this persists
                 log_event(logger, "lease_renewal_failed", logging.WARNING, run_id=self.run_id,
                           lease=str(self.lease.path), error=repr(exc))
+
+
+def stop_heartbeats(timeout: float = 10.0) -> int:
+    """Stop every lease heartbeat thread of this process (:meth:`Lease.keep`) and wait for
+    them to end; returns how many there were. For a process that runs the sinks of many
+    short queries one after another (a test session): their heartbeats would otherwise go
+    on renewing leases that nobody holds any more for as long as the process lives."""
+    with _KEEPERS_LOCK:
+        keepers = list(_KEEPERS.values())
+        _KEEPERS.clear()
+    for keeper in keepers:
+        keeper.stopped.set()
+    for keeper in keepers:
+        keeper.join(timeout)
+    return len(keepers)
