@@ -9,8 +9,9 @@
 #     kafka      the Kafka broker's jars (Maven Central, ~/.cache/exactly/kafka), the test kit
 #     s3         S3Proxy's jars (Maven Central, ~/.cache/exactly/s3proxy), the test kit
 #     browser    chromium and chromium-driver (the dashboard's browser tests)
-#     tests      everything the test suite needs: postgres, kafka, s3 and browser, the test
-#                tools (pytest, ruff, mypy), exactly's state writer jar
+#     dev        the test tools (pytest, ruff, mypy): what the fast lane needs
+#     tests      everything the test suite needs: dev, postgres, kafka, s3 and browser, and
+#                exactly's state writer jar
 #     bench      tests, plus PostgreSQL's JDBC driver (Spark's JDBC writer in bench/)
 #
 # Every driver start loads Spark's classes from a class-data-sharing archive built here once
@@ -48,19 +49,20 @@ run_all() {
   fi
 }
 
-postgres=0 kafka=0 s3=0 browser=0 tests=0 bench=0
+postgres=0 kafka=0 s3=0 browser=0 dev=0 tests=0 bench=0
 for arg in "$@"; do
   case "$arg" in
     postgres) postgres=1 ;;
     kafka) kafka=1 ;;
     s3) s3=1 ;;
-    browser|--browser) browser=1 ;;
+    browser) browser=1 ;;
+    dev) dev=1 ;;
     tests) tests=1 ;;
     bench) bench=1; tests=1 ;;
-    *) log "unknown part '$arg' (known: postgres kafka s3 browser tests bench)"; exit 2 ;;
+    *) log "unknown part '$arg' (known: postgres kafka s3 browser dev tests bench)"; exit 2 ;;
   esac
 done
-[ $tests -eq 1 ] && postgres=1 kafka=1 s3=1 browser=1
+[ $tests -eq 1 ] && postgres=1 kafka=1 s3=1 browser=1 dev=1
 
 debs=()
 command -v java >/dev/null 2>&1 || debs+=(openjdk-17-jre-headless)
@@ -78,7 +80,7 @@ fi
 # tools for the suite
 extras=""
 { [ $postgres -eq 1 ] || [ $kafka -eq 1 ] || [ $s3 -eq 1 ]; } && extras="testkit"
-[ $tests -eq 1 ] && extras="test"
+[ $dev -eq 1 ] && extras="test"
 PYTHON="${PYTHON:-python3}"
 rank() { case "$1" in test) echo 2 ;; testkit) echo 1 ;; *) echo 0 ;; esac; }
 python_env() {

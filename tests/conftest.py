@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
-from lanes import parse_share, why_skipped
+from lanes import ci_share, parse_share, why_skipped
 
 from exactly.demos.files import write_events
 
@@ -56,6 +60,20 @@ FOLDER_LANES = {
 }
 
 
+#: the folders of the fast lane: ``-m fast`` collects only these (the test modules of the
+#: others would be imported only to be deselected: seconds, on every pytest worker)
+FAST_FOLDERS = {folder for folder, lanes in FOLDER_LANES.items() if "fast" in lanes}
+TESTS = Path(__file__).parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if (config.getoption("markexpr", "") == "fast" and collection_path.parent == TESTS
+            and collection_path.name in FOLDER_LANES
+            and collection_path.name not in FAST_FOLDERS):
+        return True
+    return None
+
+
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
@@ -83,17 +101,38 @@ def _start_order(item) -> int:
 def pytest_addoption(parser):
     parser.addoption("--slow-share", metavar="K/N", default=None,
                      help="also run share K of N of the slow proofs (tests marked slow; "
-                          "soaks never): tests/lanes.py")
+                          "soaks never): tests/lanes.py. 'ci': the share of this commit "
+                          "(its number of commits), as CI runs it")
+
+
+def _landings() -> int:
+    """The number of commits of the checkout (``git rev-list --count HEAD``)."""
+    done = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=TESTS, text=True,
+                          capture_output=True, timeout=30)
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        raise pytest.UsageError("--slow-share ci counts the commits of the checkout, but git "
+                                f"could not: {done.stderr.strip()}; give --slow-share K/N")
+    return int(done.stdout)
 
 
 def _slow_share(config) -> tuple[int, int] | None:
     value = config.getoption("--slow-share")
     if value is None:
         return None
+    if value.strip() == "ci":
+        return ci_share(_landings())
     try:
         return parse_share(value)
     except ValueError as exc:
         raise pytest.UsageError(f"--slow-share {exc}") from None
+
+
+def pytest_report_header(config):
+    share = _slow_share(config)
+    if share is not None:
+        return [f"slow lane: share {share[0]}/{share[1]} (scripts/slow-shares {share[1]} "
+                "lists every share)"]
+    return None
 
 
 def pytest_configure(config):
@@ -101,18 +140,23 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test with its lane by folder; a contract case that needs a server leaves
-    the fast lane. Slow proofs (marked ``slow``) run in their share (``--slow-share K/N``),
-    soaks (marked ``soak``) never; EXACTLY_SLOW=1 runs both (tests/lanes.py)."""
+    """Mark every test with its lane by folder; a contract case that needs a server, and a
+    test that starts a JVM (marked ``jvm``), leave the fast lane. Slow proofs (marked
+    ``slow``) run in their share (``--slow-share K/N``), soaks (marked ``soak``) never;
+    EXACTLY_SLOW=1 runs both (tests/lanes.py)."""
     items.sort(key=_start_order)  # stable: the order inside a file stays
-    root = Path(__file__).parent
     for item in items:
         try:
-            folder = Path(str(item.fspath)).relative_to(root).parts[0]
+            folder = Path(str(item.fspath)).relative_to(TESTS).parts[0]
         except ValueError:
             continue
+        if folder not in FAST_FOLDERS and item.get_closest_marker("fast") is not None:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked fast, but the fast lane collects only "
+                f"tests/{{{','.join(sorted(FAST_FOLDERS))}}}: move it there")
         for lane in FOLDER_LANES.get(folder, ()):
-            if lane == "fast" and "server" in item.keywords:
+            if lane == "fast" and (item.get_closest_marker("server") is not None
+                                   or item.get_closest_marker("jvm") is not None):
                 continue
             item.add_marker(getattr(pytest.mark, lane))
     share = _slow_share(config)
@@ -124,3 +168,82 @@ def pytest_collection_modifyitems(config, items):
                              everything=everything)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _children() -> list[psutil.Process]:
+    """This process's children (a grandchild left behind has a child left behind too, or
+    was re-parented away from here), read from /proc/self/task/*/children: psutil's
+    children() scans every process of the machine, milliseconds after every test."""
+    listings = list(Path("/proc/self/task").glob("*/children"))
+    if not listings:  # a kernel without them
+        return psutil.Process().children()
+    children = []
+    for listing in listings:
+        try:
+            pids = listing.read_text().split()
+        except OSError:  # the thread ended
+            continue
+        for pid in pids:
+            try:
+                children.append(psutil.Process(int(pid)))
+            except psutil.NoSuchProcess:
+                continue
+    return children
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The seed of a random order (pytest-randomly) again at the end, where a failure is."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.getoption("randomly_reorganize", False):
+        terminalreporter.write_line(f"random order: replay it with -p randomly "
+                                    f"--randomly-seed={seed} (one process: -n 0)")
+
+
+@pytest.fixture(autouse=True)
+def _fast_test_leaves_nothing_behind(request):
+    """A fast test shares its process with hundreds of others, run in any order: what it
+    changes in the process must not reach the next one. After it, the heartbeat threads of
+    the leases its sinks took are stopped and the logging an in-process ``exactly`` command
+    set up (``exactly.logs.configure``) is undone; a child process, a thread or an
+    environment variable it left behind, or a working directory it changed, fails it."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    from exactly.protocol.lease import stop_heartbeats
+
+    logger = logging.getLogger("exactly")
+    logging_before = (list(logger.handlers), logger.level)
+    environ, cwd = dict(os.environ), os.getcwd()
+    threads = set(threading.enumerate())
+    yield
+    stop_heartbeats()
+    logger.handlers[:] = logging_before[0]
+    logger.setLevel(logging_before[1])
+    left: list[str] = []
+    children = _children()
+    for child in children:
+        try:
+            left.append(f"process {child.pid} ({child.status()}): "
+                        f"{' '.join(child.cmdline())[:200]}")
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(children, timeout=10)
+    for thread in set(threading.enumerate()) - threads:
+        thread.join(2.0)
+        if thread.is_alive():
+            left.append(f"thread {thread.name}")
+    changed = sorted(k for k in environ.keys() | os.environ.keys()
+                     if environ.get(k) != os.environ.get(k) and k != "PYTEST_CURRENT_TEST")
+    if changed:
+        left.append(f"environment variables {', '.join(changed)} (use monkeypatch)")
+        for name in changed:
+            if name in environ:
+                os.environ[name] = environ[name]
+            else:
+                del os.environ[name]
+    if os.getcwd() != cwd:
+        left.append(f"working directory {os.getcwd()} (use monkeypatch.chdir)")
+        os.chdir(cwd)
+    if left:
+        pytest.fail("the test left behind: " + "; ".join(left), pytrace=False)

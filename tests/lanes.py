@@ -2,7 +2,8 @@
 
 The default lane skips every test marked ``slow`` (a long proof) or ``soak`` (a long run
 driven by knobs: scripts/soak). ``--slow-share K/N`` adds share K of N of the slow proofs,
-so that a CI cycling K through 1..N runs every slow proof once every N runs; ``EXACTLY_SLOW=1``
+so that a CI cycling K through 1..N runs every slow proof once every N runs (``--slow-share
+ci``: K from the number of commits, :func:`ci_share`); ``EXACTLY_SLOW=1``
 (``./scripts/test --slow``, scripts/soak) runs everything, the soaks included. A test's share
 is a checksum of its node id: the same on every run and machine, whatever other tests exist.
 Pure functions, no pytest: tests/unit/test_slow_shares.py tests them.
@@ -29,6 +30,15 @@ def parse_share(text: str) -> tuple[int, int]:
     if not 1 <= share <= shares:
         raise ValueError(f"{text!r}: K must be in 1..N; expected {SHARE_FORM}")
     return share, shares
+
+
+def ci_share(landings: int, shares: int = SHARES) -> tuple[int, int]:
+    """The share of a CI run on a commit with ``landings`` commits in its history
+    (``--slow-share ci``): consecutive landings take shares 1, 2, ..., N, 1, ... so every
+    slow proof runs at least once every ``shares`` landings."""
+    if landings < 0:
+        raise ValueError(f"landings must be >= 0, not {landings}")
+    return landings % shares + 1, shares
 
 
 def share_of(nodeid: str, shares: int) -> int:

@@ -8,6 +8,10 @@ from click.testing import CliRunner
 
 from exactly.cli import main
 
+#: what `exactly run` sets in its process's environment (``os.environ.setdefault``): run in
+#: the test process, a command's setting ends with the command
+COMMAND_ENV: dict[str, str | None] = {"EXACTLY_SPARK_LOG_LEVEL": None}
+
 
 def write(directory: Path, ids: list[int]) -> None:
     directory.mkdir(parents=True)
@@ -18,16 +22,16 @@ def test_verify_exits_zero_on_a_match_and_one_on_duplicates(tmp_path):
     write(tmp_path / "in", [1, 2, 3])
     write(tmp_path / "good" / "epoch-1", [3, 2, 1])
     write(tmp_path / "bad" / "epoch-1", [1, 2, 2, 3])
-    ok = CliRunner().invoke(main, ["verify", "--input", str(tmp_path / "in"),
+    ok = CliRunner(env=COMMAND_ENV).invoke(main, ["verify", "--input", str(tmp_path / "in"),
                                    "--output", str(tmp_path / "good")])
     assert ok.exit_code == 0 and "EXACTLY ONCE" in ok.output
-    bad = CliRunner().invoke(main, ["verify", "--input", str(tmp_path / "in"),
+    bad = CliRunner(env=COMMAND_ENV).invoke(main, ["verify", "--input", str(tmp_path / "in"),
                                     "--output", str(tmp_path / "bad"), "--json"])
     assert bad.exit_code == 1 and json.loads(bad.output)["duplicated"]["count"] == 1
 
 
 def test_faults_lists_every_point():
-    result = CliRunner().invoke(main, ["faults"])
+    result = CliRunner(env=COMMAND_ENV).invoke(main, ["faults"])
     assert "after_intent" in result.output and "in_write" in result.output
 
 
@@ -36,7 +40,7 @@ def _run_cli(*args: str):
 
     from exactly.cli import main
 
-    return CliRunner().invoke(main, list(args))
+    return CliRunner(env=COMMAND_ENV).invoke(main, list(args))
 
 
 def test_run_refuses_bad_restart_settings_before_anything_starts(tmp_path):
@@ -103,7 +107,7 @@ def test_stop_with_savepoint_takes_the_checkpoint_with_or_without_a_target(tmp_p
 def test_restore_options_without_a_savepoint_and_bad_savepoint_calls_are_refused(tmp_path):
     job = tmp_path / "job.py"
     job.write_text("def build(spark):\n    raise AssertionError('never built')\n")
-    runner = CliRunner()
+    runner = CliRunner(env=COMMAND_ENV)
     lone = runner.invoke(main, ["run", str(job), "--checkpoint", str(tmp_path / "ck"),
                                 "--parallelism", "3"])
     assert lone.exit_code == 2 and "add -s SAVEPOINT" in lone.output
@@ -172,7 +176,7 @@ def test_a_checkpoint_uri_is_never_turned_into_a_local_directory(command, tmp_pa
 
 
 def _doctor(directory: Path) -> tuple[int, list[dict]]:
-    result = CliRunner().invoke(main, ["doctor", str(directory), "--json"])
+    result = CliRunner(env=COMMAND_ENV).invoke(main, ["doctor", str(directory), "--json"])
     return result.exit_code, json.loads(result.stdout)["findings"]
 
 
@@ -184,7 +188,7 @@ def test_doctor_on_an_empty_directory_says_it_is_not_a_checkpoint_and_fails(tmp_
     assert error["path"] == str(tmp_path / "empty")
     assert "not a checkpoint" in error["problem"] and "empty" in error["problem"]
     assert "--checkpoint DIR" in error["repair"]
-    text = CliRunner().invoke(main, ["doctor", str(tmp_path / "empty")])
+    text = CliRunner(env=COMMAND_ENV).invoke(main, ["doctor", str(tmp_path / "empty")])
     assert text.exit_code == 1 and "clean" not in text.output
 
 

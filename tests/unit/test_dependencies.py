@@ -6,17 +6,15 @@ inside a function either."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
 import tomllib
+from source_tree import SRC, files, tree
 
-import exactly
-
-SRC = Path(exactly.__file__).parent
 PYPROJECT = SRC.parents[1] / "pyproject.toml"
 
 #: imports every module of the package except the test kit, with ``BLOCKED`` unimportable
@@ -46,9 +44,10 @@ def _name(requirement: str) -> str:
     return re.split(r"[\s<>=!~\[;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def extra_modules() -> set[str]:
+@functools.cache
+def extra_modules() -> frozenset[str]:
     """Top-level import names of the distributions in the ``testkit`` extra (from the
-    installed distributions' file lists)."""
+    installed distributions' file lists; read once per test session)."""
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     runtime = {_name(r) for r in project["dependencies"]}
     extra = {_name(r) for r in project["optional-dependencies"]["testkit"]}
@@ -56,7 +55,7 @@ def extra_modules() -> set[str]:
     modules = {module for module, dists in packages_distributions().items()
                if {d.lower().replace("_", "-") for d in dists} & extra}
     assert {"port_for", "pytest", "selenium"} <= modules, modules
-    return modules
+    return frozenset(modules)
 
 
 def test_every_module_but_the_test_kit_imports_without_the_testkit_extra(tmp_path):
@@ -70,10 +69,10 @@ def test_every_module_but_the_test_kit_imports_without_the_testkit_extra(tmp_pat
 def test_no_module_but_the_test_kit_imports_a_testkit_package_even_inside_a_function():
     blocked = extra_modules()
     found = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in files():
         if path.relative_to(SRC).parts[0] == "testing":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree(path)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom)
                      and node.level == 0 else [])

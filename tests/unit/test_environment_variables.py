@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from source_tree import tree
 
 from exactly.ops.driver import admission_named, job_admission_file
 from exactly.procs import JOB_TOKEN_ENV, new_job_token
@@ -31,8 +32,7 @@ TEST_SWITCHES = {"EXACTLY_FAULT", "EXACTLY_FAULT_MARKER", "EXACTLY_FAULT_ACTION"
 
 
 def _strings(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    return [node.value for node in ast.walk(tree)
+    return [node.value for node in ast.walk(tree(path))
             if isinstance(node, ast.Constant) and isinstance(node.value, str)]
 
 

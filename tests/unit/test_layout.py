@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
-import exactly
+from source_tree import SRC, files, tree
 
-SRC = Path(exactly.__file__).parent
 #: modules every connector may share (not a target of their own)
 SHARED_CONNECTOR_MODULES = {"exactly.connectors.sql", "exactly.connectors.admission"}
 
@@ -27,10 +27,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, *, top_level_only: bool) -> set[str]:
+@functools.cache
+def imports(path: Path, *, top_level_only: bool) -> frozenset[str]:
     """``exactly.*`` modules imported by ``path`` (optionally only at module level)."""
-    tree = ast.parse(path.read_text(), str(path))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    module = tree(path)
+    nodes = module.body if top_level_only else list(ast.walk(module))
     found: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exactly"):
@@ -41,11 +42,17 @@ def imports(path: Path, *, top_level_only: bool) -> set[str]:
                     found.add(candidate)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("exactly"))
-    return found
+    return frozenset(found)
+
+
+@functools.cache
+def _modules() -> tuple[tuple[str, Path], ...]:
+    return tuple((module_name(p), p) for p in files())
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    """Every module of the package and its file (listed once per test session)."""
+    return dict(_modules())
 
 
 def target_of(module: str) -> str | None:
@@ -95,7 +102,7 @@ def test_the_checkpoint_package_needs_no_spark():
     spark = set()
     for module, path in modules().items():
         if module.startswith("exactly.checkpoint"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(tree(path)):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                          [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
                 spark.update((module, n) for n in names if n.split(".")[0] == "pyspark")
@@ -132,8 +139,9 @@ def test_library_modules_never_import_the_test_kit_or_the_demos():
 
 
 def test_module_level_imports_have_no_cycles():
-    graph = {m: {i for i in imports(p, top_level_only=True) if i in modules() and i != m}
-             for m, p in modules().items()}
+    known = modules()
+    graph = {m: {i for i in imports(p, top_level_only=True) if i in known and i != m}
+             for m, p in known.items()}
     cycles = []
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
 

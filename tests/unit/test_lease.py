@@ -44,15 +44,19 @@ def test_a_heartbeat_keeps_a_lease_on_another_host_alive_and_stops_once_it_is_lo
     heartbeat stops renewing."""
     import time as _time
 
-    holder = Lease(tmp_path, stale_after=2.0)
+    from exactly.protocol import lease
+
+    holder = Lease(tmp_path, stale_after=1.5)  # a heartbeat every 0.5 s
     holder.acquire("run-a", ProcessId("host-a", 42, 7))
     holder.keep("run-a")
-    _time.sleep(3.0)  # longer than stale_after: only the heartbeat keeps it fresh
+    _time.sleep(2.0)  # longer than stale_after: only the heartbeat keeps it fresh
     with pytest.raises(FencedError, match="run-a holds it"):
-        Lease(tmp_path, stale_after=2.0).acquire("run-b", ProcessId("host-b", 43, 8))
+        Lease(tmp_path, stale_after=1.5).acquire("run-b", ProcessId("host-b", 43, 8))
     tmp_path.joinpath("lease.json").unlink()  # an operator removes it: the next start takes it
-    assert Lease(tmp_path, stale_after=2.0).acquire("run-b", ProcessId("host-b", 43, 8))
-    _time.sleep(1.0)  # a heartbeat that found run-b's lease renewed nothing
+    assert Lease(tmp_path, stale_after=1.5).acquire("run-b", ProcessId("host-b", 43, 8))
+    keeper = lease._KEEPERS[(str(holder.path), "run-a")]
+    keeper.join(10.0)  # its next heartbeat finds run-b's lease: it renews nothing and ends
+    assert not keeper.is_alive()
     assert holder.current().run_id == "run-b"
     assert holder.renew("run-a") is False
 

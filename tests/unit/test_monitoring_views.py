@@ -19,6 +19,15 @@ from exactly.monitoring.overview import load
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
 
+def _cli(*args: str):
+    """``exactly ARGS`` in this process (its exit code, stdout and stderr)."""
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
 def _epoch(epoch: int, at: float, duration: float, full: int, new: int, rows: int) -> dict:
     return {"kind": "epoch", "at": at, "status": "completed", "epoch": epoch, "query_id": "q",
             "trigger_at": at - duration / 1000, "end_at": at, "duration_ms": duration,
@@ -96,9 +105,8 @@ def test_a_damaged_line_is_a_warning_and_everything_else_still_shows(checkpoint)
     view = load(checkpoint).overview
     assert view.counts["completed"] == 4
     assert len(view.warnings) == 1 and f"{segment.name} line 12" in view.warnings[0]
-    shown = subprocess.run([*EXACTLY, "checkpoints", str(checkpoint)], capture_output=True,
-                           text=True, timeout=60)
-    assert shown.returncode == 0, shown.stderr
+    shown = _cli("checkpoints", str(checkpoint))
+    assert shown.exit_code == 0, shown.stderr
     assert "warning: skipped a damaged history line" in shown.stdout.replace("\n", " ")
 
 
@@ -108,9 +116,8 @@ def test_a_directory_that_is_not_a_checkpoint_is_refused_naming_the_fix(tmp_path
     with pytest.raises(ConfigError, match="does not exist"):
         load(tmp_path / "nowhere")
     for command in (["checkpoints", str(tmp_path)], ["ui", str(tmp_path), "--port", "1"]):
-        shown = subprocess.run([*EXACTLY, *command], capture_output=True, text=True,
-                               timeout=60)
-        assert shown.returncode == 3
+        shown = _cli(*command)
+        assert shown.exit_code == 3
         assert shown.stderr.strip().splitlines()[-1].endswith(
             "give the directory a job was started with as its checkpoint")
 
@@ -120,9 +127,8 @@ def test_ui_on_a_port_in_use_fails_in_one_line_naming_the_option(checkpoint):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        shown = subprocess.run([*EXACTLY, "ui", str(checkpoint), "--port", str(port)],
-                               capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 3
+        shown = _cli("ui", str(checkpoint), "--port", str(port))
+    assert shown.exit_code == 3
     last = shown.stderr.strip().splitlines()[-1]
     assert f"port {port} on 127.0.0.1 is in use" in last and "--port" in last
 

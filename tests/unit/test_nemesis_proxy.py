@@ -32,7 +32,8 @@ class LineServer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.received: list[tuple[float, bytes]] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
 
     def _serve(self) -> None:
         while True:
@@ -40,7 +41,9 @@ class LineServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+            talk = threading.Thread(target=self._talk, args=(conn,), daemon=True)
+            self.threads.append(talk)
+            talk.start()
 
     def _talk(self, conn: socket.socket) -> None:
         buf = b""
@@ -64,12 +67,19 @@ class LineServer:
     def lines(self) -> list[bytes]:
         return [line for _, line in self.received]
 
+    def close(self) -> None:
+        """Stop serving: a close alone would leave the thread blocked in accept()."""
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        for thread in self.threads:
+            thread.join(10)
+
 
 @pytest.fixture
 def server():
     s = LineServer()
     yield s
-    s.sock.close()
+    s.close()
 
 
 @pytest.fixture

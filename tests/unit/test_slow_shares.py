@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from lanes import SHARES, parse_share, share_of, split, why_skipped
+from lanes import SHARES, ci_share, parse_share, share_of, split, why_skipped
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,3 +121,13 @@ def test_which_tests_run_in_the_default_lane_a_share_and_everything():
     for flags in ({"slow": True}, {"soak": True}, {}):
         assert skipped(**flags, everything=True) is None  # EXACTLY_SLOW=1
         assert skipped(**flags, share=(other, 3), everything=True) is None
+
+
+def test_consecutive_ci_landings_run_every_share_in_turn():
+    """--slow-share ci: N consecutive landings take every share once."""
+    for shares in range(1, 7):
+        taken = [ci_share(landings, shares) for landings in range(100, 100 + shares)]
+        assert sorted(k for k, _ in taken) == list(range(1, shares + 1))
+        assert {n for _, n in taken} == {shares}
+    with pytest.raises(ValueError):
+        ci_share(-1)

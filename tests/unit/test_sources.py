@@ -50,7 +50,7 @@ def test_a_file_added_out_of_order_fails_instead_of_changing_a_replayed_epoch(ev
 
 def test_a_malformed_row_fails_naming_the_file_and_line(events_dir):
     bad = events_dir / "events-00003.jsonl"
-    lines = bad.read_text().splitlines()
+    lines = bad.read_text().splitlines()[:60]  # rows past the bad one cost time, prove nothing
     lines[41] = '{"id": "not-a-number", "key": "k"}'
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(MalformedRecordError, match=r"events-00003.jsonl at line 42"):
@@ -61,7 +61,7 @@ def test_a_malformed_row_fails_naming_the_file_and_line(events_dir):
 
 def test_malformed_rows_go_to_the_dead_letter_location_with_their_reason(events_dir, tmp_path):
     bad = events_dir / "events-00000.jsonl"
-    lines = bad.read_text().splitlines()
+    lines = bad.read_text().splitlines()[:60]  # a file with bad rows is parsed row by row
     lines[0] = "{not json"
     lines[1] = '{"key": "no id"}'
     bad.write_text("\n".join(lines) + "\n")

@@ -59,6 +59,7 @@ def test_a_jar_built_for_another_pyspark_is_not_used_and_without_a_compiler_ther
     assert sw.ensure_jar() is None
 
 
+@pytest.mark.jvm  # the compiler runs in a JVM for seconds: not in the fast lane
 def test_without_javac_the_java_runtimes_compiler_module_builds_the_jar_into_the_cache(
         tmp_path, monkeypatch):
     """Debian's openjdk-17-jre-headless has no javac but ships the jdk.compiler module."""

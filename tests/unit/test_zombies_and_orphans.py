@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
@@ -86,12 +85,12 @@ print("reaped")
 
 def test_a_subreaper_adopts_the_orphans_of_its_tree_and_reaps_them():
     script = """
-import os, subprocess, sys, time
+import os, signal, subprocess, sys, time
 from exactly.procs import become_subreaper, reap_children, _stat
 assert become_subreaper()
 middle = subprocess.Popen([sys.executable, "-c",
     "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', "
-    "'import time; time.sleep(1)']); print(p.pid, flush=True)"], stdout=subprocess.PIPE)
+    "'import time; time.sleep(30)']); print(p.pid, flush=True)"], stdout=subprocess.PIPE)
 orphan = int(middle.stdout.readline())
 middle.wait()
 deadline = time.monotonic() + 20
@@ -99,6 +98,7 @@ while _stat(orphan) is not None and _stat(orphan)[1] != os.getpid():
     assert time.monotonic() < deadline
     time.sleep(0.01)
 parent = _stat(orphan)[1] if _stat(orphan) else None
+os.kill(orphan, signal.SIGKILL)  # it ends now (not after its sleep): a zombie to reap here
 while _stat(orphan) is not None:
     reap_children()
     assert time.monotonic() < deadline, _stat(orphan)
@@ -127,12 +127,47 @@ def test_a_driver_that_outlived_its_launcher_gets_commands_and_holds_the_job_unt
         with pytest.raises(FencedError, match=r"whose launcher .* died"):
             claim_job(directory, JobStatus("r2", current_process(), "starting"))
         said: list[str] = []
-        threading.Timer(1.0, driver.kill).start()
+
+        def told(text: str) -> None:
+            # the claim found the orphan running and waits for it: now it ends, between two
+            # looks of the claim (a timer could end it anywhere: see the next test)
+            said.append(text)
+            driver.kill()
+
         lost = claim_job(directory, JobStatus("r2", current_process(), "starting"),
-                         wait_for_orphan_s=30, say=said.append)
+                         wait_for_orphan_s=30, say=told)
         assert JobStatus.read(directory).run_id == "r2"
         assert len(said) == 1 and f"driver pid {driver.pid}" in said[0]
         assert lost is not None and lost.run_id == "r1"  # it died without ending the job
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_an_orphans_driver_that_ends_while_the_claim_looks_at_it_is_taken_over(tmp_path,
+                                                                             monkeypatch):
+    """The claim saw the run alive (its driver), and the driver ended before the claim
+    asked whether it was an orphan: the claim looks again and takes the job over, instead
+    of refusing it as a live run (found by a fast lane on a busy machine)."""
+    launcher = _zombie()
+    driver = _sleeper()
+    try:
+        directory = job_dir(tmp_path)
+        JobStatus("r1", process_id(launcher.pid), "running",
+                  driver=process_id(driver.pid)).write(directory)
+        launcher.wait()
+        orphaned = JobStatus.orphaned
+
+        def ends_first(self: JobStatus) -> bool:
+            driver.kill()
+            driver.wait()
+            return orphaned(self)
+
+        monkeypatch.setattr(JobStatus, "orphaned", ends_first)
+        lost = claim_job(directory, JobStatus("r2", current_process(), "starting"),
+                         wait_for_orphan_s=30)
+        assert lost is not None and lost.run_id == "r1"
+        assert JobStatus.read(directory).run_id == "r2"
     finally:
         driver.kill()
         driver.wait()

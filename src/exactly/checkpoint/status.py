@@ -202,6 +202,8 @@ def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0
             lost = current is not None and not mine and current.state not in ENDED
             return current if lost else None
         orphan = current.orphaned()
+        if not orphan and not current.alive():
+            continue  # it ended between the two looks (an orphan's driver): look again
         if not orphan or time.monotonic() >= deadline:
             raise FencedError(_claimed(store, current, orphan))
         if not told and say is not None and current.driver is not None:

@@ -449,3 +449,19 @@ class LeaseKeeper(threading.Thread):
                 log_event(logger, "lease_heartbeat_ended", run_id=self.run_id,
                           lease=str(self.lease.path))
                 return
+
+
+def stop_heartbeats(timeout: float = 10.0) -> int:
+    """Stop every lease heartbeat thread of this process (:meth:`Lease.keep`) and wait for
+    them to end, without releasing the leases; returns how many there were. For a process
+    that drives committers directly, with no query whose end would stop their heartbeats (the
+    protocol's tests, :class:`exactly.testing.harness.ProtocolHarness`): they would otherwise
+    go on renewing leases nobody uses any more for as long as the process lives."""
+    with _KEEPERS_LOCK:
+        keepers = list(_KEEPERS.values())
+        _KEEPERS.clear()
+    for keeper in keepers:
+        keeper.stopped.set()
+    for keeper in keepers:
+        keeper.join(timeout)
+    return len(keepers)

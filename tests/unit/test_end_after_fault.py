@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from exactly.protocol.faults import FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
-
-pytestmark = pytest.mark.fast
 
 #: with --fault-marker: claim it as the fault does, start a child, hang (a client retrying
 #: a dead server); without: exit 0 (the input drained)
