@@ -14,11 +14,13 @@
 #                exactly's state writer jar
 #     bench      tests, plus PostgreSQL's JDBC driver (Spark's JDBC writer in bench/)
 #
-# Every driver start loads Spark's classes from a class-data-sharing archive built here once
-# per PySpark and Java runtime (~/.cache/exactly/jvm; exactly.spark.class_archive). Steps that
-# do not need each other run side by side (the Debian packages beside the Python install, the
-# jar downloads beside the archive build): on a fresh machine most of the time is the network,
-# unpacking, and building PySpark's wheel from its source distribution.
+# The tests and benchmarks (parts tests, bench) also build a class-data-sharing archive of the
+# Spark driver's classes, once per PySpark and Java runtime (~/.cache/exactly/jvm;
+# exactly.spark.class_archive): their hundred driver starts each load faster, while for a demo
+# the build (~70 s) would cost more than it saves. Steps that do not need each other run side
+# by side (the Debian packages beside the Python install, the jar downloads beside the archive
+# build): on a fresh machine most of the time is the network, unpacking, and building
+# PySpark's wheel from its source distribution.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,7 +99,14 @@ python_env() {
     [ "$(rank "$have_extras")" -ge "$(rank "$want")" ] && return 0
   fi
   log "installing exactly${want:+[$want]} and its dependencies into .venv"
-  .venv/bin/pip install -q -e ".${want:+[$want]}"
+  # uv (from PyPI) downloads and unpacks in parallel: on a fresh machine it installs in less
+  # than half pip's time; pip does it where uv cannot be had
+  if .venv/bin/python -m pip install -q "uv>=0.5" >/dev/null 2>&1; then
+    .venv/bin/uv pip install -q --python .venv/bin/python -e ".${want:+[$want]}"
+  else
+    log "uv is not available here; installing with pip"
+    .venv/bin/pip install -q -e ".${want:+[$want]}"
+  fi
   echo "$digest $want" > "$stamp"
 }
 export -f rank
@@ -108,25 +117,26 @@ steps=("the Python environment (.venv)" python_env)
 [ ${#debs[@]} -gt 0 ] && steps+=("Debian packages (${debs[*]})" "apt_install ${debs[*]}")
 run_all "${steps[@]}"
 
-# the class archive needs .venv's PySpark and a Java runtime: after the step above
-jvm_files='.venv/bin/python -c "
+# for the tests: the class archive (it needs .venv's PySpark and a Java runtime: after the
+# step above) and exactly's state writer (savepoint restores that rescale or switch the state
+# backend): a wheel carries it; a checkout compiles it against the installed PySpark once,
+# cached in ~/.cache/exactly/jvm (a session compiles it on first use otherwise)
+steps=()
+if [ $tests -eq 1 ]; then
+  steps+=("the class archive and the state writer" '.venv/bin/python -c "
+from exactly.spark.state_writer_jar import ensure_jar
 from exactly.spark.class_archive import archive_path, build
+ensure_jar()
 path = archive_path()
 if path is not None and not path.is_file():
     import sys; print(\"[setup] building the Spark driver class archive (once)\", file=sys.stderr)
     build()
-"'
-# exactly's state writer (savepoint restores that rescale or switch the state backend): a
-# wheel carries it; a checkout compiles it against the installed PySpark once, cached in
-# ~/.cache/exactly/jvm (a session compiles it on first use otherwise)
-if [ $tests -eq 1 ]; then
-  jvm_files='.venv/bin/python -c "from exactly.spark.state_writer_jar import ensure_jar; ensure_jar()" && '"$jvm_files"
+"')
 fi
-steps=("the class archive" "$jvm_files")
 [ $postgres -eq 1 ] && steps+=("PostgreSQL" "bash scripts/install-postgres.sh")
 [ $kafka -eq 1 ] && steps+=("the Kafka broker's jars" "bash scripts/install-kafka.sh")
 [ $s3 -eq 1 ] && steps+=("S3Proxy's jars" "bash scripts/install-objectstore.sh")
-run_all "${steps[@]}"
+if [ ${#steps[@]} -gt 0 ]; then run_all "${steps[@]}"; fi
 # exactly's bytecode, compiled here for the processes that cannot write it (Python writes
 # none where PYTHONDONTWRITEBYTECODE is set, as on CI machines, and would compile exactly
 # anew in every driver and worker); only what changed since the last run is compiled again

@@ -7,6 +7,7 @@ a :class:`DemoResult`: the injected crashes and the id audit.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict
@@ -17,6 +18,21 @@ from rich.table import Table
 from exactly.audit import AuditReport
 from exactly.auditor import VerifyReport
 from exactly.testing.chaos import Attempt
+
+#: exactly.spark.session.DRIVER_JAVA_OPTIONS_ENV (not imported: that module loads PySpark)
+_DRIVER_JAVA_OPTIONS_ENV = "EXACTLY_DRIVER_JAVA_OPTIONS"
+#: a demo's drivers live seconds: the optimizing JIT compiler would spend the CPU the job needs
+SHORT_LIVED_DRIVER_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def demo_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a demo's attempts run with: ``env`` plus JVM options for drivers that
+    live seconds (C1 JIT only), unless the user set ``EXACTLY_DRIVER_JAVA_OPTIONS``. JVM
+    options change how fast Spark runs, never what it computes."""
+    merged = dict(env or {})
+    if _DRIVER_JAVA_OPTIONS_ENV not in os.environ:
+        merged[_DRIVER_JAVA_OPTIONS_ENV] = SHORT_LIVED_DRIVER_OPTIONS
+    return merged
 
 
 @dataclass

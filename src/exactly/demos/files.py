@@ -12,7 +12,7 @@ from rich.console import Console
 
 from exactly.auditor import AuditSpec, FilesLocation, VerifyReport, run_audit
 from exactly.connectors.datagen import generate
-from exactly.demos.console import ConsoleProgress, DemoResult
+from exactly.demos.console import ConsoleProgress, DemoResult, demo_env
 from exactly.testing.chaos import python_command, random_schedule, run_with_crashes, unfired
 
 EVENTS_PER_FILE_TARGET = 20  # files in the input; epochs = files / files per epoch
@@ -33,7 +33,7 @@ def write_events(directory: Path, events: int, files: int, seed: int) -> None:
 
 
 def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_format: str,
-             files_per_epoch: int = 2, console: Console | None = None) -> DemoResult:
+             files_per_epoch: int = 4, console: Console | None = None) -> DemoResult:
     """Write the events, run the pipeline under ``crashes`` random crashes until it has
     drained the input, printing progress, then audit the output files."""
     console = console or Console()
@@ -50,7 +50,8 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
         "pipeline", "--input", str(workdir / "input"), "--output", str(workdir / "output"),
         "--checkpoint", str(workdir / "checkpoint"), "--format", output_format,
         "--max-files-per-epoch", str(files_per_epoch))
-    attempts = run_with_crashes(command, schedule, **ConsoleProgress(console).hooks())
+    attempts = run_with_crashes(command, schedule, env=demo_env(),
+                                **ConsoleProgress(console).hooks())
     for spec in unfired(schedule, attempts):
         console.print(f"  [yellow]fault {spec.render()} was not reached[/] before the input "
                       "drained")

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from exactly.auditor import AuditSpec, PostgresLocation, run_audit
 from exactly.connectors.sql import TableName, pg_connect, redact_dsn
-from exactly.demos.console import ConsoleProgress, DemoResult, check_table
+from exactly.demos.console import ConsoleProgress, DemoResult, check_table, demo_env
 from exactly.demos.console import print_result as print_demo_result
 from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.testing.chaos import random_schedule, run_with_crashes
@@ -85,7 +85,7 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path,
             conn.execute(f'DROP TABLE IF EXISTS "{TABLE}" CASCADE')
         args = ["--sink", "2pc", "--table", TABLE, "--checkpoint", str(checkpoint),
                 "--rows", str(events), "--rows-per-epoch", str(per_epoch), "--keys", "100"]
-        attempts = run_with_crashes(command(*args), schedule, env={DSN_ENV: dsn},
+        attempts = run_with_crashes(command(*args), schedule, env=demo_env({DSN_ENV: dsn}),
                                     **ConsoleProgress(console).hooks())
         with pg_connect(dsn, application="exactly-demo", autocommit=True) as conn:
             prepared = int(conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE "

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 ENV = "EXACTLY_CLASS_ARCHIVE"
 #: the JDK's messages about the archive stay out of the driver's stderr
 QUIET_JVM_OPTIONS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: archives kept in the cache: one per virtualenv, PySpark version and Java runtime in use
+KEEP_ARCHIVES = 3
 
 
 def java_binary() -> Path | None:
@@ -134,10 +136,20 @@ def build(*, force: bool = False, timeout: float = 600) -> Path | None:
                               f"{result.returncode}); run with {ENV}=off to do without it:\n"
                               f"{result.stderr[-3000:]}")
         os.replace(staged, target)
-    for old in target.parent.glob("spark-driver-*.jsa"):
-        if old != target:
-            old.unlink(missing_ok=True)  # other PySpark or Java versions: rebuilt when needed
+    prune(target.parent, keep=KEEP_ARCHIVES)
     return target
+
+
+def prune(directory: Path, *, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest archives in ``directory`` (each is ~170 MB); returns
+    the deleted ones. Other virtualenvs, PySpark versions or Java runtimes on the machine keep
+    theirs (a second clone does not take the first one's archive away); older ones are rebuilt
+    when needed."""
+    found = sorted(directory.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime,
+                   reverse=True)
+    for old in found[keep:]:
+        old.unlink(missing_ok=True)
+    return found[keep:]
 
 
 def main(argv: list[str] | None = None) -> int:
