@@ -204,7 +204,8 @@ def test_file_sink_on_the_cluster(cluster, tmp_path, events):
     assert_no_dangling_pre_commits(out)
 
 
-@pytest.mark.slow  # CI budget: Delta under kills is tests/chaos/test_delta_chaos.py
+@pytest.mark.slow  # CI budget: Delta under kills is tests/connect/test_chaos_on_connect.py
+# (default lane) and tests/chaos/test_delta_chaos.py
 def test_delta_sink_on_the_cluster(cluster, tmp_path, events):
     uri = str(tmp_path / "table")
     run(cluster, pipeline(tmp_path, events, uri, "--sink", "delta"))
@@ -272,7 +273,8 @@ def test_postgres_sink_on_the_cluster(cluster, pg, conn, tmp_path, sink, request
 # -- Kafka -----------------------------------------------------------------------------
 
 
-# CI budget: the Kafka sink under kills is tests/kafka/test_kafka_chaos.py, on S3 in the
+# CI budget: the Kafka sink under kills is tests/connect/test_chaos_on_connect.py (default
+# lane) and tests/kafka/test_kafka_chaos.py, on S3 in the
 # contract suite (case kafka_s3); on the cluster in the slow lane
 @pytest.mark.slow
 @pytest.mark.server

@@ -28,12 +28,12 @@ EPOCH_ROWS = 1000  # 2 input files of 500 events an epoch; 8 files -> epochs 0..
 EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_INTENT, 0),
                FaultSpec(FaultPoint.AFTER_INTENT, 1), FaultSpec(FaultPoint.BETWEEN_COMMITS, 1),
                FaultSpec(FaultPoint.AFTER_COMMITS, 2), FaultSpec(FaultPoint.AFTER_COMPLETE, 3)]
-#: the default lane's points: the ones where the Delta sink's own steps decide the outcome --
-#: an attempt killed mid-write (its file and marker are aborted), an intent without its Delta
-#: commit (recovery makes it), a Delta commit without its completion record (the table's
-#: transaction version recognises it). The others (before the intent, between the handle
-#: checks, a completed epoch Spark replays) are killed by the slow proofs and the contract
-#: suite (tests/contract, cases delta and delta_s3).
+#: the points where the Delta sink's own steps decide the outcome -- an attempt killed
+#: mid-write (its file and marker are aborted), an intent without its Delta commit (recovery
+#: makes it), a Delta commit without its completion record (the table's transaction version
+#: recognises it). Every point is killed in the default lane on Spark Connect
+#: (tests/connect/test_chaos_on_connect.py::
+#: test_delta_sink_on_connect_killed_at_every_protocol_point_commits_every_event_once).
 DECIDING_POINTS = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.AFTER_INTENT, 1),
                    FaultSpec(FaultPoint.AFTER_COMMITS, 2)]
 
@@ -87,21 +87,24 @@ def where(request, tmp_path) -> tuple[str, str, dict[str, str], dict[str, str]]:
 
 
 @pytest.mark.parametrize("where,points", [
-    pytest.param("local", DECIDING_POINTS, id="local"),
+    # slow (issue 43): every point, the table after each crash and every version of it are
+    # checked in the default lane by tests/connect/test_chaos_on_connect.py::
+    # test_delta_sink_on_connect_killed_at_every_protocol_point_commits_every_event_once
+    pytest.param("local", DECIDING_POINTS, id="local", marks=pytest.mark.slow),
     pytest.param("local", EVERY_POINT, id="local-every-point", marks=pytest.mark.slow),
     # CI budget: Delta on S3 under kills is a slow proof (~170 s); the default lane keeps the
-    # local run, the contract suite's case delta_s3 (every protocol point against S3Proxy, in
-    # process) and the S3 nemesis run of the Delta sink
+    # Connect run (local), the contract suite's case delta_s3 (every protocol point against
+    # S3Proxy, in process) and the S3 nemesis run of the Delta sink
     pytest.param("s3", EVERY_POINT, id="s3-every-point", marks=pytest.mark.slow),
 ], indirect=["where"])
 def test_delta_sink_killed_at_every_protocol_point_commits_every_event_exactly_once(
         tmp_path, where, points):
-    """One run, restarted after each kill -9 (one crash per protocol point: in the default
-    lane the three where the Delta sink decides the outcome, in the slow proofs every point,
-    local and on S3). After every crash the table holds whole epochs, the crashed epoch only
-    when the kill came after its Delta commit; a polling reader and every version of the
-    table hold whole epochs only; at the end every event is there exactly once, and no data
-    file or pending marker of an aborted attempt is left."""
+    """One run, restarted after each kill -9 (one crash per protocol point: the three where
+    the Delta sink decides the outcome, or every point, local and on S3). After every crash
+    the table holds whole epochs, the crashed epoch only when the kill came after its Delta
+    commit; a polling reader and every version of the table hold whole epochs only; at the
+    end every event is there exactly once, and no data file or pending marker of an aborted
+    attempt is left."""
     uri, checkpoint, options, env = where
     events = tmp_path / "input"
     write_events(events, 4 * EPOCH_ROWS, 8, seed=5)

@@ -54,8 +54,8 @@ EVERY_POINT = [FaultSpec(FaultPoint.IN_WRITE, 0), FaultSpec(FaultPoint.BEFORE_IN
 
 @pytest.mark.parametrize("writer", [
     "start_query",
-    # slow: the data source writer's commit path under kills (the default lane runs
-    # start_query's; tests/spark/test_commit_path.py runs both)
+    # slow: the data source writer's commit path under kills (the default lane kills
+    # start_query's; tests/spark/test_commit_path.py runs both paths, without kills)
     pytest.param("datasource", marks=pytest.mark.slow)])
 def test_killed_at_every_protocol_point_in_turn_every_event_is_committed_exactly_once(
         events_dir, tmp_path, writer):

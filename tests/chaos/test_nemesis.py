@@ -14,9 +14,10 @@ The fault log goes with every failure (in the message, and
 ``faults.jsonl`` in the test's directory): ``EXACTLY_NEMESIS_SEED`` replays a run.
 
 Default lane: one short run per sink (each kind of fault once, a few more at random; no kill:
-every sink's default lane already kills its driver at every protocol point, and a restart
-costs a new driver JVM); the write-ahead sink's is a slow proof. Soaks (marked ``soak``:
-``scripts/soak --nemesis``, ``./scripts/test --slow``): one long run per sink,
+every sink is already SIGKILLed at every protocol point in the default lane -- docs/
+reliability.md, "Kill coverage" -- and a restart costs a new driver JVM); the write-ahead
+sink's is a slow proof. Soaks (marked ``soak``: ``scripts/soak --nemesis``,
+``./scripts/test --slow``): one long run per sink,
 ``EXACTLY_NEMESIS_FAULTS`` faults (default 200), kills included, with
 ``EXACTLY_NEMESIS_REPORT`` naming a JSON-lines file for the summary table.
 Clock jumps are not in these runs: the job's leases take their clock in-process only, so they
@@ -344,8 +345,9 @@ def pg_proxy(pg):
 
 @pytest.mark.parametrize("sink", [
     "postgres",
-    # CI budget (issue 30, 41.6 s): the write-ahead sink's default-lane proof under faults is
-    # its kills on the cluster (tests/chaos/test_cluster_lane.py[wal])
+    # CI budget (issue 30, 41.6 s): the write-ahead sink's default-lane proofs under faults
+    # are its kills: at every protocol point on Spark Connect (tests/connect/
+    # test_chaos_on_connect.py [wal-runner]) and on the cluster (test_cluster_lane.py[wal])
     pytest.param("wal", marks=pytest.mark.slow)])
 def test_a_postgres_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
         tmp_path, pg, conn, table_name, pg_proxy, sink):

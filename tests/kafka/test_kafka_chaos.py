@@ -5,8 +5,12 @@ with Spark's own Kafka writer. A ``read_committed`` consumer of our output sees 
 id exactly once and per key the state's sequence numbers 1..n; Spark's sink duplicates every
 epoch it had written when the driver died before Spark's commit log.
 
-The default lane runs a short input; its slow proofs (marked ``slow``) a larger input with
-more epochs, killed at every point, and the comparison with Spark's sink.
+All slow proofs (marked ``slow``): the short input's run (every point but ``before_intent``
+and ``between_commits``, and a broker restart), a larger input with more epochs killed at
+every point, and the comparison with Spark's sink. The default lane kills this job at every
+protocol point and inside the Kafka transaction and restarts the broker before its recovery
+on Spark Connect (tests/connect/test_chaos_on_connect.py, the committing process killed),
+and a classic driver at every point with the file sink (tests/chaos/test_file_sink_chaos.py).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ pytestmark = pytest.mark.chaos
 #: the broker is killed and restarted once the last (fault-free) attempt reports this epoch
 BROKER_RESTART_EPOCH = 8
 #: the two points that are the generic protocol's alone (before the intent, between two
-#: handle commits: decided by the commit log, killed for every sink in tests/contract and by
-#: the file and PostgreSQL every-point runs) -- the Kafka sink's own steps decide all the
-#: others: the default lane leaves them out (CI budget, issue 28)
+#: handle commits: decided by the commit log) -- the Kafka sink's own steps decide all the
+#: others: the short run leaves them out (CI budget, issue 28); every point of this job is
+#: killed in the default lane on Spark Connect (tests/connect/test_chaos_on_connect.py)
 GENERIC_POINTS = {FaultPoint.BEFORE_INTENT.value, FaultPoint.BETWEEN_COMMITS.value}
 EVERY_POINT = {p.value for p in DRIVER_POINTS} | {FaultPoint.IN_WRITE.value, IN_TRANSACTION}
 
@@ -45,7 +49,7 @@ class Input:
     points: set[str]
 
 
-#: the default lane's run: the Kafka sink's own points
+#: the short run: the Kafka sink's own points
 SHORT = Input(1200, 10, [FaultSpec(spec.point, epoch) for epoch, spec in enumerate(
     [s for s in chaos_schedule(10, None, None) if s.point not in GENERIC_POINTS], start=1)],
     EVERY_POINT - GENERIC_POINTS)
@@ -86,11 +90,18 @@ def sparks(broker, tmp_path_factory) -> ChaosRun:
     return _run(broker, tmp_path_factory.mktemp("kafka-chaos-spark"), "spark", LONG)
 
 
+# slow (issue 43), the three tests of the short run: every point, inside the transaction, a
+# broker restart (there before the recovering attempt, here mid-run) and both consumers are
+# the default lane's
+# tests/connect/test_chaos_on_connect.py::
+# test_kafka_job_on_connect_killed_at_every_protocol_point_is_exactly_once_end_to_end[runner]
+@pytest.mark.slow
 def test_every_point_fired_and_the_broker_restarted(ours):
     assert set(ours.fired) == SHORT.points
     assert ours.broker_restarts == 1
 
 
+@pytest.mark.slow  # see test_every_point_fired_and_the_broker_restarted
 def test_read_committed_consumers_see_every_record_exactly_once(ours):
     r = ours.committed.report
     assert r.ok, r.to_json()
@@ -98,6 +109,7 @@ def test_read_committed_consumers_see_every_record_exactly_once(ours):
     assert ours.committed.seq_errors == 0  # the job's state was applied exactly once
 
 
+@pytest.mark.slow  # see test_every_point_fired_and_the_broker_restarted
 def test_read_uncommitted_consumers_also_see_the_aborted_transaction(ours):
     """The crash inside a publish left the epoch's records in the log, uncommitted; the
     restart aborted that transaction and published the epoch again. read_uncommitted

@@ -6,9 +6,9 @@ half-written uploads are aborted), restarted, and audited by a read_committed co
 
 A slow proof (marked ``slow``), as is this job on the standalone cluster
 (tests/chaos/test_cluster_lane.py). The default lane runs the sink against S3 at every
-protocol point without Spark (tests/contract, case kafka_s3), the Kafka job under kills with
-its state on local disk (tests/kafka/test_kafka_chaos.py) and the write-ahead sink's staging
-on S3 under kills on the cluster."""
+protocol point without Spark (tests/contract, case kafka_s3), the Kafka job under kills
+with its state on local disk (tests/connect/test_chaos_on_connect.py) and the write-ahead
+sink's staging on S3 under kills on the cluster."""
 
 from __future__ import annotations
 

@@ -69,8 +69,9 @@ def test_postgres_stopped_for_20_seconds_restarts_with_backoff_until_it_is_back(
         assert _prepared(fresh) == 0
 
 
-# CI budget: in the slow lane; the default lane restarts the broker under the Kafka sink's
-# chaos run (tests/kafka/test_kafka_chaos.py) and PostgreSQL mid-commit (test_pg_chaos.py)
+# CI budget: in the slow lane; the default lane restarts the broker in the Kafka sink's
+# chaos run on Spark Connect (tests/connect/test_chaos_on_connect.py); PostgreSQL restarted
+# mid-commit is a slow proof too (test_pg_chaos.py)
 @pytest.mark.slow
 def test_kafka_broker_killed_and_restarted_kafka_to_kafka_goes_on_exactly_once_with_min_pause(
         tmp_path, broker, topic):

@@ -6,8 +6,10 @@ the input is drained. Then: every input id exactly once in the table, no prepare
 transaction left, and for the stateful pipelines the table equals a crash-free
 batch computation over the same input.
 
-The default lane covers every protocol point for the 2PC sink and the points that matter
-most for the others; its slow proofs (marked ``slow``) kill every point for every sink.
+These are slow proofs (marked ``slow``): the default lane kills every sink here at every
+protocol point on Spark Connect (tests/connect/test_chaos_on_connect.py, the committing
+process killed; ids ``2pc``, ``2pc-upsert-mode``, ``wal``, ``wal-sqlite``, ``upsert``), and
+the classic driver at every point with the file sink (tests/chaos/test_file_sink_chaos.py).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def assert_all_epochs_complete(checkpoint: Path, epochs: int) -> None:
 
 
 @pytest.mark.parametrize("points", [
-    pytest.param(ALL_POINTS, id="every-point"),
+    # slow: covered in the default lane by tests/connect/test_chaos_on_connect.py::
+    # test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once[2pc-runner]
+    pytest.param(ALL_POINTS, id="every-point", marks=pytest.mark.slow),
 ])
 def test_2pc_sink_survives_a_kill_at_every_protocol_point(pg, conn, tmp_path, points):
     table = f"ev_{uuid.uuid4().hex[:8]}"
@@ -86,9 +90,11 @@ def fill_source_table(conn, name: str, rows: int) -> None:
             copy.write_row((int(r.id), r.key, float(r.amount), r.event_time))
 
 
-@pytest.mark.slow  # CI budget (issue 28): the write-ahead sink into PostgreSQL is killed on the
-# cluster (tests/chaos/test_cluster_lane.py [wal]) and runs under the nemesis, the PostgreSQL
-# table source is killed at protocol points by the join run (test_multi_input_chaos.py)
+@pytest.mark.slow  # CI budget (issue 28): the write-ahead sink into PostgreSQL is killed at every
+# point by tests/connect/test_chaos_on_connect.py::
+# test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once[wal-runner]
+# and on the cluster (tests/chaos/test_cluster_lane.py [wal]), the PostgreSQL table source
+# at protocol points by the join run (test_multi_input_chaos.py)
 def test_wal_sink_into_postgres_from_the_table_source_survives_kills(pg, conn, tmp_path):
     """Killed at every protocol point, among them the seeds' write-ahead flaw: killed after
     the load committed (after_commits), before the epoch was acknowledged -- the marker in
@@ -104,8 +110,9 @@ def test_wal_sink_into_postgres_from_the_table_source_survives_kills(pg, conn, t
     assert not list((ck / "exactly-sink" / "wal").glob("*/*")), "staged files left behind"
 
 
-@pytest.mark.slow  # CI budget: the write-ahead sink under kills is the PostgreSQL run above; SQLite
-# at every protocol point is the contract suite (case sqlite_wal)
+@pytest.mark.slow  # CI budget: killed at every point in the default lane by
+# tests/connect/test_chaos_on_connect.py::
+# test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once[wal-sqlite-runner]
 def test_wal_sink_into_sqlite_survives_a_kill_between_load_and_acknowledgement(pg, tmp_path):
     """Killed at every protocol point, among them between the load and the
     acknowledgement (after_commits)."""
@@ -153,10 +160,18 @@ class Poller(BackgroundReader):
 
 
 @pytest.mark.parametrize("sink,pipeline,points,rows", [
-    pytest.param("2pc", "aggregate", (FaultPoint.AFTER_INTENT,), FEW_ROWS, id="2pc-aggregate"),
+    # slow: the same pipeline, poller and batch comparison at every point in the default lane:
+    # tests/connect/test_chaos_on_connect.py::
+    # test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once
+    # [2pc-upsert-mode-runner]
+    pytest.param("2pc", "aggregate", (FaultPoint.AFTER_INTENT,), FEW_ROWS, id="2pc-aggregate",
+                 marks=pytest.mark.slow),
     pytest.param("2pc", "aggregate", ALL_POINTS, ROWS, id="2pc-aggregate-every-point",
                  marks=pytest.mark.slow),
-    # the upsert sink's protocol points are also killed in tests/contract; slow here
+    # exactly.upsert is killed at every point (append path) in the default lane by
+    # tests/connect/test_chaos_on_connect.py::
+    # test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once[upsert-runner]
+    # (update mode: slow here)
     pytest.param("upsert", "keyed", ALL_POINTS, ROWS, id="upsert-keyed-every-point",
                  marks=pytest.mark.slow),
 ])
@@ -275,6 +290,8 @@ def test_2pc_through_the_data_source_writer_survives_a_kill_at_every_protocol_po
     assert_all_epochs_complete(ck, ROWS // PER_EPOCH)
 
 
+# slow: covered in the default lane by tests/connect/test_chaos_on_connect.py::
+# test_each_postgres_sink_on_connect_killed_at_every_point_commits_every_row_once[upsert-runner]
 @pytest.mark.slow
 def test_upsert_sink_append_path_survives_a_kill_at_every_protocol_point(pg, conn, tmp_path):
     table = f"ev_{uuid.uuid4().hex[:8]}"

@@ -44,7 +44,9 @@ def table_rows(conn, relation: str) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize(("fmt", "options"), [
     ("exactly.postgres", {"writeMode": "upsert", "keyColumns": "key"}),
-    # exactly.upsert in update mode is also killed at protocol points in test_pg_chaos
+    # exactly.upsert in update mode is killed at every protocol point by the slow
+    # test_pg_chaos.py [upsert-keyed-every-point]; exactly.postgres in update mode (this
+    # test's first case) in the default lane by tests/connect/test_chaos_on_connect.py
     pytest.param("exactly.upsert", {"keyColumns": "key"}, marks=pytest.mark.slow),
 ])
 def test_a_streaming_count_in_update_mode_ends_with_the_inputs_counts_across_a_restart(

@@ -181,7 +181,9 @@ def start(spark, args: argparse.Namespace):
         spark.conf.set(key, value)
     log_dir = Path(args.checkpoint) / SINK_LOG_DIR
     sink = build_sink(args, log_dir, os.environ.get(DSN_ENV, ""), keys)
-    settings = SinkSettings(mode=Mode(args.mode), log_dir=str(log_dir))
+    # the checkpoint names the query where the foreachBatch process cannot see it (Connect)
+    settings = SinkSettings(mode=Mode(args.mode), log_dir=str(log_dir),
+                            checkpoint_location=args.checkpoint)
     return (df.writeStream.outputMode("update" if stateful else "append")
             .option(opt.CHECKPOINT_LOCATION, args.checkpoint)
             .foreachBatch(TwoPhaseForeachBatch(sink, settings, fault))
