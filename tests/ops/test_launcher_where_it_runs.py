@@ -238,7 +238,9 @@ def test_killing_only_the_launcher_stops_its_driver_commands_reach_the_driver_me
         os.kill(second.proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         second.proc.wait(timeout=30)
-        third = SupervisedRun("datagen_job.py", ck, {**env, "JOB_SLOW_MS": "0"},
+        # fast epochs of up to 1000 rows: the drain takes the rest in a few
+        third = SupervisedRun("datagen_job.py", ck, {**env, "JOB_SLOW_MS": "0",
+                                                     "JOB_MAX_ROWS": "1000"},
                               log=tmp_path / "run3.log")
         stopped = second.command("stop", str(ck), "--timeout", "2min")
         orphan.wait(timeout=120)

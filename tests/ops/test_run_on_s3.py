@@ -27,7 +27,8 @@ def s3_checkpoint(s3_bucket) -> str:
 def test_a_job_on_an_s3_checkpoint_survives_a_driver_kill_and_stops_on_command(
         tmp_path, s3_checkpoint, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    rows = 3000
+    # five epochs of 300 rows: three before the kill in epoch 3, its replay, one after it
+    rows = 1500
     env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": str(rows), "JOB_RATE": "0",
            "JOB_MAX_ROWS": "300", "JOB_INTERVAL": "500ms"}
     fired = tmp_path / "fault-fired.json"

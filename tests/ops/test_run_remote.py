@@ -30,9 +30,11 @@ CONNECT_BACK = "Python worker failed to connect back"
 
 def env_for(pg, table: str, **extra: str) -> dict[str, str]:
     """Input that keeps coming (60 rows/s of 20000: it lasts the whole test) in epochs of at
-    most 2500 rows (a drain takes the rest in a few epochs)."""
+    most 10000 rows (a drain takes the rest, most of the input, in one or two epochs: each
+    epoch on the Connect server costs seconds whatever its size)."""
     return {"JOB_DSN": pg.dsn, "JOB_TABLE": table, "JOB_ROWS": str(ROWS), "JOB_RATE": "60",
-            "JOB_MAX_ROWS": "2500", "JOB_KEYS": str(KEYS), "JOB_PARTITIONS": "2", **extra}
+            "JOB_MAX_ROWS": str(ROWS // 2), "JOB_KEYS": str(KEYS), "JOB_PARTITIONS": "2",
+            **extra}
 
 
 def savepoint_path(stdout: str) -> Path:

@@ -38,20 +38,21 @@ def _audit(out: Path, rows: int) -> None:
 def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_process(
         tmp_path):
     """Two UDF failures restart the query in the driver process; then the fault armed by
-    ``exactly run --fault after_intent@6`` SIGKILLs the driver's whole tree and the launcher
-    starts a new driver process, which goes on to every id exactly once. (10 epochs of 300
-    rows: the UDF failures in epochs 2 and 3, the kill in epoch 6, three epochs after it.)"""
-    rows = 3000
+    ``exactly run --fault after_intent@4`` SIGKILLs the driver's whole tree and the launcher
+    starts a new driver process, which goes on to every id exactly once. (6 epochs of 300
+    rows: the UDF failures in epochs 2 and 3, the kill in epoch 4, its replay and one epoch
+    after it.)"""
+    rows = 1800
     env = {"JOB_OUT": str(tmp_path / "out"), "JOB_ROWS": str(rows), "JOB_RATE": "0",
            "JOB_MAX_ROWS": "300", "JOB_FAIL_IDS": "650,950", "JOB_MARKERS": str(tmp_path),
            "JOB_INTERVAL": "500ms"}
     fired = tmp_path / "fault-fired.json"
-    run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--fault", "after_intent@6",
+    run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--fault", "after_intent@4",
                         "--fault-marker", str(fired), log=tmp_path / "run.log")
     try:
         run.wait_for(lambda: run.status() is not None and run.status().driver is not None,
                      "the first driver")
-        first_driver = run.status().driver.pid  # long before epoch 6: its JVM is starting
+        first_driver = run.status().driver.pid  # long before epoch 4: its JVM is starting
         run.wait_for(lambda: len([e for e in run.history() if e["event"] == "recovered"]) >= 2,
                      "two in-process recoveries")
         failures = [e for e in run.history() if e["event"] == "failure"][:2]
@@ -61,7 +62,7 @@ def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_p
         run.wait_for(lambda: run.status().driver and run.status().driver.pid != first_driver
                      and len([e for e in run.history() if e["event"] == "recovered"]) >= 3,
                      "the fault's kill and a new driver process that completes an epoch")
-        assert json.loads(fired.read_text())["epoch"] == 6
+        assert json.loads(fired.read_text())["epoch"] == 4
         run.wait_for(_all_rows(tmp_path / "out", rows), "every row in the output")
         stopped = run.command("stop", str(tmp_path / "ck"))
         assert stopped.returncode == 0, stopped.stderr

@@ -5,13 +5,18 @@ tests/ops/test_launcher_where_it_runs.py, whose driver stops so after its launch
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from supervised import SupervisedRun
 
 from exactly.audit import file_ids
+from exactly.checkpoint.spark_files import batch_numbers
 from exactly.testing.file_output import assert_no_dangling_pre_commits
+
+
+def _in_flight(ck) -> bool:
+    """An epoch is in flight: its offsets are logged, its commit is not."""
+    offsets, commits = batch_numbers(str(ck), "offsets"), batch_numbers(str(ck), "commits")
+    return bool(offsets) and (not commits or offsets[-1] > commits[-1])
 
 
 def test_cancel_with_delete_on_cancellation_removes_the_checkpoint_and_leaves_no_pre_commit(
@@ -22,7 +27,7 @@ def test_cancel_with_delete_on_cancellation_removes_the_checkpoint_and_leaves_no
     run = SupervisedRun("datagen_job.py", ck, env, log=tmp_path / "run.log")
     try:
         run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
-        time.sleep(0.5)  # into the next, slow epoch
+        run.wait_for(lambda: _in_flight(ck), "the next, slow epoch in flight")
         cancelled = run.command("cancel", str(ck))
         assert cancelled.returncode == 0, cancelled.stderr
         assert run.wait(timeout=120) == 0, run.output()[-3000:]
