@@ -57,22 +57,6 @@ JOIN_POINTS = (FaultPoint.AFTER_INTENT, FaultPoint.AFTER_COMPLETE)
 EVERY_POINT = tuple(FaultPoint)
 
 
-@pytest.fixture(scope="module")
-def pg():
-    """A throw-away PostgreSQL server (as in tests/postgres/conftest.py)."""
-    from exactly.errors import ConfigError
-    from exactly.testing.pgcluster import TempPostgres
-
-    try:
-        server = TempPostgres(max_prepared_transactions=20)
-    except ConfigError as exc:
-        pytest.fail(f"PostgreSQL is needed for the multi-input chaos tests: {exc}",
-                    pytrace=False)
-    server.start()
-    yield server
-    server.destroy()
-
-
 class Inputs:
     """The two inputs of the job, and what was put into each."""
 

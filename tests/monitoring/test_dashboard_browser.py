@@ -76,8 +76,10 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             assert run.wait(timeout=120) == 0, run.output()[-3000:]
             after = wait_until(lambda: (p := page())["status"] == "stopped" and p,
                                "the stopped job")
-            time.sleep(2.5)  # one more refresh: the page goes on without a live job
-            after = page()
+            # one more refresh: the page goes on without a live job
+            stamp = after["updated"]
+            after = wait_until(lambda: (p := page())["updated"] != stamp and p,
+                               "a refresh after the job stopped")
             assert after["completed"] == after["points"] == len(run.committed_epochs())
             assert after["cards"]["completed"] == len(run.committed_epochs())
             assert after["cards"]["failed"] == len(after["failed"]) >= 1

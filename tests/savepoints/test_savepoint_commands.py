@@ -84,12 +84,12 @@ def savepoints_and_restores(tmp_path: Path, *, restore_the_retained_checkpoint: 
     ck, out, target = tmp_path / "ck", tmp_path / "out", tmp_path / "sps"
     run = SupervisedRun(JOB, ck, env_for(out), log=tmp_path / "run1.log")
     try:
-        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        run.wait_for(lambda: len(run.committed_epochs()) >= 1, "an epoch")
         taken = run.command("savepoint", str(ck), str(target))
         assert taken.returncode == 0, taken.stderr
         running_sp = savepoint_path(taken.stdout)
         at = read_manifest(running_sp).epoch
-        run.wait_for(lambda: max(run.committed_epochs()) > at + 1, "epochs after it")
+        run.wait_for(lambda: max(run.committed_epochs()) > at, "an epoch after it")
         stopped = run.command("stop", "--savepoint", str(target), str(ck))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait(timeout=120) == 0, run.output()[-3000:]
