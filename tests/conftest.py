@@ -77,17 +77,19 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("install/test_wheel_install.py", "connect/test_chaos_on_connect.py",
-                 "chaos/test_nemesis.py",
-                 "ops/test_ha_failover.py", "postgres/test_pg_chaos.py",
-                 "ops/test_launcher_where_it_runs.py", "kafka/test_kafka_chaos.py",
+LONGEST_FIRST = ("connect/test_chaos_on_connect.py", "install/test_wheel_install.py",
+                 "ops/test_launcher_where_it_runs.py", "ops/test_ha_failover.py",
+                 "chaos/test_nemesis.py", "ops/test_run_remote.py",
+                 "contract/test_commit_protocol.py", "chaos/test_cluster_lane.py",
                  "chaos/test_file_sink_chaos.py", "chaos/test_multi_input_chaos.py",
-                 "chaos/test_cluster_lane.py", "ops/test_run_restarts.py",
                  "ops/test_run_on_s3.py", "savepoints/test_savepoint_commands.py",
-                 "savepoints/test_restore_aggregation.py", "chaos/test_delta_chaos.py",
-                 "ops/test_outages.py", "objectstore/test_s3_ambiguous_commit.py",
-                 "kafka/test_kafka_ambiguous_commit.py", "ops/test_run_remote.py",
-                 "savepoints/test_savepoints_on_connect.py")
+                 "savepoints/test_savepoints_every_backend.py", "connect/test_sinks_on_connect.py",
+                 "spark/test_file_sink.py", "ops/test_outages.py", "ops/test_run_pacing.py",
+                 "savepoints/test_rollback_lineage.py", "spark/test_admission.py",
+                 "savepoints/test_restore_aggregation.py", "chaos/test_process_tree.py",
+                 "kafka/test_kafka_reader.py", "spark/test_spark_submit.py",
+                 "monitoring/test_dashboard_browser.py", "objectstore/test_s3_ambiguous_commit.py",
+                 "kafka/test_kafka_ambiguous_commit.py", "savepoints/test_savepoints_on_s3.py")
 
 
 def _start_order(item) -> int:

@@ -159,7 +159,7 @@ def _fault(fault: str | None, marker: str | None, action: str | None) -> FaultSp
 @main.command()
 @click.option("--events", default=20_000, show_default=True, type=click.IntRange(1),
               help="Events to generate (each with a unique id).")
-@click.option("--crashes", default=3, show_default=True, type=click.IntRange(0),
+@click.option("--crashes", default=2, show_default=True, type=click.IntRange(0),
               help="Crashes to inject at randomly chosen protocol points.")
 @click.option("--seed", default=7, show_default=True, type=int,
               help="Seed of the event values and of the crash schedule.")
