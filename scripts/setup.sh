@@ -16,8 +16,8 @@
 #
 # The tests and benchmarks (parts tests, bench) also build a class-data-sharing archive of the
 # Spark driver's classes, once per PySpark and Java runtime (~/.cache/exactly/jvm;
-# exactly.spark.class_archive): their hundred driver starts each load faster, while for a demo
-# the build (~70 s) would cost more than it saves. Steps that do not need each other run side
+# exactly.spark.class_archive): their hundred driver starts each load faster; the demo goes
+# without it (its build takes ~70 s on a fresh machine). Steps that do not need each other run side
 # by side (the Debian packages beside the Python install, the jar downloads beside the archive
 # build): on a fresh machine most of the time is the network, unpacking, and building
 # PySpark's wheel from its source distribution.
