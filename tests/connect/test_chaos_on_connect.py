@@ -42,6 +42,7 @@ from types import SimpleNamespace
 import numpy as np
 import psutil
 import pytest
+from pg_aggregate import CountPoller, expected_totals
 
 from exactly.audit import audit_ids, pg_table_ids, sqlite_table_ids
 from exactly.auditor import verify
@@ -57,7 +58,6 @@ from exactly.testing.chaos import Attempt, python_command, run_with_crashes
 from exactly.testing.connect_server import ConnectServer
 from exactly.testing.file_output import assert_no_dangling_pre_commits
 from exactly.testing.kafka_broker import create_topic
-from exactly.testing.readers import BackgroundReader
 
 pytestmark = [pytest.mark.chaos, pytest.mark.server]
 
@@ -253,44 +253,6 @@ PG_SINKS = {
     "wal-sqlite": ["--sink", "wal"],  # + --sqlite in the test's directory
     "upsert": ["--sink", "upsert"],
 }
-
-
-def expected_totals(rows: int, keys: int) -> dict[str, tuple[int, int]]:
-    """A crash-free batch run of the aggregate pipeline: per key (events, total cents)."""
-    from exactly.connectors.datagen import generate
-
-    data = generate(0, rows, keys=keys, seed=0).to_pandas()
-    data["cents"] = np.round(data["amount"] * 100).astype(np.int64)
-    grouped = data.groupby("key").agg(events=("id", "size"), total=("cents", "sum"))
-    return {k: (int(r.events), int(r.total)) for k, r in grouped.iterrows()}
-
-
-class CountPoller(BackgroundReader):
-    """Reads the per-key counts during the whole run; records any count that went down."""
-
-    def __init__(self, pg, table: str) -> None:
-        super().__init__()
-        self.pg, self.table = pg, table
-        self.seen: dict[str, int] = {}
-        self.backwards: list[tuple[str, int, int]] = []
-        self.reads = 0
-
-    def run(self) -> None:
-        import psycopg
-
-        while not self.stopping.is_set():
-            try:
-                with self.pg.connect() as c:
-                    while not self.stopping.is_set():
-                        rows = c.execute(f'SELECT key, events FROM "{self.table}"').fetchall()
-                        self.reads += 1
-                        for key, events in rows:
-                            if events < self.seen.get(key, 0):
-                                self.backwards.append((key, self.seen[key], events))
-                            self.seen[key] = events
-                        self.stopping.wait(0.1)
-            except psycopg.Error:  # table not there yet
-                self.stopping.wait(0.2)
 
 
 # 2PC append in the default lane; the other PostgreSQL sinks' kills (~230 s each on the

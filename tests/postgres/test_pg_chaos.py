@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pg_aggregate import CountPoller, expected_totals
 
 from exactly.audit import audit_ids, pg_table_ids, sqlite_table_ids
 from exactly.connectors.datagen import generate
@@ -30,7 +31,6 @@ from exactly.demos.postgres_job import DSN_ENV, command
 from exactly.protocol.commitlog import CommitLog
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
 from exactly.testing.chaos import run_with_crashes
-from exactly.testing.readers import BackgroundReader
 
 pytestmark = pytest.mark.chaos
 ROWS, PER_EPOCH = 8_000, 1_000  # 8 epochs
@@ -124,41 +124,6 @@ def test_wal_sink_into_sqlite_survives_a_kill_between_load_and_acknowledgement(p
     assert report.ok, report.to_json()
 
 
-def expected_totals(rows: int, keys: int) -> dict[str, tuple[int, int]]:
-    data = generate(0, rows, keys=keys, seed=0).to_pandas()
-    data["cents"] = np.round(data["amount"] * 100).astype(np.int64)
-    grouped = data.groupby("key").agg(events=("id", "size"), total=("cents", "sum"))
-    return {k: (int(r.events), int(r.total)) for k, r in grouped.iterrows()}
-
-
-class Poller(BackgroundReader):
-    """Reads the table during the whole run; records any value that moved backwards."""
-
-    def __init__(self, pg, table: str) -> None:
-        super().__init__()
-        self.pg, self.table = pg, table
-        self.seen: dict[str, int] = {}
-        self.backwards: list[tuple[str, int, int]] = []
-        self.reads = 0
-
-    def run(self) -> None:
-        import psycopg
-
-        while not self.stopping.is_set():
-            try:
-                with self.pg.connect() as c:
-                    while not self.stopping.is_set():
-                        rows = c.execute(f'SELECT key, events FROM "{self.table}"').fetchall()
-                        self.reads += 1
-                        for key, events in rows:
-                            if events < self.seen.get(key, 0):
-                                self.backwards.append((key, self.seen[key], events))
-                            self.seen[key] = events
-                        self.stopping.wait(0.1)
-            except psycopg.Error:  # table not there yet
-                self.stopping.wait(0.2)
-
-
 @pytest.mark.parametrize("sink,pipeline,points,rows", [
     # slow: the same pipeline, poller and batch comparison at every point in the default lane:
     # tests/connect/test_chaos_on_connect.py::
@@ -184,7 +149,7 @@ def test_running_aggregates_in_update_mode_equal_a_crash_free_batch_run(
     args = ["--sink", sink, "--pipeline", pipeline, "--table", table, "--checkpoint",
             str(tmp_path / "ck"), "--rows", str(rows), "--rows-per-epoch", str(PER_EPOCH),
             "--keys", str(keys)]
-    with Poller(pg, table) as poller:
+    with CountPoller(pg, table) as poller:
         run_job(pg, args, points)
     got = {k: (e, t) for k, e, t in conn.execute(
         f'SELECT key, events, total_cents FROM "{table}"').fetchall()}
