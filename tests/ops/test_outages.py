@@ -113,9 +113,10 @@ def _kafka_ids(broker, topic: str) -> np.ndarray:
 
 
 #: the job's checkpoint timeout: an epoch behind the lock exceeds it, while a first epoch that
-#: starts the run's Python processes on a loaded 2-core machine (up to ~12 s measured) must
-#: not (4 s timed every first epoch out under load: a restart loop that never got 2 epochs)
-TIMEOUT = "15s"
+#: starts the run's Python processes on a loaded 2-core machine must not (4 s timed every
+#: first epoch out under load; 15 s did too, 4 restarts in a row, in a default-lane run at load
+#: 5.6: a restart loop that never got 2 epochs within 120 s)
+TIMEOUT = "25s"
 
 
 def test_an_epoch_over_the_checkpoint_timeout_is_cancelled_tolerated_then_escalated(
@@ -126,7 +127,7 @@ def test_an_epoch_over_the_checkpoint_timeout_is_cancelled_tolerated_then_escala
                   JOB_CHECKPOINT_TIMEOUT=TIMEOUT, JOB_CHECKPOINT_TOLERABLE="1")
     run = SupervisedRun("datagen_job.py", ck, env, log=tmp_path / "run.log")
     try:
-        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs", timeout=240)
         # a fresh driver's first epoch pays Spark's start-up and may time out by itself:
         # only the failures from here on are the lock's
         before = len(_failures(run))

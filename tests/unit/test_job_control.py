@@ -127,3 +127,58 @@ def test_requests_answered_without_a_driver_are_all_answered_and_the_oldest_deci
     late_stop = channel.post("stop", drain=False)
     assert answer_without_driver(channel, "no driver was running") is None
     assert [r.id for r in channel.pending()] == [savepoint.id, late_stop.id]
+
+
+def test_a_stop_read_only_after_its_run_ended_is_answered_for_that_run_not_left_queued(tmp_path):
+    """A stop sent while its run stops by itself (its launcher died) can land after the run's
+    last look at its requests: the command answers it for the ended run, with its last
+    epoch, instead of timing out and leaving it queued for a later run. A request sent to no
+    run in particular still stays queued for the next one."""
+    from exactly.checkpoint.status import update_status
+
+    directory = job_dir(tmp_path)
+    claim_job(directory, JobStatus("r1", current_process(), "stopping", last_epoch=7))
+    channel = ControlChannel(tmp_path)
+    stop = channel.send("stop")
+    savepoint = channel.send("savepoint")
+    assert stop.to_run == "r1"
+    update_status(directory, state="stopped")  # the run ended without reading them
+    answer = channel.wait_answer(stop, timeout=5)
+    assert answer is not None and answer["status"] == "done", answer
+    assert answer["detail"] == "the job had already stopped (after epoch 7); nothing was in flight"
+    assert answer["last_epoch"] == 7 and answer["answered_by"] == "command"
+    refused = channel.wait_answer(savepoint, timeout=5)
+    assert refused is not None and refused["status"] == "refused", refused
+    assert "before it could take the savepoint" in refused["detail"]
+    assert channel.pending() == []
+    queued = channel.post("stop")  # sent to no run (a driver's own request)
+    assert channel.wait_answer(queued, timeout=1) is None
+    assert [r.id for r in channel.pending()] == [queued.id]
+
+
+@pytest.mark.parametrize("ha", [False, True])
+def test_a_new_run_answers_a_stop_sent_to_the_ended_run_before_it_and_goes_on(tmp_path, ha):
+    """The run that ended did not read the stop, and a new ``exactly run`` took the job
+    before the command noticed: the new driver answers it for the ended run and is not
+    stopped by it. An HA leader acts on it instead: the previous leader's run did not end,
+    it failed over, and a stop sent during a failover is meant for the new leader."""
+    from exactly.config import CheckpointConfig
+    from exactly.ops.job import Job
+    from exactly.ops.supervisor import Supervisor
+
+    directory = job_dir(tmp_path)
+    claim_job(directory, JobStatus("r1", current_process(), "stopping", last_epoch=3))
+    channel = ControlChannel(tmp_path)
+    old = channel.send("stop")
+    claim_job(directory, JobStatus("r2", current_process(), "starting"))  # mine: taken over
+    mine = channel.send("savepoint")
+    job = Job(None, "exactly.files", path=str(tmp_path / "out"),  # type: ignore[arg-type]
+              checkpoint=CheckpointConfig(storage=str(tmp_path)))
+    supervisor = Supervisor(job, run_id="r2", ha=ha)
+    if ha:
+        assert [r.id for r in supervisor._open_requests()] == [old.id, mine.id]
+        return
+    assert [r.id for r in supervisor._open_requests()] == [mine.id]
+    answer = channel.wait_answer(old, timeout=1)
+    assert answer is not None and answer["status"] == "done", answer
+    assert "sent to run r1; run r2 goes on" in answer["detail"], answer["detail"]

@@ -8,10 +8,15 @@ port)::
     control/answers/<id>.json    written by the driver when the request is done or refused
 
 A request names an ``action`` (``stop``, ``cancel``, ``savepoint``) and its parameters
-(``drain``, ``target``). The driver polls for requests between and during epochs, handles the
-oldest first, and answers each exactly once. The job's status is
-:mod:`exactly.checkpoint.status`. A job run with ``exactly run --ha`` is reached whichever
-host leads it; a request sent during a failover waits for the new leader, which answers it.
+(``drain``, ``target``), and the run it was sent to (``to_run``: the live run the command
+found). The driver polls for requests between and during epochs, handles the oldest first,
+and answers each exactly once. A request that reaches nobody because the run it was sent to
+ended first (a stop sent while that run was stopping by itself) is answered for it: by the
+command when the run's end is the checkpoint's last word, else by the next plain run's
+driver, which does not act on it -- a stop never outlives its run to stop a later one.
+The job's status is :mod:`exactly.checkpoint.status`. A job run with ``exactly run --ha``
+is reached whichever host leads it; a request sent during a failover waits for the new
+leader, which answers it.
 """
 
 from __future__ import annotations
@@ -44,11 +49,31 @@ class Request:
     action: str
     params: dict[str, Any] = field(default_factory=dict)
     requested_at: float = 0.0
+    #: the run the command found live when it sent this (None: the next run that polls)
+    to_run: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Request:
+        to_run = data.get("to_run")
         return cls(str(data["id"]), str(data["action"]), dict(data.get("params") or {}),
-                   float(data.get("requested_at") or 0.0))
+                   float(data.get("requested_at") or 0.0),
+                   str(to_run) if to_run is not None else None)
+
+    @property
+    def wants_savepoint(self) -> bool:
+        """A savepoint, or a stop that takes one first: only a live driver can do it."""
+        return self.action == "savepoint" or self.params.get("savepoint") is not None
+
+
+def late_answer(request: Request, outcome: str, last_epoch: int | None) -> tuple[str, str]:
+    """``(status, detail)`` for a request read only after its run ended as ``outcome``
+    (``stopped``, ``cancelled``, ``failed``): a stop or cancel is done (nothing is in
+    flight), a savepoint is refused (nothing was written)."""
+    after = f"after epoch {last_epoch}" if last_epoch is not None else "before its first epoch"
+    if request.wants_savepoint:
+        return "refused", (f"the job {outcome} ({after}) before it could take the savepoint; "
+                           "nothing was written")
+    return "done", f"the job had already {outcome} ({after}); nothing was in flight"
 
 
 class NoRunningJob(ExactlyError):
@@ -70,17 +95,21 @@ class ControlChannel:
         """Write a request for the job's driver; raises NoRunningJob when none is alive."""
         if action not in ACTIONS:
             raise ConfigError(f"unknown control action {action!r}; one of {', '.join(ACTIONS)}")
-        if running_job(self.checkpoint) is None and not has_live_launcher(self.store):
+        live = running_job(self.checkpoint)
+        if live is None and not has_live_launcher(self.store):
             where = self.checkpoint
             raise NoRunningJob(f"no running job on checkpoint {where} (no live `exactly run` "
                                "has it); start it with `exactly run JOB --checkpoint "
                                f"{where}`, nothing was sent")
-        return self.post(action, **params)
+        return self._write(action, params, live.run_id if live is not None else None)
 
     def post(self, action: str, **params: Any) -> Request:
         """Queue a request without looking for a live job (the driver's own requests)."""
+        return self._write(action, params, None)
+
+    def _write(self, action: str, params: dict[str, Any], to_run: str | None) -> Request:
         request = Request(f"{time.time_ns()}-{uuid.uuid4().hex[:8]}", action, params,
-                          time.time())
+                          time.time(), to_run)
         self.store.write(f"{layout.REQUESTS}/{request.id}.json",
                          json.dumps(asdict(request), sort_keys=True).encode())
         return request
@@ -98,9 +127,21 @@ class ControlChannel:
                 return None
             status = JobStatus.read(self.store)
             if status is not None and not status.alive() and not self._failing_over(status):
-                return self._answer(request)  # it may have answered just before it ended
+                # it may have answered just before it ended; else the request came too late
+                return self._answer(request) or self._answer_for_ended(request, status)
             time.sleep(poll)
         return None
+
+    def _answer_for_ended(self, request: Request, status: JobStatus) -> dict[str, Any] | None:
+        """Answer ``request`` for the run it was sent to, which ended before it read it (the
+        status is that run's last word: no later run claimed the job). A request sent to no
+        run in particular, or a run that did not end (lost: the next run recovers it), stays
+        queued and None is returned."""
+        if request.to_run is None or request.to_run != status.run_id or status.state not in ENDED:
+            return None
+        self.answer(request, *late_answer(request, status.state, status.last_epoch),
+                    last_epoch=status.last_epoch, answered_by="command")
+        return self._answer(request)
 
     def _failing_over(self, status: JobStatus) -> bool:
         """True while an ``exactly run --ha`` job is between two leaders: its run looks

@@ -337,8 +337,7 @@ def answer_without_driver(control: ControlChannel, why: str) -> str | None:
     is asked for: only a driver can take one, and the next driver answers every request in
     order."""
     pending = control.pending()
-    if not pending or any(r.action == "savepoint" or r.params.get("savepoint") is not None
-                          for r in pending):
+    if not pending or any(r.wants_savepoint for r in pending):
         return None
     state = "stopped" if pending[0].action == "stop" else "cancelled"
     for request in pending:

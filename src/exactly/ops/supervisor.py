@@ -40,7 +40,7 @@ from enum import Enum
 from typing import Any
 
 from exactly.causes import root_cause, root_cause_of
-from exactly.checkpoint.control import ControlChannel, Request
+from exactly.checkpoint.control import ControlChannel, Request, late_answer
 from exactly.checkpoint.history import append_now
 from exactly.checkpoint.location import job_store
 from exactly.checkpoint.restarts import RestartHistory
@@ -445,8 +445,8 @@ class Supervisor:
         if self._local is not None and self._local.action == "cancel":
             request, self._local = self._local, None
             return request
-        for request in self.control.pending():
-            if request.action == "cancel" and request.id not in self._taken:
+        for request in self._open_requests():
+            if request.action == "cancel":
                 self._taken.add(request.id)
                 return request
         return None
@@ -562,18 +562,34 @@ class Supervisor:
 
     # -- requests and status --------------------------------------------------------------
     def _peek_request(self) -> bool:
-        return self._local is not None or any(r.id not in self._taken
-                                              for r in self.control.pending())
+        return self._local is not None or bool(self._open_requests())
 
     def _next_request(self) -> Request | None:
         if self._local is not None:
             request, self._local = self._local, None
             return request
-        for request in self.control.pending():
-            if request.id not in self._taken:  # a drain is answered only when it ends
-                self._taken.add(request.id)
-                return request
+        for request in self._open_requests():
+            self._taken.add(request.id)
+            return request
         return None
+
+    def _open_requests(self) -> list[Request]:
+        """Pending requests this driver has not taken (a drain is answered only when it
+        ends), oldest first, without those sent to an earlier run that ended."""
+        return [r for r in self.control.pending()
+                if r.id not in self._taken and not self._sent_to_an_ended_run(r)]
+
+    def _sent_to_an_ended_run(self, request: Request) -> bool:
+        """A command sent to an earlier run that ended before reading it (a stop sent while
+        that run stopped by itself): answered as that run would have, not acted on, so it
+        never stops this run. An HA leader acts on requests sent to the previous leader's
+        run: that run did not end, it failed over."""
+        if request.to_run is None or self.ha or not self.run_id or request.to_run == self.run_id:
+            return False
+        status, detail = late_answer(request, "ended", self.last_epoch)
+        self.control.answer(request, status, f"{detail} (it was sent to run {request.to_run}; "
+                            f"run {self.run_id} goes on)", last_epoch=self.last_epoch)
+        return True
 
     def _answer(self, request: Request | None, status: str, detail: str, **extra) -> None:
         if request is not None and not request.id.startswith("signal-"):
@@ -638,15 +654,8 @@ class Supervisor:
     def _answer_late_requests(self, outcome: str) -> None:
         """Answer what arrived after the job began to end, so no command waits in vain."""
         for request in self.control.pending():
-            if request.id in self._taken:
-                continue
-            if request.action == "savepoint" or request.params.get("savepoint") is not None:
-                self.control.answer(request, "refused", f"the job {outcome} (after epoch "
-                                    f"{self.last_epoch}) before it could take the savepoint; "
-                                    "nothing was written")
-            else:
-                self.control.answer(request, "done", f"the job had already {outcome} (after "
-                                    f"epoch {self.last_epoch}); nothing was in flight",
+            if request.id not in self._taken:
+                self.control.answer(request, *late_answer(request, outcome, self.last_epoch),
                                     last_epoch=self.last_epoch)
 
     def _beat(self) -> None:
