@@ -29,7 +29,7 @@ import harness as h
 #: in the order they run; each takes --workdir
 BENCHES = ("file_sink", "postgres_sink", "kafka_sink", "delta_sink", "visibility",
            "epoch_cost", "reference", "state_snapshots", "history_overhead",
-           "checkpoint_store", "audit", "connect_cost")
+           "checkpoint_store", "audit", "connect_cost", "epoch_cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
