@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+import harness as h
 
-from exactly.audit import audit_ids, file_ids
+from exactly.audit import file_ids
 from exactly.spark import worker_daemon
 
 DRIVER = """
@@ -72,10 +71,9 @@ def one_run(variant: str, rows: int, per_epoch: int, workdir: Path) -> dict[str,
         wall, cpu = time.monotonic() - started, _cpu_seconds() - cpu
         if result.returncode != 0:
             raise SystemExit(f"{variant} run failed:\n{result.stderr[-3000:]}")
-        report = audit_ids(file_ids(Path(tmp) / "out")[0], np.arange(rows, dtype=np.int64))
-        if not report.ok:
-            raise SystemExit(f"{variant} run: the output is not ids 0..{rows - 1} once: "
-                             f"{report.rows()}")
+        wrong = h.check_ids(file_ids(Path(tmp) / "out")[0], rows, f"{variant} run")
+        if wrong:
+            raise SystemExit(wrong)
         epochs = sum(1 for p in (Path(tmp) / "ck" / "commits").iterdir() if p.name.isdigit())
     return {"cpu": cpu, "wall": wall, "epochs": epochs}
 
@@ -87,26 +85,23 @@ def main() -> None:
     parser.add_argument("--rows-per-epoch", type=int, default=10_000)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
-    print(f"rows per run: {args.rows:,} in epochs of {args.rows_per_epoch:,}; "
-          f"load before: {os.getloadavg()[0]:.2f}")
+    print(h.machine())
+    print(f"rows per run: {args.rows:,} in epochs of {args.rows_per_epoch:,}")
     for variant in VARIANTS:  # warm-up: page cache, bytecode caches
         one_run(variant, args.rows, args.rows_per_epoch, args.workdir)
     results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for i in range(args.repeat):
-        for variant in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
-            r = one_run(variant, args.rows, args.rows_per_epoch, args.workdir)
-            results[variant].append(r)
-            print(f"  pair {i + 1} {variant:>7}: {r['cpu']:.1f} CPU-s, {r['wall']:.1f} s wall, "
-                  f"{r['epochs']:.0f} epochs, {r['cpu'] / r['epochs']:.2f} CPU-s an epoch "
-                  f"(start included), load {os.getloadavg()[0]:.2f}")
+    for rep, variant in h.schedule(VARIANTS, args.repeat):
+        r = one_run(variant, args.rows, args.rows_per_epoch, args.workdir)
+        results[variant].append(r)
+        print(f"  pair {rep + 1} {variant:>7}: {r['cpu']:.1f} CPU-s, {r['wall']:.1f} s wall, "
+              f"{r['epochs']:.0f} epochs, {r['cpu'] / r['epochs']:.2f} CPU-s an epoch "
+              f"(start included), {h.load()}")
     for key, what in (("cpu", "CPU seconds"), ("wall", "wall seconds")):
         ratios = [a[key] / b[key] for a, b in zip(*(results[v] for v in VARIANTS), strict=True)]
-        medians = {v: statistics.median(r[key] for r in results[v]) for v in VARIANTS}
-        print(f"{what}: exactly's daemon median {medians['exactly']:.1f}, Spark's "
-              f"{medians['spark']:.1f}; ratio exactly/spark median "
-              f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
-    print(f"load after: {os.getloadavg()[0]:.2f}; every run audited: ids 0..{args.rows - 1} "
-          "once")
+        print(f"{what}: exactly's daemon {h.spread([r[key] for r in results['exactly']], '.1f')}, "
+              f"Spark's {h.spread([r[key] for r in results['spark']], '.1f')}; ratio "
+              f"exactly/spark {h.spread(ratios)}")
+    print(f"after: {h.load()}; every run audited: ids 0..{args.rows - 1} once")
 
 
 if __name__ == "__main__":

@@ -139,9 +139,8 @@ class ControlChannel:
         queued and None is returned."""
         if request.to_run is None or request.to_run != status.run_id or status.state not in ENDED:
             return None
-        self.answer(request, *late_answer(request, status.state, status.last_epoch),
-                    last_epoch=status.last_epoch, answered_by="command")
-        return self._answer(request)
+        return self.answer(request, *late_answer(request, status.state, status.last_epoch),
+                           last_epoch=status.last_epoch, answered_by="command")
 
     def _failing_over(self, status: JobStatus) -> bool:
         """True while an ``exactly run --ha`` job is between two leaders: its run looks
@@ -189,11 +188,14 @@ class ControlChannel:
                 self.answer(Request(rid, "?"), "refused", f"unreadable request: {exc}")
         return found
 
-    def answer(self, request: Request, status: str, detail: str = "", **extra: Any) -> None:
-        """Record the outcome of ``request`` (``done``, ``refused`` or ``failed``)."""
-        self.store.write(f"{layout.ANSWERS}/{request.id}.json", json.dumps(
-            {"id": request.id, "action": request.action, "status": status,
-             "detail": detail, "answered_at": time.time(), **extra},
-            sort_keys=True, default=str).encode())
+    def answer(self, request: Request, status: str, detail: str = "",
+               **extra: Any) -> dict[str, Any]:
+        """Record the outcome of ``request`` (``done``, ``refused`` or ``failed``); returns
+        the answer as written."""
+        answer = {"id": request.id, "action": request.action, "status": status,
+                  "detail": detail, "answered_at": time.time(), **extra}
+        self.store.write(f"{layout.ANSWERS}/{request.id}.json",
+                         json.dumps(answer, sort_keys=True, default=str).encode())
         with contextlib.suppress(OSError):
             self.store.delete(f"{layout.REQUESTS}/{request.id}.json")
+        return answer

@@ -577,13 +577,13 @@ class Supervisor:
         """Pending requests this driver has not taken (a drain is answered only when it
         ends), oldest first, without those sent to an earlier run that ended."""
         return [r for r in self.control.pending()
-                if r.id not in self._taken and not self._sent_to_an_ended_run(r)]
+                if r.id not in self._taken and not self._answered_for_an_ended_run(r)]
 
-    def _sent_to_an_ended_run(self, request: Request) -> bool:
-        """A command sent to an earlier run that ended before reading it (a stop sent while
-        that run stopped by itself): answered as that run would have, not acted on, so it
-        never stops this run. An HA leader acts on requests sent to the previous leader's
-        run: that run did not end, it failed over."""
+    def _answered_for_an_ended_run(self, request: Request) -> bool:
+        """True, once answered, for a command sent to an earlier run that ended before
+        reading it (a stop sent while that run stopped by itself): answered as that run
+        would have, not acted on, so it never stops this run. An HA leader acts on requests
+        sent to the previous leader's run: that run did not end, it failed over."""
         if request.to_run is None or self.ha or not self.run_id or request.to_run == self.run_id:
             return False
         status, detail = late_answer(request, "ended", self.last_epoch)
