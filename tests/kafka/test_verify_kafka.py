@@ -45,10 +45,10 @@ def test_an_aborted_transactions_rows_fail_only_read_uncommitted(broker, topic):
             f"kafka://{broker.bootstrap}/{topic}", "--json"]
     committed = verify(*args)
     assert committed.exit_code == 0, committed.output
-    assert json.loads(committed.output)["found_rows"] == 400
+    assert json.loads(committed.stdout)["found_rows"] == 400
     uncommitted = verify(*args, "--isolation", "read_uncommitted")
     assert uncommitted.exit_code == 1, uncommitted.output
-    report = json.loads(uncommitted.output)
+    report = json.loads(uncommitted.stdout)
     assert report["duplicated"]["count"] == 100 and report["duplicate_extra_rows"] == 100
     assert report["duplicated"]["sample"][0] == {"id": 300, "rows": 2}
 
@@ -64,12 +64,12 @@ def test_latest_value_per_key_and_a_count_that_moved_backwards(broker, topic):
     good = verify("--expect", truth, "--output", location, "--key", "key", "--latest-by-key",
                   "--compare-columns", "n", "--monotonic", "n", "--json")
     assert good.exit_code == 0, good.output
-    assert json.loads(good.output)["moved_backwards"] == {"count": 0, "sample": []}
+    assert json.loads(good.stdout)["moved_backwards"] == {"count": 0, "sample": []}
     send(producer, topic, [{"key": "b", "n": 3}], commit=True)  # an old value again
     bad = verify("--expect", truth, "--output", location, "--key", "key", "--latest-by-key",
                  "--compare-columns", "n", "--monotonic", "n", "--json")
     assert bad.exit_code == 1
-    report = json.loads(bad.output)
+    report = json.loads(bad.stdout)
     assert report["moved_backwards"]["count"] == 1
     assert {k: report["moved_backwards"]["sample"][0][k] for k in ("key", "before", "after")} \
         == {"key": "b", "before": 5, "after": 3}

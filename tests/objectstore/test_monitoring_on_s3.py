@@ -95,7 +95,7 @@ def test_the_leader_standbys_and_failovers_of_an_ha_job_on_s3_come_from_the_buck
     RestartHistory(store, "run-b").append("recovered", at=now - 3, epoch=3, recovery_s=5.0)
     shown = CliRunner().invoke(main, ["checkpoints", checkpoint, "--json"])
     assert shown.exit_code == 0, shown.output
-    data = json.loads(shown.output)
+    data = json.loads(shown.stdout)
     assert {k: data["leader"][k] for k in ("host", "generation", "since", "standbys",
                                            "lease")} == {
         "host": "host-b", "generation": 4, "since": now - 5, "standbys": ["host-c"],

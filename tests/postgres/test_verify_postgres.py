@@ -55,7 +55,7 @@ def test_a_duplicated_row_is_named_with_its_epoch_via_dsn_env(pg, conn, table_na
     result = verify("--expect", "select range as id from range(500)", "--dsn-env", "PG_DSN",
                     "--table", table_name, "--json", env={"PG_DSN": pg.dsn})
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["duplicated"] == {"count": 1, "sample": [{"id": 123, "rows": 2}]}
     assert [(e["epoch"], e["duplicated_rows"]) for e in report["epochs"]] == [
         (0, 0), (1, 1), (2, 0), (3, 0), (4, 1)]
@@ -83,7 +83,7 @@ def test_an_aggregate_table_against_an_input_table(pg, conn, table_name):
             "select key, count(*) as n, sum(amount) as total from input group by key"]
     result = verify(*args, env={"PG_DSN": pg.dsn})
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["differing"]["count"] == 1
     (sample,) = report["differing"]["sample"]
     assert sample["key"] == "k2"
@@ -105,5 +105,5 @@ def test_an_empty_table_misses_every_expected_row(pg, conn, table_name):
     result = verify("--expect", "select range as id from range(5)", "--output",
                     url(pg, table_name), "--json")
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["found_rows"] == 0 and report["missing"]["count"] == 5

@@ -52,7 +52,7 @@ def test_a_refused_restore_leaves_only_its_failed_run_which_checkpoints_and_ui_s
     # exactly checkpoints: the failed run with its cause
     shown = CliRunner().invoke(main, ["checkpoints", str(ck2), "--json"])
     assert shown.exit_code == 0, shown.output
-    view = json.loads(shown.output)
+    view = json.loads(shown.stdout)
     assert view["status"] == "failed"
     assert view["status_detail"].startswith("SavepointError: ")
     assert "--sink-rollback" in view["status_detail"]

@@ -87,7 +87,7 @@ def inspect(savepoint) -> dict:
     assert shown.exit_code == 0 and "complete" in shown.output, shown.output
     listed = CliRunner().invoke(main, ["savepoint", "--inspect", str(savepoint), "--json"])
     assert listed.exit_code == 0, listed.output
-    return json.loads(listed.output)
+    return json.loads(listed.stdout)
 
 
 def inspected_rows(savepoint) -> list[tuple[str, int]]:

@@ -221,7 +221,7 @@ def test_the_readmes_filter_job_passes_exactly_verify_with_its_where(spark, tmp_
     result = CliRunner().invoke(main, [*args, "--where", "amount > 5000",
                                        "--compare-columns", "*"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     kept = sum(1 for f in events_dir.glob("*.jsonl") for line in f.read_text().splitlines()
                if json.loads(line)["amount"] > 5000)
     assert 0 < kept < 4000 and report["found_rows"] == kept
@@ -229,4 +229,4 @@ def test_the_readmes_filter_job_passes_exactly_verify_with_its_where(spark, tmp_
     assert [e["epoch"] for e in report["epochs"]] == [0, 1]  # 8 files, 4 per epoch
     unfiltered = CliRunner().invoke(main, args)
     assert unfiltered.exit_code == 1
-    assert json.loads(unfiltered.output)["missing"]["count"] == 4000 - kept
+    assert json.loads(unfiltered.stdout)["missing"]["count"] == 4000 - kept

@@ -27,7 +27,7 @@ def test_verify_exits_zero_on_a_match_and_one_on_duplicates(tmp_path):
     assert ok.exit_code == 0 and "EXACTLY ONCE" in ok.output
     bad = CliRunner(env=COMMAND_ENV).invoke(main, ["verify", "--input", str(tmp_path / "in"),
                                     "--output", str(tmp_path / "bad"), "--json"])
-    assert bad.exit_code == 1 and json.loads(bad.output)["duplicated"]["count"] == 1
+    assert bad.exit_code == 1 and json.loads(bad.stdout)["duplicated"]["count"] == 1
 
 
 def test_faults_lists_every_point():

@@ -142,7 +142,7 @@ def test_checkpoints_prints_the_leader_line_and_a_failovers_block(ha_checkpoint)
 
     as_json = CliRunner().invoke(main, ["checkpoints", str(ck), "--json"])
     assert as_json.exit_code == 0, as_json.output
-    data = json.loads(as_json.output)
+    data = json.loads(as_json.stdout)
     assert data["leader"]["host"] == "host-c" and data["leader"]["standbys"] == ["host-b"]
     assert [(f["from_host"], f["to_host"], f["duration_s"], f["in_progress"])
             for f in data["failovers"]] == [("host-a", "host-b", 5.0, False),

@@ -231,7 +231,7 @@ def test_cli_exit_status_and_json_report(tmp_path):
     assert "per epoch: 1 epochs, 0 with mismatches" in ok.output
     bad = cli("--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--json")
     assert bad.exit_code == 1
-    report = json.loads(bad.output)
+    report = json.loads(bad.stdout)
     assert report["ok"] is False and report["missing"]["count"] == len(EVENTS) - len(positive())
     assert report["epochs"] == [{"epoch": 1, "rows": len(positive()), "duplicated_rows": 0,
                                  "unexpected_rows": 0, "differing_rows": 0}]
