@@ -401,21 +401,23 @@ def test_ha_three_hosts_kill_then_pause_past_the_lease_then_stop_and_cancel_in_a
           f"{[e['recovery_s'] for e in hosts.history() if e['event'] == 'recovered']}")
 
 
-def savepoint_and_stop_during_failover(hosts: Hosts, tmp_path: Path, standby: str) -> Path:
-    """Right after the leader died: `exactly savepoint` then `exactly stop`, both sent
-    before the new leader runs a driver. Both must be answered, the savepoint first (by the
-    driver of ``standby``, the new leader), then the stop; returns the savepoint's path."""
+def savepoint_and_stop_during_failover(hosts: Hosts, tmp_path: Path, standby: str,
+                                       paused: list[psutil.Process]) -> Path:
+    """The leader died while ``standby``'s tree is ``paused`` (so the failover is in flight
+    whatever the machine's load: a loaded machine's ``exactly`` commands take seconds to
+    start, a failover about 5 s): `exactly savepoint` then `exactly stop` are sent, then the
+    standby resumes. Both must be answered, the savepoint first (by the driver of
+    ``standby``, the new leader), then the stop; returns the savepoint's path."""
     savepoint = _background("savepoint", str(hosts.checkpoint), str(tmp_path / "sp"),
                             "--timeout", "5min")
     hosts.wait_for(lambda: _requests(hosts.store), "the savepoint request", timeout=60)
     stop = _background("stop", str(hosts.checkpoint), "--timeout", "5min")
     pending = hosts.wait_for(lambda: (lambda p: p if len(p) == 2 else None)(
         _requests(hosts.store)), "both requests", timeout=60)
-    status = JobStatus.read(hosts.store)
-    assert status is not None
-    # both were sent before the new leader ran a driver: the failover was in flight
-    assert status.leader == 1 or status.driver is None, status
+    leader = hosts.leader()
+    assert leader is not None and leader.generation == 1, leader  # nobody took over yet
     assert pending == ["savepoint", "stop"]
+    hosts.resume(paused)
     sp_out, stop_out = _finish(savepoint), _finish(stop)
     assert sp_out.returncode == 0, sp_out.stdout + sp_out.stderr + hosts.logs()
     assert stop_out.returncode == 0, stop_out.stdout + stop_out.stderr + hosts.logs()
@@ -472,9 +474,10 @@ def kill_the_leader(tmp_path: Path, env: dict[str, str], *,
         hosts.wait_for(lambda: len(hosts.committed()) >= 2, "two epochs on host-a")
         hosts.wait_for(lambda: hosts.standbys() == {"host-b"}, "host-b standing by")
         wait_mid_epoch(hosts)
+        standby = hosts.pause("host-b") if commands else []
         hosts.kill("host-a")
         if commands:
-            taken = savepoint_and_stop_during_failover(hosts, tmp_path, "host-b")
+            taken = savepoint_and_stop_during_failover(hosts, tmp_path, "host-b", standby)
         second = hosts.wait_leading("host-b", 2)
         entry = failover_entry(hosts, second.run_id, "host-a", "host-b")
         assert entry["from_run"] == first.run_id and entry["epoch_in_flight"] is not None
