@@ -202,6 +202,24 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 @pytest.fixture(autouse=True)
+def _no_lease_heartbeat_outlives_its_test(request):
+    """After every test that is not a fast one (those are checked below): the lease
+    heartbeat threads it left in this process are stopped, without releasing the leases.
+    A query's heartbeats end with the query; a test that drives committers directly
+    (:class:`exactly.testing.harness.ProtocolHarness`, the contract suite's server cases)
+    leaves its driver's renewing a lease in a directory or on a server the next tests no
+    longer have: warnings in their logs, or in the JSON report a command prints."""
+    if request.node.get_closest_marker("fast") is not None:
+        yield
+        return
+    from exactly.protocol.lease import keepers, stop_heartbeats
+
+    before = set(keepers())
+    yield
+    stop_heartbeats(keep=before)
+
+
+@pytest.fixture(autouse=True)
 def _fast_test_leaves_nothing_behind(request):
     """A fast test shares its process with hundreds of others, run in any order: what it
     changes in the process must not reach the next one. After it, the heartbeat threads of

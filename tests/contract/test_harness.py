@@ -47,6 +47,23 @@ def test_a_crashed_driver_does_nothing_until_a_restart(h):
     assert h.completion(0)["rows"] == 1
 
 
+def test_a_restart_ends_the_dead_drivers_lease_heartbeat_and_close_ends_the_last(h):
+    """A crashed driver's threads die with its process: after a restart only the new run's
+    heartbeat renews the sink's lease, and ``close`` (the test is over) ends that one too."""
+    from exactly.protocol.lease import keepers
+
+    h.run_epoch(0, [batch(1)])
+    first = h.run_id
+    assert [k.run_id for k in keepers(first)] == [first]
+    with h.crash_at(FaultPoint.AFTER_COMPLETE):
+        h.run_epoch(1, [batch(2)])
+    second = h.restart()
+    h.run_epoch(2, [batch(3)])
+    assert keepers(first) == [] and [k.run_id for k in keepers(second)] == [second]
+    h.close()
+    assert keepers() == []
+
+
 def test_a_crash_in_a_task_leaves_the_driver_alive(h):
     with h.crash_at(FaultPoint.IN_WRITE):
         h.tasks(0, [batch(1)])

@@ -156,6 +156,34 @@ def test_a_stop_read_only_after_its_run_ended_is_answered_for_that_run_not_left_
     assert [r.id for r in channel.pending()] == [queued.id]
 
 
+def test_a_command_waiting_while_a_cancel_deletes_the_checkpoint_writes_nothing_into_it(
+        tmp_path):
+    """A cancel with delete_on_cancellation: the driver answers, marks its status, then
+    deletes the whole checkpoint, answers included. A command still waiting for its answer
+    (it looked just before the answer was written) reads the status before the checkpoint is
+    gone: it must not answer for the ended run, which would bring a deleted checkpoint back
+    (an ``answers`` directory), but report the checkpoint deleted."""
+    import shutil
+    import threading
+
+    from exactly.checkpoint.status import DELETING_DETAIL, update_status
+
+    ck = tmp_path / "ck"
+    directory = job_dir(ck)
+    claim_job(directory, JobStatus("r1", current_process(), "running", last_epoch=1))
+    channel = ControlChannel(ck)
+    cancel = channel.send("cancel")
+    # the driver's end, with its answer already deleted and the rest still going
+    update_status(directory, state="cancelled", detail=DELETING_DETAIL)
+    deleted = threading.Timer(0.5, shutil.rmtree, args=(ck,))
+    deleted.start()
+    try:
+        assert channel.wait_answer(cancel, timeout=10, poll=0.05) is None
+    finally:
+        deleted.join()
+    assert not ck.exists() and not channel.exists()
+
+
 @pytest.mark.parametrize("ha", [False, True])
 def test_a_new_run_answers_a_stop_sent_to_the_ended_run_before_it_and_goes_on(tmp_path, ha):
     """The run that ended did not read the stop, and a new ``exactly run`` took the job

@@ -32,7 +32,7 @@ from typing import Any
 from exactly.checkpoint import layout
 from exactly.checkpoint.leader import has_live_launcher
 from exactly.checkpoint.location import checkpoint_exists, checkpoint_uri, job_store
-from exactly.checkpoint.status import ENDED, JobStatus, running_job
+from exactly.checkpoint.status import DELETING_DETAIL, ENDED, JobStatus, running_job
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError, ExactlyError
 
@@ -126,6 +126,14 @@ class ControlChannel:
             if not self.exists():
                 return None
             status = JobStatus.read(self.store)
+            if status is not None and status.detail == DELETING_DETAIL:
+                # cancelled, the checkpoint going away with its answers: whatever was asked
+                # is done once it is gone; writing an answer now would bring it back
+                answer = self._answer(request)
+                if answer is not None:
+                    return answer
+                time.sleep(poll)
+                continue
             if status is not None and not status.alive() and not self._failing_over(status):
                 # it may have answered just before it ended; else the request came too late
                 return self._answer(request) or self._answer_for_ended(request, status)

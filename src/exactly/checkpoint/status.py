@@ -28,6 +28,10 @@ from exactly.procs import ProcessId
 HEARTBEAT_STALE_S = 60.0
 #: the states of a job that has ended (job.json)
 ENDED = ("stopped", "failed", "cancelled")
+#: the detail of a ``cancelled`` status written just before the driver deletes the whole
+#: checkpoint (``externalized_cleanup: delete_on_cancellation``): nothing may be written
+#: into it after that, not even an answer (it would bring a deleted checkpoint back)
+DELETING_DETAIL = "deleting the checkpoint (externalized_cleanup: delete_on_cancellation)"
 
 Where = LogStore | str | os.PathLike[str]
 

@@ -45,7 +45,7 @@ from exactly.checkpoint.history import append_now
 from exactly.checkpoint.location import job_store
 from exactly.checkpoint.restarts import RestartHistory
 from exactly.checkpoint.spark_files import last_committed_epoch
-from exactly.checkpoint.status import update_status
+from exactly.checkpoint.status import DELETING_DETAIL, update_status
 from exactly.config import CheckpointConfig, ExternalizedCleanup
 from exactly.errors import ExactlyError
 from exactly.logs import log_event
@@ -599,7 +599,9 @@ class Supervisor:
         delete = self.config.externalized_cleanup is ExternalizedCleanup.DELETE_ON_CANCELLATION
         self._answer(request, "done", "cancelled" + ("; checkpoint deleted" if delete else ""),
                      last_epoch=self.last_epoch, checkpoint_deleted=delete)
-        self._status("cancelled")
+        # with delete: the commands still waiting must not answer their requests themselves
+        # into the checkpoint being deleted (ControlChannel.wait_answer)
+        self._status("cancelled", DELETING_DETAIL if delete else "")
         if exq is not None:
             exq.halt()
         self._abort_in_flight()

@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -451,15 +451,17 @@ class LeaseKeeper(threading.Thread):
                 return
 
 
-def stop_heartbeats(timeout: float = 10.0) -> int:
-    """Stop every lease heartbeat thread of this process (:meth:`Lease.keep`) and wait for
-    them to end, without releasing the leases; returns how many there were. For a process
-    that drives committers directly, with no query whose end would stop their heartbeats (the
-    protocol's tests, :class:`exactly.testing.harness.ProtocolHarness`): they would otherwise
-    go on renewing leases nobody uses any more for as long as the process lives."""
+def stop_heartbeats(timeout: float = 10.0, *, keep: Collection[LeaseKeeper] = ()) -> int:
+    """Stop every lease heartbeat thread of this process (:meth:`Lease.keep`) but those in
+    ``keep``, and wait for them to end, without releasing the leases; returns how many there
+    were. For a process that drives committers directly, with no query whose end would stop
+    their heartbeats (the protocol's tests, :class:`exactly.testing.harness.ProtocolHarness`):
+    they would otherwise go on renewing leases nobody uses any more for as long as the
+    process lives."""
     with _KEEPERS_LOCK:
-        keepers = list(_KEEPERS.values())
-        _KEEPERS.clear()
+        keepers = [k for k in _KEEPERS.values() if k not in keep]
+        for key in [key for key, k in _KEEPERS.items() if k not in keep]:
+            del _KEEPERS[key]
     for keeper in keepers:
         keeper.stopped.set()
     for keeper in keepers:

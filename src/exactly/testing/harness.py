@@ -81,6 +81,7 @@ from exactly.protocol.faults import (
     point_name,
     raise_simulated_crash,
 )
+from exactly.protocol.lease import end_run
 from exactly.protocol.task import run_task
 
 __all__ = ["Fault", "InjectedFailure", "ProtocolHarness", "Rows"]
@@ -237,10 +238,19 @@ class ProtocolHarness(Generic[SinkT]):
     def restart(self) -> str:
         """A new driver of the same query after the last one stopped or crashed: a new run
         id, a new committer and a fresh copy of the sink as the query plan carries it (no
-        memory of the old driver survives, as none survives a process). Returns the new
-        run id."""
+        memory of the old driver survives, as none survives a process: its lease heartbeat
+        ends as a dead process's would, without releasing the lease). Returns the new run
+        id."""
+        if self.run_id:
+            end_run(self.run_id, release=False)
         self.committer = self._new_driver(self._unpickled())
         return self.run_id
+
+    def close(self) -> None:
+        """The test is over: stop the current driver's lease heartbeat (the process goes on
+        running other tests; a real driver's heartbeat ends with its query). Idempotent."""
+        if self.run_id:
+            end_run(self.run_id, release=False)
 
     # -- faults --------------------------------------------------------------------------
     @contextlib.contextmanager
