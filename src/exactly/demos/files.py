@@ -60,7 +60,7 @@ def run_demo(events: int, crashes: int, seed: int, workdir: Path, *, output_form
 
 
 #: the demo job's projection (exactly.demos.files_job.build) as SQL over its input
-EXPECTED_OUTPUT = ("SELECT id, key, upper(key) AS key_upper, "
+EXPECTED_OUTPUT = ("SELECT id, key, concat(key, ':', id) AS key_id, "
                    "CAST(round(amount * 100) AS BIGINT) AS amount_cents FROM input")
 
 
@@ -69,4 +69,4 @@ def audit_demo_output(input_dir: Path, output_dir: Path) -> VerifyReport:
     the job's projection gives it."""
     return run_audit(AuditSpec(output=FilesLocation(output_dir), input=FilesLocation(input_dir),
                                expect=EXPECTED_OUTPUT,
-                               compare=("key", "key_upper", "amount_cents")))
+                               compare=("key", "key_id", "amount_cents")))

@@ -44,7 +44,10 @@ class PipelineSpec:
 
 
 def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
-    """Read the events and derive a few columns; the ``id`` passes through unchanged."""
+    """Read the events and derive a few columns; the ``id`` passes through unchanged.
+
+    (No ``upper``/``lower``: the first of them in a JVM builds Spark's Unicode title-case
+    table, ~1.6 CPU-s on every driver start: docs/performance.md.)"""
     reader = (spark.readStream.format("exactly.files").schema(EVENT_SCHEMA)
               .option("format", "json")
               .option("maxFilesPerTrigger", spec.max_files_per_epoch))
@@ -54,7 +57,7 @@ def build(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     return events.select(
         "id",
         "key",
-        F.upper("key").alias("key_upper"),
+        F.concat("key", F.lit(":"), F.col("id").cast("string")).alias("key_id"),
         F.round(F.col("amount") * 100).cast("long").alias("amount_cents"),
         "event_time",
     )
