@@ -123,6 +123,21 @@ def reports_failure(command: str, refused: tuple[type[BaseException], ...] = (),
     return decorate
 
 
+#: the line width of a report written to a file or a pipe: wide enough that no table cell is
+#: cut to "…" and no path is folded, so what a script reads or greps is what was printed
+PIPED_WIDTH = 1000
+
+
+def report_console(min_width: int = 0) -> Console:
+    """The console a command prints its report to: the terminal's width (at least
+    ``min_width``) on a terminal, ``PIPED_WIDTH`` where stdout is a file or a pipe (without
+    it rich lays tables out for 80 columns there, or for the width of whatever terminal
+    stdin or stderr is attached to, and cuts the cells that do not fit)."""
+    if not sys.stdout.isatty():
+        return Console(width=PIPED_WIDTH)
+    return Console(width=max(Console().width, min_width))
+
+
 def _verbose() -> bool:
     ctx = click.get_current_context(silent=True)
     return bool(ctx and (ctx.find_root().obj or {}).get("verbose"))
@@ -344,7 +359,7 @@ def verify(input_path: str | None, output_path: str | None, table: str | None,
     else:
         from exactly.auditor.render import print_report
 
-        print_report(report, Console())
+        print_report(report, report_console())
     sys.exit(0 if report.ok else 1)
 
 
@@ -422,7 +437,7 @@ def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
                         .index(f.severity)):
             table.add_row(f"[{colours[f.severity]}]{f.severity}[/]", f.path, f.problem,
                           f.repair)
-        console = Console(width=max(Console().width, 160))
+        console = report_console(min_width=160)
         console.print(table)
         errors = sum(f.severity == "error" for f in report.findings)
         console.print("clean: no errors" if report.ok else f"{errors} error(s)")
@@ -713,7 +728,7 @@ def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None
     from exactly.monitoring import overview, terminal
 
     loaded = overview.load(checkpoint)
-    console = Console()
+    console = report_console()
     if follow and as_json:
         _follow_records(checkpoint, terminal.follow_interval(loaded.overview))
         return
@@ -812,7 +827,7 @@ def _inspect_savepoint(path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
         return
-    console = Console()
+    console = report_console()
     total = sum(f["size"] for f in manifest.files)
     console.print(f"savepoint {path}: complete, {len(manifest.files)} files ({total} bytes) "
                   "verified against the manifest")

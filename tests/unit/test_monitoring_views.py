@@ -98,6 +98,22 @@ def test_an_epoch_with_offsets_but_no_commit_is_in_progress_while_the_job_runs(c
     assert view.counts["in_progress"] == 1 and view.counts["triggered"] == 6
 
 
+def test_a_report_written_to_a_pipe_cuts_no_cell_and_folds_no_path(checkpoint):
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    long_path = "/savepoints/" + "deep-folder/" * 12 + "savepoint-4-3df93a071b0b"
+    HistoryStore(history_dir(checkpoint)).append(
+        {"kind": "savepoint", "at": 109.0, "epoch": 3, "path": long_path})
+    # a narrow terminal's width in the environment, where rich would lay out a file's lines
+    shown = CliRunner(env={"COLUMNS": "40"}).invoke(main, ["checkpoints", str(checkpoint)])
+    assert shown.exit_code == 0, shown.stderr
+    assert "…" not in shown.stdout
+    assert any(long_path in line for line in shown.stdout.splitlines())
+    assert any(str(checkpoint) in line for line in shown.stdout.splitlines())
+
+
 def test_a_damaged_line_is_a_warning_and_everything_else_still_shows(checkpoint):
     segment = HistoryStore(history_dir(checkpoint)).segments()[-1]
     with open(segment, "ab") as f:
