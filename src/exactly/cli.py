@@ -135,7 +135,9 @@ def report_console(min_width: int = 0) -> Console:
     stdin or stderr is attached to, and cuts the cells that do not fit)."""
     if not sys.stdout.isatty():
         return Console(width=PIPED_WIDTH)
-    return Console(width=max(Console().width, min_width))
+    console = Console()
+    console.width = max(console.width, min_width)
+    return console
 
 
 def _verbose() -> bool:

@@ -19,13 +19,13 @@ from exactly.monitoring.overview import load
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
 
-def _cli(*args: str):
-    """``exactly ARGS`` in this process (its exit code, stdout and stderr)."""
+def _cli(*args: str, env: dict[str, str] | None = None):
+    """``exactly ARGS`` in this process (its exit code, stdout and stderr), ``env`` set."""
     from click.testing import CliRunner
 
     from exactly.cli import main
 
-    return CliRunner().invoke(main, list(args))
+    return CliRunner(env=env).invoke(main, list(args))
 
 
 def _epoch(epoch: int, at: float, duration: float, full: int, new: int, rows: int) -> dict:
@@ -99,15 +99,11 @@ def test_an_epoch_with_offsets_but_no_commit_is_in_progress_while_the_job_runs(c
 
 
 def test_a_report_written_to_a_pipe_cuts_no_cell_and_folds_no_path(checkpoint):
-    from click.testing import CliRunner
-
-    from exactly.cli import main
-
     long_path = "/savepoints/" + "deep-folder/" * 12 + "savepoint-4-3df93a071b0b"
     HistoryStore(history_dir(checkpoint)).append(
         {"kind": "savepoint", "at": 109.0, "epoch": 3, "path": long_path})
     # a narrow terminal's width in the environment, where rich would lay out a file's lines
-    shown = CliRunner(env={"COLUMNS": "40"}).invoke(main, ["checkpoints", str(checkpoint)])
+    shown = _cli("checkpoints", str(checkpoint), env={"COLUMNS": "40"})
     assert shown.exit_code == 0, shown.stderr
     assert "…" not in shown.stdout
     assert any(long_path in line for line in shown.stdout.splitlines())
