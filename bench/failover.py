@@ -159,6 +159,8 @@ class Job:
         self.started: list[tuple[str, subprocess.Popen, IO[bytes]]] = []
         #: epochs this job must have committed before its next fault
         self.steady_at = 0
+        #: ``--warm-standby``: its HA launchers keep a warm spare as standbys
+        self.warm_standby = False
 
     def start(self, host: str) -> subprocess.Popen:
         log = open(self.work / f"{host}-{len(self.started)}.log", "wb")  # noqa: SIM115
@@ -166,7 +168,8 @@ class Job:
             "--ha", "--host-id", host, "--ha-lease-duration", f"{self.ha.lease_s:g}s",
             "--ha-renew-interval", f"{self.ha.renew_s:g}s",
             "--ha-renew-deadline", f"{self.ha.renew_deadline_s:g}s",
-            "--ha-standby-poll", f"{self.ha.standby_poll_s:g}s"]
+            "--ha-standby-poll", f"{self.ha.standby_poll_s:g}s",
+            *(["--ha-warm-standby"] if self.warm_standby else [])]
         proc = subprocess.Popen([*EXACTLY, "run", str(JOB), "--checkpoint", str(self.ck),
                                  *self.args, *ha_args], env={**self.env, HOST_ID_ENV: host},
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -236,13 +239,16 @@ def leader_of(job: Job) -> tuple[str, LeaderState] | None:
 
 
 def standby_ready(job: Job, leader: str) -> bool:
-    """Every launcher but the leader's is live as a standby (fresh member record)."""
+    """Every launcher but the leader's is live as a standby (fresh member record), with its
+    warm spare ready under ``--warm-standby``."""
     live = {m.host: m for m in Members(job.store).live()}
     for host, proc in job.launchers.items():
         if host == leader:
             continue
         member = live.get(host)
         if member is None or member.role != "standby" or member.launcher.pid != proc.pid:
+            return False
+        if job.warm_standby and member.spare != "ready":
             return False
     return True
 
@@ -491,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart-delay", default="0s",
                    help="the restart strategy's delay (fixed-delay) of both jobs")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up round")
+    p.add_argument("--warm-standby", action="store_true",
+                   help="the HA launchers run with --ha-warm-standby (a fault waits for the "
+                        "standby's spare to be ready)")
     p.add_argument("--workdir", type=Path, default=None)
     args = p.parse_args(argv)
     ha = HaSettings(lease_s=parse_duration(args.lease, name="--lease"),
@@ -508,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{DEFAULT_LEASE_S:g}/{DEFAULT_RENEW_S:g}/{DEFAULT_RENEW_DEADLINE_S:g}/"
           f"{DEFAULT_STANDBY_POLL_S:g}s); {args.reps} repetitions of {', '.join(VARIANTS)}; "
           f"{args.rate} rows/s per job, 1 s checkpoint interval, restart delay {delay:g}s; "
-          f"work {work}", flush=True)
+          f"HA standbys {'with' if args.warm_standby else 'without'} a warm spare "
+          f"(--ha-warm-standby), the plain job with its default spare driver; work {work}",
+          flush=True)
     if args.reps < 5:
         print(f"NOT A MEASUREMENT ({args.reps} repetitions < 5)", flush=True)
     prefix = f"bench{os.getpid()}"
@@ -517,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     strategy = ["--restart-strategy", "fixed-delay", "--restart-option", "attempts=100000",
                 "--restart-option", f"delay={delay:g}s"]
     ha_job = Job("ha", work, env, strategy, ha)
+    ha_job.warm_standby = args.warm_standby
     plain = Job("plain", work, env, strategy, None)
     jobs = [ha_job, plain]
     runs: list[h.Run] = []

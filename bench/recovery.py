@@ -1,28 +1,42 @@
-"""Benchmark: recovery time of ``exactly run`` after a query failure vs a driver process death.
+"""Benchmark: kill -> first committed epoch of ``exactly run``, with the warm spare driver,
+without it, and after a query failure.
 
 What is measured
 ----------------
-One supervised job (``exactly run tests/ops/jobs/datagen_job.py``: ``exactly.datagen`` at
-``--rate`` rows/s -> a pandas UDF -> the ``exactly.files`` sink, 1 s interval, restart
-strategy fixed-delay with a 1 s delay for both kinds of restart) runs for the whole
-benchmark. After a warm-up of
-``--warmup`` epochs it suffers, ``--repeat`` times and in alternating order,
+Two supervised jobs run side by side for the whole benchmark, both ``exactly run
+tests/ops/jobs/datagen_job.py`` (``exactly.datagen`` at ``--rate`` rows/s -> a pandas UDF ->
+the ``exactly.files`` sink, 1 s interval), with the same restart strategy (fixed-delay, a
+``--restart-delay`` wait before every restart, 1 s by default: Flink's fixed-delay default):
 
-``query``    a Python exception in the UDF (the job's ``JOB_FAIL_FILE`` is created; the first
-             task that sees it renames it away and raises): the query fails and the
-             supervisor restarts it in the same driver process (same JVM);
-``process``  SIGKILL of the driver's whole process tree (Python driver, JVM, PySpark worker
-             daemons): the launcher starts a new driver process.
+``spare``  the job of the default ``exactly run`` (``--spare-driver auto``: a warm spare
+           driver beside the active one);
+``cold``   the same job with ``--spare-driver off``: every restart starts a driver process
+           from scratch (Python, the JVM, the session, the job's build, the query).
 
-Recovery time is what the job records in ``<checkpoint>/exactly-job/restarts.jsonl``: from
-the failure (the supervisor noticing the failed query, or the launcher seeing its driver
-die) to the first epoch completed after it, including the strategy's 1 s wait (printed
-beside it). Ratios ``process / query`` are taken per repetition pair. After the
-job is stopped the output is audited: every id from 0 to the highest one exactly once.
+After a warm-up (``--warmup`` epochs of each job, and the spare warm), ``--repeat`` rounds
+of, in alternating order (``harness.schedule``):
 
-Run from the repository root::
+``spare``  SIGKILL of the spare job's active driver tree (Python driver, JVM, PySpark's
+           daemons), its spare warm;
+``cold``   SIGKILL of the cold job's driver tree;
+``query``  (``--query``) a Python exception in the spare job's UDF (``JOB_FAIL_FILE``): the
+           query restarts inside the driver process, the floor a process restart can reach.
 
-    .venv/bin/python bench/recovery.py [--repeat 3] [--rate 2000] [--workdir DIR]
+Before every fault the bench waits for a steady state: the job it hits completed 3 epochs
+after its last recovery, the other job too, and the spare job's spare is ``ready`` in
+job.json (no driver of either job is starting in the background: a fault measures its own
+recovery, not the one before it).
+
+Figures per fault: ``total`` is the fault's wall-clock time -> the ``recovered`` entry of the
+restart history (the supervisor saw the first epoch of the new driver complete; one machine,
+one clock), ``recovery_s`` the job's own figure (from the launcher noticing the death), and
+the strategy's wait. Ratios spare/cold are per repetition pair (median, range). The outputs
+are audited by id at the end (every id from 0 to the highest once, in each job); a lost or
+duplicated id fails the benchmark (exit 1).
+
+Run from the repository root (about 15 minutes with the defaults on 2 cores)::
+
+    .venv/bin/python bench/recovery.py [--repeat 10] [--rate 500] [--query] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import psutil
 
@@ -50,104 +65,164 @@ from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"
 
 
-def history(ck: Path) -> list[dict]:
-    path = job_dir(ck) / "restarts.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+class Job:
+    """One ``exactly run`` of the benchmark."""
 
+    def __init__(self, name: str, work: Path, rate: int, delay: str, *flags: str) -> None:
+        self.name = name
+        self.ck, self.out = work / f"{name}-ck", work / f"{name}-out"
+        self.fail_file = work / f"{name}-fail-now"
+        self.token = new_job_token()
+        self.env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
+                    "JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
+                    "JOB_RATE": str(rate), "JOB_FAIL_FILE": str(self.fail_file),
+                    "JOB_INTERVAL": "1s"}
+        self.log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exactly.cli", "run", str(JOB), "--checkpoint", str(self.ck),
+             "--restart-strategy", "fixed-delay", "--restart-option", "attempts=100000",
+             "--restart-option", f"delay={delay}", *flags],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
-def committed(ck: Path) -> int:
-    commits = ck / "commits"
-    return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.is_dir() else 0
+    def history(self) -> list[dict]:
+        path = job_dir(self.ck) / "restarts.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def recoveries(self) -> list[dict]:
+        return [e for e in self.history() if e["event"] == "recovered"]
 
-def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            raise SystemExit(f"exactly run ended ({proc.returncode}) waiting for {what}")
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
+    def committed(self) -> int:
+        """The newest committed epoch + 1 (Spark keeps only the last 100 commit files, so
+        this is not a count of them)."""
+        commits = self.ck / "commits"
+        found = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] \
+            if commits.is_dir() else []
+        return max(found) + 1 if found else 0
 
+    def status(self) -> JobStatus | None:
+        return JobStatus.read(job_dir(self.ck))
 
-def inject(kind: str, ck: Path, fail_file: Path) -> None:
-    if kind == "query":
-        fail_file.write_text("fail once")
-        return
-    status = JobStatus.read(job_dir(ck))
-    assert status is not None and status.driver is not None
-    kill_job(None, psutil.Process(status.driver.pid), what="the driver")
+    def spare_ready(self) -> bool:
+        status = self.status()
+        return bool(status and status.spare and status.spare.get("state") == "ready")
+
+    def wait_for(self, condition, what: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name}: exactly run ended ({self.proc.returncode}) "
+                                 f"waiting for {what}")
+            time.sleep(0.1)
+        raise SystemExit(f"{self.name}: timed out waiting for {what}")
+
+    def settle(self, *, spare: bool) -> None:
+        """3 epochs after the last recovery (or the start), and the spare ready."""
+        start = self.committed()
+        self.wait_for(lambda: self.committed() >= start + 3, "3 epochs")
+        if spare:
+            self.wait_for(self.spare_ready, "a ready spare")
+
+    def fault(self, kind: str) -> float:
+        """Inject ``kind``; returns its wall-clock time."""
+        if kind == "query":
+            at = time.time()
+            self.fail_file.write_text("fail once")
+            return at
+        status = self.status()
+        assert status is not None and status.driver is not None
+        driver = psutil.Process(status.driver.pid)
+        token = driver.environ().get(JOB_TOKEN_ENV)
+        at = time.time()
+        kill_job(token, driver, what="the driver")
+        return at
+
+    def stop(self) -> None:
+        subprocess.run([sys.executable, "-m", "exactly.cli", "stop", str(self.ck)],
+                       env=self.env, capture_output=True, timeout=600)
+        self.proc.wait(timeout=300)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        kill_job(self.token, None, what=f"the benchmark job {self.name}")
+        self.log.close()
+
+    def audit(self) -> str | None:
+        ids, _ = file_ids(self.out)
+        report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
+        print(f"audit {self.name}: {len(ids):,} rows, ids 0..{int(ids.max()):,}: "
+              f"{'exactly once' if report.ok else report.rows()}")
+        return None if report.ok else f"{self.name}: {report.rows()}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--rate", type=int, default=2000, help="rows per second")
-    parser.add_argument("--warmup", type=int, default=3, help="epochs before the first fault")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rate", type=int, default=500, help="rows per second, per job")
+    parser.add_argument("--restart-delay", default="1s", help="fixed-delay's wait")
+    parser.add_argument("--warmup", type=int, default=5, help="epochs before the first fault")
+    parser.add_argument("--query", action="store_true",
+                        help="also fail the query in its driver (the in-process floor)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-recovery-"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    ck, out, fail_file = work / "ck", work / "out", work / "fail-now"
-    token = new_job_token()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: token,
-           "JOB_OUT": str(out), "JOB_ROWS": "1000000000", "JOB_RATE": str(args.rate),
-           "JOB_FAIL_FILE": str(fail_file), "JOB_INTERVAL": "1s"}
-    log = open(work / "run.log", "wb")  # noqa: SIM115 - closed below
-    # the same constant strategy wait (1 s) before either kind of restart
-    proc = subprocess.Popen([sys.executable, "-m", "exactly.cli", "run", str(JOB),
-                             "--checkpoint", str(ck), "--restart-strategy", "fixed-delay",
-                             "--restart-option", "attempts=1000",
-                             "--restart-option", "delay=1s"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    print(harness.machine(), flush=True)
+    jobs = {"spare": Job("spare", work, args.rate, args.restart_delay),
+            "cold": Job("cold", work, args.rate, args.restart_delay, "--spare-driver", "off")}
+    variants = ["spare", "cold", *(["query"] if args.query else [])]
     results: list[dict] = []
     try:
-        wait_for(lambda: committed(ck) >= args.warmup, "the warm-up epochs", proc)
-        for rep in range(args.repeat):
-            order = ("query", "process") if rep % 2 == 0 else ("process", "query")
-            for kind in order:
-                before = len([e for e in history(ck) if e["event"] == "recovered"])
-                inject(kind, ck, fail_file)
-                wait_for(lambda b=before: len([e for e in history(ck)
-                                               if e["event"] == "recovered"]) > b,
-                         f"recovery from a {kind} failure", proc)
-                events = history(ck)
-                failure = [e for e in events if e["event"] == "failure"][-1]
-                recovered = [e for e in events if e["event"] == "recovered"][-1]
-                results.append({"rep": rep, "kind": kind, "recovery_s": recovered["recovery_s"],
-                                "wait_s": failure.get("delay"), "failure_kind": failure["kind"]})
-                print(f"rep {rep} {kind:8} recovery {recovered['recovery_s']:6.2f} s "
-                      f"(strategy wait {failure.get('delay') or 0:.2f} s)", flush=True)
-                done = committed(ck)
-                wait_for(lambda d=done: committed(ck) >= d + 2, "two more epochs", proc)
-        subprocess.run([sys.executable, "-m", "exactly.cli", "stop", str(ck)], check=True,
-                       env=env, capture_output=True)
-        proc.wait(timeout=300)
+        for job in jobs.values():
+            job.wait_for(lambda j=job: j.committed() >= args.warmup, "the warm-up epochs")
+        jobs["spare"].wait_for(jobs["spare"].spare_ready, "the first ready spare")
+        for rep, kind in harness.schedule(variants, args.repeat):
+            job = jobs["cold" if kind == "cold" else "spare"]
+            job.settle(spare=kind == "spare")
+            # no driver start of the other job in the background: its spare is warm
+            jobs["spare"].wait_for(jobs["spare"].spare_ready, "the spare job's spare, ready")
+            if kind != "cold":
+                jobs["cold"].settle(spare=False)
+            before = len(job.recoveries())
+            load = os.getloadavg()[0]
+            at = job.fault(kind)
+            job.wait_for(lambda j=job, b=before: len(j.recoveries()) > b,
+                         f"recovery from a {kind} fault")
+            failure = [e for e in job.history() if e["event"] == "failure"][-1]
+            recovered = job.recoveries()[-1]
+            total = float(recovered["at"]) - at
+            results.append({"rep": rep, "kind": kind, "total_s": round(total, 3),
+                            "recovery_s": recovered["recovery_s"],
+                            "wait_s": failure.get("delay"), "failure": failure["kind"],
+                            "load": load})
+            print(f"rep {rep:2} {kind:6} kill -> first epoch {total:6.2f} s (job's own "
+                  f"{recovered['recovery_s']:6.2f} s, strategy wait "
+                  f"{failure.get('delay') or 0:.2f} s), load {load:.2f}", flush=True)
+        for job in jobs.values():
+            job.stop()
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        kill_job(token, None, what="the benchmark job")
-        log.close()
-    ids, _ = file_ids(out)
-    report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
-    print(f"\naudit: {len(ids)} rows, ids 0..{int(ids.max())}: "
-          f"{'exactly once' if report.ok else report.rows()}")
+        for job in jobs.values():
+            job.close()
+    errors = [e for e in (job.audit() for job in jobs.values()) if e]
     print(f"load average (1, 5, 15 min): {os.getloadavg()}")
-    for kind in ("query", "process"):
-        values = [r["recovery_s"] for r in results if r["kind"] == kind]
-        print(f"{kind:8} n={len(values)} median {statistics.median(values):.2f} s "
-              f"range {min(values):.2f}-{max(values):.2f} s")
-    ratios = [next(r["recovery_s"] for r in results if r["rep"] == rep and r["kind"] == "process")
-              / next(r["recovery_s"] for r in results if r["rep"] == rep and r["kind"] == "query")
+    for kind in variants:
+        values = [r["total_s"] for r in results if r["kind"] == kind]
+        print(f"{kind:6} n={len(values)} kill -> first committed epoch: median "
+              f"{statistics.median(values):.2f} s, range {min(values):.2f}-{max(values):.2f} s")
+    ratios = [next(r["total_s"] for r in results if r["rep"] == rep and r["kind"] == "spare")
+              / next(r["total_s"] for r in results if r["rep"] == rep and r["kind"] == "cold")
               for rep in range(args.repeat)]
-    print(f"process / query recovery per repetition: median {statistics.median(ratios):.2f}x "
-          f"range {min(ratios):.2f}-{max(ratios):.2f}x")
+    print(f"spare / cold per repetition pair: median {statistics.median(ratios):.2f}x, range "
+          f"{min(ratios):.2f}-{max(ratios):.2f}x")
     (work / "results.json").write_text(json.dumps(results, indent=1))
-    return 0 if report.ok else 1
+    for error in errors:
+        print(f"FAILED {error}")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

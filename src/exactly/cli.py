@@ -173,6 +173,25 @@ def _fault(fault: str | None, marker: str | None, action: str | None) -> FaultSp
                                 action)
 
 
+def _fault_schedule(fault: str | None, marker: str | None,
+                    action: str | None) -> list[FaultSpec]:
+    """``exactly run --fault A@E1,B@E2,...``: one fault per driver in turn, each firing once
+    in the run; with ``--fault-marker FILE`` the N-th of several records where it fired in
+    FILE's name with ``-N`` before its suffix."""
+    from exactly.protocol.faults import FaultSpec
+
+    parts = [part for part in (fault or "").split(",") if part.strip()]
+    if len(parts) <= 1:
+        single = _fault(fault, marker, action)
+        return [single] if single is not None else []
+    markers: list[str | None] = [None] * len(parts)
+    if marker:
+        path = Path(marker).absolute()
+        markers = [str(path.with_name(f"{path.stem}-{i}{path.suffix}"))
+                   for i in range(1, len(parts) + 1)]
+    return [FaultSpec.parse(part, m, action) for part, m in zip(parts, markers, strict=True)]
+
+
 @main.command()
 @click.option("--events", default=20_000, show_default=True, type=click.IntRange(1),
               help="Events to generate (each with a unique id).")
@@ -513,6 +532,10 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="When the sink target already holds epochs newer than the savepoint "
                    "(of its job or of jobs restored from it): refuse, retract them (file "
                    "sink, PostgreSQL append, Delta) or keep them.")
+@click.option("--spare-driver", type=click.Choice(["auto", "on", "off"]), default="auto",
+              help="Keep a warm spare driver (session started, job built, no query) that "
+                   "takes the job over when the driver process dies, so a restart skips the "
+                   "driver's start. auto: on, except on Spark Connect. See docs/operations.md.")
 @click.option("--ha", is_flag=True,
               help="High availability: run this on several hosts; one leads (a lease in the "
                    "checkpoint store), the others stand by and take the job over when the "
@@ -529,6 +552,10 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
                    "than the lease duration).")
 @click.option("--ha-standby-poll", default="3s",
               help="How often a standby looks at the lease.")
+@click.option("--ha-warm-standby", is_flag=True,
+              help="A standby keeps a warm spare driver (session started, job built, no "
+                   "query), so a failover costs the lease wait and a takeover, not a driver "
+                   "start. Costs the spare's memory on every standby host.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve the job's Prometheus metrics (Flink's names) on "
                    "http://HOST:PORT/metrics while it runs, across driver restarts [default: "
@@ -541,9 +568,11 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, remote: str | None,
         spark_ui: bool, shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
-        restore_mode: str, parallelism: int | None, sink_rollback: str, ha: bool,
+        restore_mode: str, parallelism: int | None, sink_rollback: str, spare_driver: str,
+        ha: bool,
         host_id: str | None, ha_lease_duration: str, ha_renew_interval: str,
-        ha_renew_deadline: str, ha_standby_poll: str, metrics_port: int | None,
+        ha_renew_deadline: str, ha_standby_poll: str, ha_warm_standby: bool,
+        metrics_port: int | None,
         metrics_host: str, fault: str | None, fault_marker: str | None,
         fault_action: str | None) -> None:
     """Run JOB_FILE (a Python file with build(spark) -> exactly.Job) under a supervisor.
@@ -596,8 +625,9 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       spark_ui=spark_ui, shuffle_partitions=shuffle_partitions,
                       spark_conf=_pairs(spark_conf, "--conf"),
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
-                      restore=restore, fault=_fault(fault, fault_marker, fault_action),
-                      remote=remote)
+                      restore=restore, fault_schedule=_fault_schedule(fault, fault_marker,
+                                                                      fault_action),
+                      remote=remote, spare_driver=spare_driver)
     refuse_on_connect(spec, ha=ha)  # before anything starts
     endpoint = None
     if metrics_port is not None:
@@ -612,18 +642,25 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
             spec = replace(spec, checkpoint=checkpoint_of(spec))
             endpoint.watch(spec.checkpoint or "")
         _run(spec, ha, host_id, ha_lease_duration, ha_renew_interval, ha_renew_deadline,
-             ha_standby_poll)
+             ha_standby_poll, ha_warm_standby)
     finally:
         if endpoint is not None:
             endpoint.close()
 
 
 def _run(spec: Any, ha: bool, host_id: str | None, ha_lease_duration: str,
-         ha_renew_interval: str, ha_renew_deadline: str, ha_standby_poll: str) -> None:
+         ha_renew_interval: str, ha_renew_deadline: str, ha_standby_poll: str,
+         ha_warm_standby: bool = False) -> None:
     """``exactly run`` once its options are checked: one launcher, or an HA one."""
     from exactly.checkpoint.leader import host_id_from
     from exactly.config import parse_duration
 
+    if ha_warm_standby and not ha:
+        raise click.UsageError("--ha-warm-standby belongs to --ha (a standby launcher's "
+                               "spare); a plain `exactly run` keeps a spare by default "
+                               "(--spare-driver)")
+    if ha_warm_standby and spec.remote:
+        raise click.UsageError("--ha-warm-standby: --ha does not run on Spark Connect")
     if not ha:
         from exactly.ops.launcher import launch
 
@@ -640,7 +677,7 @@ def _run(spec: Any, ha: bool, host_id: str | None, ha_lease_duration: str,
         renew_s=parse_duration(ha_renew_interval, name="--ha-renew-interval"),
         renew_deadline_s=parse_duration(ha_renew_deadline, name="--ha-renew-deadline"),
         standby_poll_s=parse_duration(ha_standby_poll, name="--ha-standby-poll"),
-        host_id=host_id_from(host_id))
+        host_id=host_id_from(host_id), warm_standby=ha_warm_standby)
     try:
         settings.check()
     except ConfigError as exc:  # options that do not go together: a usage error

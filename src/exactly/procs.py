@@ -422,11 +422,12 @@ def become_subreaper() -> bool:
         return False
 
 
-def reap_children(child: subprocess.Popen | None = None) -> int:
+def reap_children(*known: subprocess.Popen | None) -> int:
     """Collect the exit status of every child of this process that has ended, without
     blocking, so none stays a zombie (what a PID 1 or a child subreaper must do for the
-    orphans it inherits). When ``child`` is among them its ``returncode`` is set, as its own
-    ``poll()`` would. Returns how many were reaped."""
+    orphans it inherits). When one of the ``known`` children is among them its
+    ``returncode`` is set, as its own ``poll()`` would. Returns how many were reaped."""
+    children = {child.pid: child for child in known if child is not None}
     reaped = 0
     while True:
         try:
@@ -436,5 +437,6 @@ def reap_children(child: subprocess.Popen | None = None) -> int:
         if pid == 0:
             return reaped
         reaped += 1
-        if child is not None and pid == child.pid and child.returncode is None:
+        child = children.get(pid)
+        if child is not None and child.returncode is None:
             child.returncode = os.waitstatus_to_exitcode(status)

@@ -41,6 +41,8 @@ return {
               .map(r => [Number(r.dataset.epoch), r.querySelector('.cause').textContent]),
   points: chart ? chart.data.datasets[0].data.length : null,
   status: document.getElementById('job-status').textContent,
+  spare: document.getElementById('job-spare').hidden ? null
+         : document.getElementById('job-spare').dataset.state,
   warnings: document.getElementById('warnings').hidden ? ''
             : document.getElementById('warnings').textContent,
   cards: Object.fromEntries([...document.querySelectorAll('[data-count]')]
@@ -64,6 +66,10 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             grown = wait_until(lambda: (p := page())["rows"] >= first["rows"] + 3 and p,
                           "the history growing while the job runs")
             assert grown["status"] == "running"
+            wait_until(lambda: page()["spare"] == "ready", "the warm spare driver, ready")
+            (live,) = get_json(f"{base}/jobs")[1]["jobs"]
+            assert (f'exactly_spare_driver_ready{{checkpoint="{ck}",job="{live["id"]}"}} 1.0'
+                    in get_text(f"{base}/metrics"))
             failed = wait_until(lambda: page()["failed"], "a failed epoch")
             assert "injected UDF failure at id 200" in failed[0][1], failed
             now = page()
@@ -76,6 +82,7 @@ def test_the_dashboard_follows_a_live_job_and_keeps_working_after_it_stopped(
             assert run.wait(timeout=120) == 0, run.output()[-3000:]
             after = wait_until(lambda: (p := page())["status"] == "stopped" and p,
                                "the stopped job")
+            assert after["spare"] is None  # a job that ended has no spare to show
             # one more refresh: the page goes on without a live job
             stamp = after["updated"]
             after = wait_until(lambda: (p := page())["updated"] != stamp and p,

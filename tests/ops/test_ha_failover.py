@@ -633,3 +633,40 @@ def test_a_driver_paused_inside_a_sink_lease_swap_does_not_block_the_next_driver
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+def test_ha_warm_standby_takes_the_job_over_with_its_spare_driver(tmp_path):
+    """``--ha-warm-standby``: host-b stands by with a warm spare driver; host-a's whole tree
+    is SIGKILLed mid-epoch; host-b's first driver as leader is that spare (the pid it
+    announced), its first epoch commits, and every id is in the output once. Nothing of
+    host-a's tree (its driver, its own spare) survives."""
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    hosts = Hosts(tmp_path, ck, {"JOB_OUT": str(out), **STREAM})
+    try:
+        hosts.start("host-a", "--ha-warm-standby")
+        first = hosts.wait_leading("host-a", 1)
+        hosts.start("host-b", "--ha-warm-standby")
+        hosts.wait_for(lambda: hosts.standbys() == {"host-b"}, "host-b standing by")
+        ready = hosts.wait_for(lambda: re.search(r"warm spare driver ready \(pid (\d+)\)",
+                                                 hosts.runs["host-b"].output()),
+                               "host-b's warm spare", timeout=180)
+        spare_pid = int(ready.group(1))
+        wait_mid_epoch(hosts)
+        hosts.kill("host-a")
+        second = hosts.wait_leading("host-b", 2)
+        failover_entry(hosts, second.run_id, "host-a", "host-b")
+        recovered = hosts.wait_epoch_done(second.run_id)
+        status = JobStatus.read(hosts.store)
+        assert status is not None and status.driver is not None
+        assert status.run_id == second.run_id and status.driver.pid == spare_pid, status
+        assert "takes the job over" in hosts.runs["host-b"].output()
+        hosts.wait_for(lambda: len(hosts.committed()) >= recovered["epoch"] + 2,
+                       "host-b committing on")
+        stopped = hosts.runs["host-b"].command("stop", str(ck))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert hosts.runs["host-b"].wait(timeout=120) == 0, hosts.logs()
+        print(f"warm standby failover: recovery_s {recovered['recovery_s']} (since the "
+              f"old leader's last renewal), first run {first.run_id}")
+    finally:
+        hosts.close()
+    audit_files(out, ck)

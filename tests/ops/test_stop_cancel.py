@@ -6,6 +6,7 @@ tests/ops/test_launcher_where_it_runs.py, whose driver stops so after its launch
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from supervised import SupervisedRun
 
 from exactly.audit import file_ids
@@ -37,3 +38,35 @@ def test_cancel_with_delete_on_cancellation_removes_the_checkpoint_and_leaves_no
     ids, _ = file_ids(out)
     assert len(ids) == len(np.unique(ids)) and len(ids) % 300 == 0  # whole epochs only
     assert_no_dangling_pre_commits(out)
+
+
+@pytest.mark.slow  # CI budget: the decision is proven without Spark in
+# tests/unit/test_job_control.py; this is the whole path, from a kill to the drained input
+def test_stop_drain_sent_between_restarts_waits_for_the_next_driver_and_drains(tmp_path):
+    """A 20,000-row job is killed; ``exactly stop --drain`` arrives during the restart's
+    wait (no driver runs). It is not answered as a plain stop: the next driver drains the
+    input present now, every id once, and the answer says drained."""
+    import subprocess
+
+    from supervised import EXACTLY
+
+    rows, out, ck = 20_000, tmp_path / "out", tmp_path / "ck"
+    env = {"JOB_OUT": str(out), "JOB_ROWS": str(rows), "JOB_RATE": "0", "JOB_MAX_ROWS": "500",
+           "JOB_INTERVAL": "1s"}
+    run = SupervisedRun("datagen_job.py", ck, env, "--restart-strategy", "fixed-delay",
+                        "--restart-option", "attempts=3", "--restart-option", "delay=8s",
+                        log=tmp_path / "run.log")
+    try:
+        run.wait_for(lambda: len(run.committed_epochs()) >= 2, "two epochs")
+        run.kill_driver_tree()
+        run.wait_for(lambda: run.status().state == "restarting", "the restart's wait")
+        drain = subprocess.run([*EXACTLY, "stop", "--drain", str(ck)], capture_output=True,
+                               text=True, timeout=300)
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        assert "drained" in drain.stdout + drain.stderr, drain.stdout + drain.stderr
+        assert run.wait(timeout=120) == 0, run.output()[-3000:]
+    finally:
+        run.close()
+    ids = file_ids(out)[0]
+    assert len(ids) == len(np.unique(ids)) == rows
+    assert run.status().state == "stopped"

@@ -129,6 +129,20 @@ def test_requests_answered_without_a_driver_are_all_answered_and_the_oldest_deci
     assert [r.id for r in channel.pending()] == [savepoint.id, late_stop.id]
 
 
+def test_a_drain_sent_while_no_driver_runs_waits_for_the_next_driver(tmp_path):
+    """``exactly stop --drain`` during a restart's wait or an HA failover is not answered
+    as a plain stop (which would end the job with its input undrained): a drain needs a
+    driver to run the input through the job, so it and every request after it stay
+    pending for the next driver."""
+    from exactly.ops.launcher import answer_without_driver
+
+    channel = ControlChannel(tmp_path)
+    drain = channel.post("stop", drain=True)
+    cancel = channel.post("cancel")
+    assert answer_without_driver(channel, "no driver was running") is None
+    assert [r.id for r in channel.pending()] == [drain.id, cancel.id]
+
+
 def test_a_stop_read_only_after_its_run_ended_is_answered_for_that_run_not_left_queued(tmp_path):
     """A stop sent while its run stops by itself (its launcher died) can land after the run's
     last look at its requests: the command answers it for the ended run, with its last

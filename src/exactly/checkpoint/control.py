@@ -64,6 +64,12 @@ class Request:
         """A savepoint, or a stop that takes one first: only a live driver can do it."""
         return self.action == "savepoint" or self.params.get("savepoint") is not None
 
+    @property
+    def needs_driver(self) -> bool:
+        """A request only a live driver can carry out: a savepoint (or a stop with one) and
+        a drain (the input present now runs through the job before it stops)."""
+        return self.wants_savepoint or (self.action == "stop" and bool(self.params.get("drain")))
+
 
 def late_answer(request: Request, outcome: str, last_epoch: int | None) -> tuple[str, str]:
     """``(status, detail)`` for a request read only after its run ended as ``outcome``

@@ -295,6 +295,8 @@ class Member:
     lease_s: float = DEFAULT_LEASE_S
     boot_id: str = field(default_factory=boot_id)
     heartbeat: float = 0.0
+    #: a standby's warm spare driver (``--ha-warm-standby``): starting | ready, "" for none
+    spare: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -306,7 +308,7 @@ class Member:
         return cls(str(data["host"]), ProcessId.from_json(data["launcher"]), str(data["role"]),
                    str(data.get("job") or ""), str(data.get("run_id") or ""),
                    float(data.get("lease_s") or DEFAULT_LEASE_S), str(data.get("boot_id") or ""),
-                   float(data.get("heartbeat") or 0.0))
+                   float(data.get("heartbeat") or 0.0), str(data.get("spare") or ""))
 
 
 class Members:

@@ -58,6 +58,10 @@ class JobStatus:
     job: str = ""  #: the job file's name (``exactly run``): a checkpoint is one job's address
     #: the leader lease term (``exactly run --ha``) whose launcher runs this; None otherwise
     leader: int | None = None
+    #: the launcher's warm spare driver (:mod:`exactly.ops.spare`): ``process`` (a
+    #: :class:`~exactly.procs.ProcessId` as JSON), ``state`` (starting | ready) and
+    #: ``since``; None when it keeps none
+    spare: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -73,7 +77,8 @@ class JobStatus:
                    float(data.get("heartbeat") or 0.0), int(data.get("restarts") or 0),
                    data.get("last_epoch"), str(data.get("detail") or ""),
                    data.get("strategy"), str(data.get("job") or ""),
-                   int(data["leader"]) if data.get("leader") is not None else None)
+                   int(data["leader"]) if data.get("leader") is not None else None,
+                   data.get("spare") if isinstance(data.get("spare"), dict) else None)
 
     @classmethod
     def read(cls, where: Where) -> JobStatus | None:

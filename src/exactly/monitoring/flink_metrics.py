@@ -114,6 +114,9 @@ METRICS: tuple[Spec, ...] = (
     Spec(f"{OWN}numberOfRestoredCheckpoints", "restores: restarts resuming from the "
          "checkpoint and savepoint restores", "`counts.restored`"),
     Spec(f"{OWN}numberOfSavepoints", "savepoints taken", "`counts.savepoints`"),
+    Spec(f"{OWN}spareDriverReady", "1 while a warm spare driver is ready to take the job "
+         "over at the next restart, 0 while the job runs without one (absent once it ended)",
+         "`spare.state`"),
 )
 
 _BY_NAME = {spec.name: spec for spec in METRICS}
@@ -166,6 +169,8 @@ def job_values(loaded: Loaded, now: float) -> list[tuple[str, tuple[str, ...], f
     put(f"{JOB}numRestarts", counts["restarts"])
     put(f"{OWN}numberOfRestoredCheckpoints", counts["restored"])
     put(f"{OWN}numberOfSavepoints", counts["savepoints"])
+    if view.spare is not None:
+        put(f"{OWN}spareDriverReady", 1.0 if view.spare["state"] == "ready" else 0.0)
     uptime, downtime = up_and_down(loaded, now)
     put(f"{JOB}uptime", uptime)
     put(f"{JOB}downtime", downtime)

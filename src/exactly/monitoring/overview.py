@@ -79,6 +79,8 @@ class Overview:
     leader: dict[str, Any] | None = None
     #: its failovers with their causes and durations, oldest first
     failovers: list[dict[str, Any]] = field(default_factory=list)
+    #: the warm spare driver of a live ``exactly run`` (:func:`spare_view`), else None
+    spare: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -236,10 +238,24 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
         history=history, config=config,
         restarts=[e for e in restarts if e.get("event") in ("failure", "recovered")],
         warnings=warnings, updated_at=time.time(), leader=leader,
-        failovers=failovers(restarts, job_state=status))
+        failovers=failovers(restarts, job_state=status),
+        spare=spare_view(job, status))
     if restores:
         overview.latest["savepoint_restore"] = restores[-1]
     return Loaded(overview, records)
+
+
+def spare_view(job: Any, status: str) -> dict[str, Any] | None:
+    """The spare driver of a job that runs: ``state`` (``ready``: it takes the job over at
+    the next restart, without a driver start; ``starting``; ``none``: the launcher keeps
+    none now -- off, on Spark Connect, or not started yet), its ``pid`` and ``since`` (when it
+    got to that state). None for a job that does not run (ended, or no ``exactly run``)."""
+    if job is None or status not in ("running", "restarting", "stopping"):
+        return None
+    spare = job.spare or {}
+    process = spare.get("process") or {}
+    state = str(spare.get("state") or "none")
+    return {"state": state, "pid": process.get("pid"), "since": spare.get("since")}
 
 
 def _status_detail(job: Any, status: str) -> str:

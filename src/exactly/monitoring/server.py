@@ -173,6 +173,8 @@ _METRICS = {
     "restored": ("exactly_checkpoints_restored", "Restores from a checkpoint or savepoint"),
     "restarts": ("exactly_job_restarts", "Restarts after failures"),
     "up": ("exactly_job_running", "1 while the job runs"),
+    "spare": ("exactly_spare_driver_ready",
+              "1 while a warm spare driver is ready to take the job over (exactly run)"),
     "epoch": ("exactly_last_checkpoint_epoch", "Epoch of the latest completed checkpoint"),
     "duration": ("exactly_last_checkpoint_duration_seconds",
                  "End-to-end duration of the latest completed checkpoint"),
@@ -206,6 +208,8 @@ class _Collector:
             families["restored"].add_metric(values, view.counts["restored"])
             families["restarts"].add_metric(values, view.counts["restarts"])
             families["up"].add_metric(values, 1.0 if view.status == "running" else 0.0)
+            ready = view.spare is not None and view.spare["state"] == "ready"
+            families["spare"].add_metric(values, 1.0 if ready else 0.0)
             latest = view.latest.get("completed")
             if latest:
                 families["epoch"].add_metric(values, latest["epoch"])

@@ -3,6 +3,7 @@ tables (rich), or JSON for scripts."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -58,6 +59,15 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
+def spare_line(spare: dict[str, Any]) -> str:
+    """``spare driver: ready (pid 4242, for 31s)``: what the next restart starts from."""
+    if spare["state"] == "none":
+        return "spare driver: none (a restart starts the next driver from scratch)"
+    since = spare.get("since")
+    age = f", for {max(0.0, time.time() - float(since)):.0f}s" if since else ""
+    return f"spare driver: {spare['state']} (pid {spare.get('pid')}{age})"
+
+
 def leader_line(leader: dict[str, Any]) -> str:
     """``leader: host-b (generation 4, since 12:00:03) · standbys: host-c`` for an HA job:
     the lease's state when it is not held (expired, released, the job ended, unreadable)."""
@@ -109,6 +119,9 @@ def render(view: Overview, *, rows: int = 10) -> Group:
                           style="red" if view.status in ("failed", "lost") else "yellow"))
     if view.leader is not None:
         parts.append(Text(leader_line(view.leader), style="cyan"))
+    if view.spare is not None:
+        parts.append(Text(spare_line(view.spare),
+                          style="green" if view.spare["state"] == "ready" else "yellow"))
     tally = Table(title="checkpoint counts", title_justify="left")
     for column in ("triggered", "in progress", "completed", "failed", "restored",
                    "restarts", "savepoints"):

@@ -87,6 +87,11 @@ class DriverSpec:
     #: ``exactly run --remote`` (or ``SPARK_REMOTE``): the Spark Connect server the job runs
     #: on (:func:`refuse_on_connect` names what cannot go with it)
     remote: str | None = None
+    #: ``exactly run --spare-driver``: auto, on or off (:func:`exactly.ops.spare.spare_choice`)
+    spare_driver: str = "auto"
+    #: ``exactly run --fault A@E1,B@E2``: the launcher's schedule, one fault per driver in
+    #: turn (each fires once in the run); ``fault`` is the one armed in this driver
+    fault_schedule: list[FaultSpec] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -96,6 +101,7 @@ class DriverSpec:
         data = json.loads(text)
         if data.get("fault") is not None:
             data["fault"] = FaultSpec(**data["fault"])
+        data["fault_schedule"] = [FaultSpec(**f) for f in data.get("fault_schedule") or []]
         return cls(**data)
 
     def restart_strategy(self) -> RestartStrategy | None:
@@ -351,15 +357,27 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[0] == RESOLVE:
         return _resolve_main(DriverSpec.from_json(args[1]))
-    spec = DriverSpec.from_json(args[0])
+    from exactly.ops.spare import SPARE
+
+    spare = args[0] == SPARE
+    spec = DriverSpec.from_json(args[2] if spare else args[0])
     run_id = spec.run_id or new_run_id()
-    if spec.launcher is not None and spec.checkpoint:
-        watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
-                       at_once=spec.ha)
     session: list[SparkSession] = []
     code = DRIVER_CRASHED
     try:
-        code = _drive(spec, run_id, session)
+        warm = None
+        if spare:
+            warm = _warm_spare(spec, session, int(args[1]))
+            if warm is None:  # never asked to take over, or could not get warm
+                code = 0
+                return code
+        if spec.launcher is not None and spec.checkpoint:
+            watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
+                           at_once=spec.ha)
+        if warm is not None:  # the run it takes over: run id, fault, launcher
+            spec = warm.spec
+            run_id = spec.run_id or run_id
+        code = _drive(spec, run_id, session, warm)
         return code
     finally:
         if session:  # a lost server: nothing to release, and no retries waiting for it
@@ -368,15 +386,84 @@ def main(argv: list[str] | None = None) -> int:
             _end_orphaned(ProcessId.from_json(spec.launcher))
 
 
-def _drive(spec: DriverSpec, run_id: str, session: list[SparkSession]) -> int:
-    """The job of a driver process, in the session it appends to ``session``; returns the
-    exit code (see the module doc)."""
+@dataclass
+class _Warm:
+    """What a spare driver prepared before it took over: the job file and the job it built."""
+
+    job_file: Any
+    job: Job
+    #: the spec of the run it took over (the launcher's ``go``): its run id, the fault it
+    #: arms, its launcher; the session and the job were made from the spare's own spec,
+    #: which differs from this one in none of what they depend on
+    spec: DriverSpec
+
+
+def _warm_spare(spec: DriverSpec, session: list[SparkSession], ready_fd: int) -> _Warm | None:
+    """The warm-up of a spare driver (:mod:`exactly.ops.spare`): the job file imported, the
+    session started (with :func:`~exactly.ops.spare.spare_conf`), ``build(spark)`` run;
+    then ``ready`` on ``ready_fd`` and a wait for the launcher's ``go`` on stdin. Returns
+    what it prepared once told to take over; None when stdin closed first (the launcher
+    ended or dropped it) or the warm-up failed (its cause written on ``ready_fd``: the
+    launcher starts a new driver from scratch when it needs one). Writes nothing into the
+    checkpoint before ``go``."""
+    from exactly.causes import root_cause_of
+    from exactly.ops.spare import GO, READY, spare_conf
+
+    def say(line: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(ready_fd, f"{line}\n".encode())
+
     try:
-        job_file = load_job_file(spec.job_file)
+        try:
+            job_file = load_job_file(spec.job_file)
+            conf = job_file.session_conf()
+            spark = start_spark(spec, {**spare_conf(spec.master, {**conf, **spec.spark_conf}),
+                                       **conf})
+            session.append(spark)
+            job = check_job(_built(job_file.build, spark, str(job_file.path)),
+                            str(job_file.path))
+            _warm_up(spark, spec)
+        except Exception as exc:
+            say(f"failed: {root_cause_of(exc)}")
+            return None
+        say(READY)
+        word, _, given = sys.stdin.readline().strip().partition(" ")
+        if word != GO:
+            return None
+        return _Warm(job_file, job, DriverSpec.from_json(given) if given else spec)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(ready_fd)
+
+
+def _warm_up(spark: SparkSession, spec: DriverSpec) -> None:
+    """Start the spare's Python workers where its JVM runs the tasks (a local master):
+    :mod:`exactly.ops.spare_warmup`."""
+    from exactly.ops.spare_warmup import warm_python_workers
+    from exactly.spark.session import default_master, local_cores
+
+    cores = local_cores(spec.master or default_master())
+    if cores is not None:
+        warm_python_workers(spark, cores)
+
+
+def _drive(spec: DriverSpec, run_id: str, session: list[SparkSession],
+           warm: _Warm | None = None) -> int:
+    """The job of a driver process, in the session it appends to ``session`` (a spare's,
+    ``warm``, when it took over); returns the exit code (see the module doc)."""
+    try:
         strategy = spec.restart_strategy()
-        spark = start_spark(spec, job_file.session_conf())
-        session.append(spark)
-        outcome = supervise(spark, job_file.build, checkpoint=spec.checkpoint,
+        build: Callable[[SparkSession], Any]
+        if warm is not None:
+            job_file, spark = warm.job_file, session[0]
+            built = warm.job
+            build = lambda _spark: built  # noqa: E731 - built once, in the spare's warm-up
+        else:
+            job_file = load_job_file(spec.job_file)
+            spark = start_spark(spec, job_file.session_conf())
+            session.append(spark)
+            build = job_file.build
+        outcome = supervise(spark, build, checkpoint=spec.checkpoint,
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
                             restore=_restore_request(spec, job_file.spark_conf),

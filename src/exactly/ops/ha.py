@@ -70,10 +70,12 @@ from exactly.ops.launcher import (
     RunEnd,
     answer_without_driver,
     checkpoint_of,
+    driver_env,
     prepared,
     run_drivers,
 )
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
+from exactly.ops.spare import SPARE_AFTER_S, SpareDriver, file_digest
 from exactly.options import SESSION_LEASE_STALE_AFTER
 from exactly.procs import HOST_ID_ENV, become_subreaper, current_process, host_identity
 
@@ -95,6 +97,9 @@ class HaSettings:
     standby_poll_s: float = DEFAULT_STANDBY_POLL_S
     #: this launcher's host id (default ``$EXACTLY_HOST_ID``, else the host name)
     host_id: str | None = None
+    #: ``--ha-warm-standby``: a standby keeps a warm spare driver, which runs the job's
+    #: first driver when this launcher takes the lease over (:class:`StandbySpare`)
+    warm_standby: bool = False
 
     def check(self) -> None:
         """Raise ConfigError unless 0 < renew interval < renew deadline < lease duration."""
@@ -145,8 +150,11 @@ def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
     ended_at_start = at_start.generation if at_start and at_start.ended else None
     told_standby = False
     last_beat = 0.0
+    standby_spare = StandbySpare(spec, ha, say) if ha.warm_standby else None
     try:
         while True:
+            if standby_spare is not None:
+                standby_spare.keep(told_standby)
             if signalled:
                 say("stopped as a standby (the job runs on)")
                 return 0
@@ -172,29 +180,97 @@ def launch_ha(spec: DriverSpec, ha: HaSettings, *, out=sys.stderr) -> int:
                     say(f"standby: host {cur.host} leads (term {cur.generation})")
                     told_standby = True
                 if time.monotonic() - last_beat >= min(ha.renew_s, ha.lease_s / 3):
+                    spare_state = standby_spare.state if standby_spare else ""
                     with contextlib.suppress(Exception):  # a record for display and checks
-                        members.beat(replace(member, role="standby"))
+                        members.beat(replace(member, role="standby", spare=spare_state))
                     last_beat = time.monotonic()
                 _sleep(ha.standby_poll_s, signalled)
                 continue
-            code, handed_over = _lead(spec, ha, took, lease, members, member, say, signalled)
+            code, handed_over = _lead(spec, ha, took, lease, members, member, say, signalled,
+                                      standby_spare.take() if standby_spare else None)
             if code is not None:
                 return code
             if handed_over:
                 return 0
             told_standby = False
     finally:
+        if standby_spare is not None:
+            standby_spare.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         with contextlib.suppress(Exception):  # a stale record ages out by itself
             members.leave(member)
 
 
+def _driver_spec(spec: DriverSpec, ha: HaSettings, checkpoint: str, run_id: str) -> DriverSpec:
+    """The spec of a leader's drivers (and of a standby's spare: the same session)."""
+    return replace(prepared(spec, checkpoint, run_id), ha=True, default_conf={
+        SESSION_LEASE_STALE_AFTER: f"{ha.lease_s:g}", **spec.default_conf})
+
+
+class StandbySpare:
+    """The warm spare of a standby launcher (``--ha-warm-standby``): started once the
+    launcher knows it stands by, kept while it does (a spare that dies is started again,
+    later each time), handed to the launcher's first driver when it takes the lease over.
+    It claims nothing and holds no lease: the leader's fencing is unchanged."""
+
+    def __init__(self, spec: DriverSpec, ha: HaSettings, say) -> None:
+        self.spec, self.ha, self.say = spec, ha, say
+        self.spare: SpareDriver | None = None
+        self._deaths = 0
+        self._not_before = 0.0
+        self._ready_said = False
+
+    def keep(self, standing_by: bool) -> None:
+        if self.spare is not None:
+            state = self.spare.poll()
+            if state == "ready" and not self._ready_said:
+                self.say(f"standby: warm spare driver ready (pid {self.spare.pid})")
+                self._ready_said = True
+            if state != "dead":
+                return
+            spare, self.spare = self.spare, None
+            self.say(f"standby: the warm spare driver (pid {spare.pid}) ended: "
+                     f"{spare.failure}")
+            spare.discard("it ended")
+            self._deaths += 1
+            self._not_before = time.monotonic() + SPARE_AFTER_S * 2 ** min(self._deaths, 6)
+        if standing_by and time.monotonic() >= self._not_before:
+            checkpoint = str(self.spec.checkpoint)
+            spec = _driver_spec(self.spec, self.ha, checkpoint, "standby-spare")
+            self.spare = SpareDriver(spec.to_json(), driver_env(checkpoint))
+            self._ready_said = False
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``ready`` or "" (none now), for the standby's member record."""
+        if self.spare is None:
+            return ""
+        state = self.spare.poll()
+        return "" if state == "dead" else state
+
+    def take(self) -> SpareDriver | None:
+        """The spare for the new leader's first driver; None when it died or the job file
+        changed since the spare imported it."""
+        spare, self.spare = self.spare, None
+        if spare is not None and (spare.poll() == "dead" or file_digest(spare.job_file)
+                                  != spare.job_file_digest):
+            spare.discard("it ended, or the job file changed")
+            return None
+        return spare
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.discard("the standby ended", quiet=True)
+            self.spare = None
+
+
 def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
-          members: Members, member: Member, say,
-          signalled: list[int]) -> tuple[int | None, bool]:
-    """Run the job as leader of ``took.term``; ``(exit code, False)`` when the job ended,
-    ``(0, True)`` after a handover (SIGTERM), ``(None, False)`` when the lease was lost."""
+          members: Members, member: Member, say, signalled: list[int],
+          spare: SpareDriver | None = None) -> tuple[int | None, bool]:
+    """Run the job as leader of ``took.term`` (``spare``: the standby's warm spare, which
+    runs the first driver); ``(exit code, False)`` when the job ended, ``(0, True)`` after a
+    handover (SIGTERM), ``(None, False)`` when the lease was lost."""
     term = took.term
     checkpoint = str(spec.checkpoint)
     directory = job_store(checkpoint)
@@ -205,6 +281,9 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
               run=run_id, previous=took.previous.host if took.previous else None,
               why=took.why or "first")
     fence = Fence()
+    if spare is not None and not fence.starting(spare.token):  # never lost yet: registers it
+        spare.discard("the lease was lost")
+        spare = None
     keeper = LeaseRenewer(lease, term, ha, fence, members, replace(member, role="leader",
                                                                   run_id=run_id))
     keeper.start()
@@ -224,11 +303,15 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
         if signalled:  # stopped by a signal before its driver started: hand over
             end = RunEnd(0, signalled=True)
         else:
-            driver_spec = replace(prepared(spec, checkpoint, run_id), ha=True, default_conf={
-                SESSION_LEASE_STALE_AFTER: f"{ha.lease_s:g}", **spec.default_conf})
-            end = run_drivers(driver_spec, fence=fence)
+            if spare is not None:
+                say(f"the warm spare driver (pid {spare.pid}) takes the job over")
+            end = run_drivers(_driver_spec(spec, ha, checkpoint, run_id), fence=fence,
+                              spare=spare)
+            spare = None
     finally:
         keeper.stop()
+        if spare is not None:  # not handed to a run
+            spare.discard("the leader did not start a driver")
     if not end.fenced and not end.signalled and end.code != 0 and not _still_leads(lease,
                                                                                  keeper):
         # the driver ended on its own (e.g. fenced by a sink) just as the lease was lost

@@ -55,6 +55,7 @@ from exactly.ops.driver import (
 )
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
+from exactly.ops.spare import SpareDriver, SpareKeeper, spare_choice
 from exactly.ops.supervisor import default_strategy
 from exactly.procs import (
     JOB_TOKEN_ENV,
@@ -65,6 +66,7 @@ from exactly.procs import (
     process_id,
     reap_children,
 )
+from exactly.protocol.faults import FaultSpec
 
 logger = logging.getLogger("exactly.ops.launcher")
 
@@ -80,6 +82,7 @@ def launch(spec: DriverSpec, *, out=sys.stderr) -> int:
     spec.restart_strategy()  # a bad strategy fails here, before anything starts
     checkpoint = checkpoint_of(spec)
     refuse_on_connect(replace(spec, checkpoint=checkpoint))  # one the job file names, too
+    spare_choice(spec.spare_driver, remote=spec.remote)  # --spare-driver on with --remote
     directory = job_store(checkpoint)
     refuse_if_run_with_ha(directory)
     run_id = new_run_id()
@@ -110,11 +113,19 @@ def checkpoint_of(spec: DriverSpec) -> str:
 def prepared(spec: DriverSpec, checkpoint: str, run_id: str) -> DriverSpec:
     """``spec`` for the drivers of run ``run_id`` of this launcher: its checkpoint, run id,
     identity, and a fault that fires once in the run (not in every driver)."""
-    fault = spec.fault
-    if fault is not None and not fault.marker:  # fires once in this run, not in every driver
-        fault = fault.with_marker(host_dir(checkpoint) / f"fault-{run_id}.json")
-    return replace(spec, checkpoint=checkpoint, run_id=run_id, fault=fault,
-                   launcher=current_process().to_json())
+    schedule = spec.fault_schedule or ([spec.fault] if spec.fault is not None else [])
+    # each fires once in this run, not in every driver
+    schedule = [fault if fault.marker else fault.with_marker(
+        host_dir(checkpoint) / f"fault-{run_id}{f'-{i}' if len(schedule) > 1 else ''}.json")
+        for i, fault in enumerate(schedule, 1)]
+    return replace(spec, checkpoint=checkpoint, run_id=run_id, fault_schedule=schedule,
+                   fault=_armed(schedule), launcher=current_process().to_json())
+
+
+def _armed(schedule: list[FaultSpec]) -> FaultSpec | None:
+    """The fault of the next driver: the first of ``schedule`` that has not fired yet (its
+    marker file is absent)."""
+    return next((f for f in schedule if not (f.marker and os.path.exists(f.marker))), None)
 
 
 @dataclass
@@ -158,9 +169,18 @@ class Fence:
             kill_job(token, what="the driver of a launcher that lost its leader lease")
 
 
-def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None) -> RunEnd:
+def driver_env(checkpoint: str) -> dict[str, str]:
+    """The environment of the drivers (and spares) of ``checkpoint``'s job, without their
+    job token: the admission file is named before their JVMs start."""
+    return {**os.environ, ADMISSION_FILE_ENV: str(job_admission_file(host_dir(checkpoint)))}
+
+
+def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
+                spare: SpareDriver | None = None) -> RunEnd:
     """Start the driver of ``spec`` (prepared: checkpoint, run id) again after every death
-    of its process, as its restart strategy says, until the job ends or ``fence`` is lost."""
+    of its process, as its restart strategy says, until the job ends or ``fence`` is lost.
+    ``spare``: a warm spare made for this job (an HA standby's), which runs the first
+    driver."""
     checkpoint, run_id = str(spec.checkpoint), str(spec.run_id)
     directory = job_store(checkpoint)
     history = RestartHistory(directory, run_id)
@@ -178,24 +198,38 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None)
         print(f"exactly run: {fence.cause if fence else ''}", file=out, flush=True)
         return RunEnd(FENCED, fenced=True)
 
+    base_env = driver_env(checkpoint)
+    spares = SpareKeeper(spec.to_json(), base_env, directory, run_id,
+                         choice=spare_choice(spec.spare_driver, remote=spec.remote),
+                         say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
+                         spare=spare)
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
-            token = new_job_token()  # marks this driver's processes, for the kill after it
+            spare = spares.take()
+            # the token marks this driver's processes, for the kill after it
+            token = spare.token if spare is not None else new_job_token()
             if fence is not None and not fence.starting(token):
+                if spare is not None:
+                    spare.discard("the launcher lost its leader lease")
                 return fenced()
-            env = {**os.environ, JOB_TOKEN_ENV: token,
-                   ADMISSION_FILE_ENV: str(job_admission_file(host_dir(checkpoint)))}
             started = time.time()
-            child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
-                                      spec.to_json()], env=env, start_new_session=True)
+            driver_spec = replace(spec, fault=_armed(spec.fault_schedule)).to_json()
+            if spare is not None:
+                child = spare.take_over(driver_spec)
+            else:
+                child = subprocess.Popen([sys.executable, "-m", "exactly.ops.driver",
+                                          driver_spec],
+                                         env={**base_env, JOB_TOKEN_ENV: token},
+                                         start_new_session=True)
             if fence is not None and fence.lost.is_set():  # lost while it started
                 kill_job(token, what="the driver of a launcher that lost its leader lease")
             update_status(directory, run_id=run_id, driver=process_id(child.pid),
                           state="starting")
-            code = _wait(child)
+            spares.active_started(child.pid, _last_epoch(directory))
+            code = _wait(child, spares)
             kill_job(token, what="the driver's leftover processes")
-            reap_children()
+            reap_children(spares.process)
             if fence is not None and fence.lost.is_set():
                 return fenced()
             if code == 0:
@@ -231,16 +265,23 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None)
                 print(f"exactly run: job failed: {said}{cause} (restart strategy "
                       f"{strategy.describe()} gave up)", file=out, flush=True)
                 return RunEnd(JOB_FAILED)
-            print(f"exactly run: {cause}; restarting in {delay:.1f}s "
+            by = " (the spare driver takes over)" if spares.spare is not None else ""
+            print(f"exactly run: {cause}; restarting in {delay:.1f}s{by} "
                   f"(restart {history.restarts()})", file=out, flush=True)
             update_status(directory, run_id=run_id, state="restarting", detail=cause)
-            if _wait_or_request(control, delay, stopping, fence):
+            if _wait_or_request(control, delay, stopping, fence, spares):
                 if fence is not None and fence.lost.is_set():
                     return fenced()
                 return RunEnd(0, signalled=bool(stopping))
     finally:
+        spares.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _last_epoch(directory: LogStore) -> int | None:
+    status = JobStatus.read(directory)
+    return status.last_epoch if status is not None else None
 
 
 #: what :func:`run_drivers` returns (in :attr:`RunEnd.code`) when its fence was lost
@@ -286,15 +327,17 @@ def _resolved_checkpoint(spec: DriverSpec) -> str:
     return str(json.loads(lines[-1])["checkpoint"])
 
 
-def _wait(child: subprocess.Popen) -> int:
+def _wait(child: subprocess.Popen, spares: SpareKeeper) -> int:
     """The driver's exit code; meanwhile every other child that ends is reaped (the
     launcher is a child subreaper, or a container's PID 1: the driver's orphaned
-    processes end up as its children, and unreaped they stay zombies)."""
+    processes end up as its children, and unreaped they stay zombies) and the spare is
+    kept (:meth:`SpareKeeper.tick`)."""
     while True:
-        reap_children(child)
+        reap_children(child, spares.process)
         code = child.poll()
         if code is not None:
             return code
+        spares.tick()
         time.sleep(REAP_INTERVAL_S)
 
 
@@ -334,10 +377,10 @@ def answer_without_driver(control: ControlChannel, why: str) -> str | None:
     flight): the oldest decides how the job ends, every other one is answered too (no
     command waits in vain, none stays queued for a later run). Returns the job's end state
     (``stopped``, ``cancelled``), or None when nothing was pending -- or when a savepoint
-    is asked for: only a driver can take one, and the next driver answers every request in
-    order."""
+    or a drain is asked for: only a driver can take a savepoint or run the input through
+    the job, and the next driver answers every request in order."""
     pending = control.pending()
-    if not pending or any(r.wants_savepoint for r in pending):
+    if not pending or any(r.needs_driver for r in pending):
         return None
     state = "stopped" if pending[0].action == "stop" else "cancelled"
     for request in pending:
@@ -348,14 +391,16 @@ def answer_without_driver(control: ControlChannel, why: str) -> str | None:
 
 
 def _wait_or_request(control: ControlChannel, seconds: float, stopping: list[int],
-                     fence: Fence | None = None) -> bool:
+                     fence: Fence | None = None, spares: SpareKeeper | None = None) -> bool:
     """Sleep before a restart; True when a stop/cancel arrived meanwhile (answered here:
     no driver runs, so nothing is in flight), or when ``fence`` was lost. Savepoint
-    requests, and stops that want one, stay pending for the next driver: only a driver can
-    take a savepoint."""
+    requests, stops that want one and drains stay pending for the next driver
+    (:func:`answer_without_driver`)."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        reap_children()
+        reap_children(spares.process if spares is not None else None)
+        if spares is not None:
+            spares.tick()
         if fence is not None and fence.lost.is_set():
             return True
         if stopping:

@@ -78,6 +78,20 @@ function secs(v) {
 }
 
 // an HA job (exactly run --ha): who leads, since when, the live standbys
+function renderSpare(spare) {
+  const line = $("job-spare");
+  line.hidden = !spare;
+  if (!spare) return;
+  line.className = `spare ${spare.state}`;
+  line.dataset.state = spare.state;
+  const facts = [];
+  if (spare.pid !== null && spare.pid !== undefined) facts.push(`pid ${spare.pid}`);
+  if (spare.since) facts.push(`since ${when(spare.since)}`);
+  const said = spare.state === "none" ? "none: a restart starts the next driver from scratch"
+    : spare.state + (facts.length ? ` (${facts.join(", ")})` : "");
+  line.replaceChildren(el("strong", {}, "spare driver "), el("span", { class: "state" }, said));
+}
+
 function renderLeader(leader) {
   const line = $("job-leader");
   line.hidden = !leader;
@@ -252,6 +266,7 @@ async function refresh() {
       getJson(`/jobs/${encodeURIComponent(state.job)}/checkpoints/config`)]);
     renderHead(job, data);
     renderLeader(data.leader);
+    renderSpare(data.spare);
     renderCards(data.counts);
     renderLatest(data.latest);
     renderHistory(data.history);
