@@ -535,7 +535,8 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
 @click.option("--spare-driver", type=click.Choice(["auto", "on", "off"]), default="auto",
               help="Keep a warm spare driver (session started, job built, no query) that "
                    "takes the job over when the driver process dies, so a restart skips the "
-                   "driver's start. auto: on, except on Spark Connect. See docs/operations.md.")
+                   "driver's start. auto: on with a local master, off on Spark Connect and "
+                   "on cluster masters (where it does not help). See docs/operations.md.")
 @click.option("--ha", is_flag=True,
               help="High availability: run this on several hosts; one leads (a lease in the "
                    "checkpoint store), the others stand by and take the job over when the "

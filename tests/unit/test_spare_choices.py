@@ -31,6 +31,10 @@ def test_auto_keeps_a_spare_except_on_spark_connect_where_on_is_refused_with_the
         spare_choice("on", remote="sc://127.0.0.1:15002")
     with pytest.raises(ConfigError, match="give one of auto, on, off"):
         spare_choice("sometimes", remote=None)
+    cluster = spare_choice("auto", remote=None, master="spark://127.0.0.1:7077")
+    assert not cluster.wanted and "waits for executors" in cluster.why
+    assert spare_choice("on", remote=None, master="spark://127.0.0.1:7077").wanted
+    assert spare_choice("auto", remote=None, master="local[4]").wanted
 
 
 def test_a_spare_on_a_cluster_master_asks_for_no_executor_until_it_takes_over():

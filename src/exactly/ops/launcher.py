@@ -200,7 +200,8 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
 
     base_env = driver_env(checkpoint)
     spares = SpareKeeper(spec.to_json(), base_env, directory, run_id,
-                         choice=spare_choice(spec.spare_driver, remote=spec.remote),
+                         choice=spare_choice(spec.spare_driver, remote=spec.remote,
+                                             master=spec.master),
                          say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
                          spare=spare)
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -63,9 +63,18 @@ class SpareChoice:
     why: str = ""
 
 
-def spare_choice(setting: str, *, remote: str | None) -> SpareChoice:
-    """The spare of a run with ``--spare-driver setting``: ``auto`` keeps one where it
-    helps, ``on`` insists (a ConfigError where it cannot help), ``off`` keeps none."""
+#: why ``auto`` keeps no spare on a cluster master (measured: docs/operations.md)
+ON_A_CLUSTER = ("on a cluster master the spare holds no executor until it takes over, so "
+                "its first epoch waits for executors to start, which is most of what a "
+                "driver started from scratch waits for too (standalone, 2 workers: 16.6-17.5 "
+                "s with the spare, 15.5-16.8 s without); --spare-driver on keeps one anyway")
+
+
+def spare_choice(setting: str, *, remote: str | None,
+                 master: str | None = None) -> SpareChoice:
+    """The spare of a run with ``--spare-driver setting`` on ``master`` (None: the default
+    master): ``auto`` keeps one where it helps (a local master), ``on`` insists (a
+    ConfigError where it cannot work: Spark Connect), ``off`` keeps none."""
     if setting not in CHOICES:
         raise ConfigError(f"--spare-driver {setting!r}: give one of {', '.join(CHOICES)}")
     if setting == "off":
@@ -82,6 +91,11 @@ def spare_choice(setting: str, *, remote: str | None) -> SpareChoice:
                          "Connect), or drop --remote (and SPARK_REMOTE) to run the job "
                          "with a Spark driver of its own")
         return SpareChoice(False, why)
+    if setting == "auto":
+        from exactly.spark.session import default_master, local_cores
+
+        if local_cores(master or default_master()) is None:
+            return SpareChoice(False, ON_A_CLUSTER)
     return SpareChoice(True)
 
 
