@@ -42,6 +42,7 @@ from exactly.checkpoint.layout import DRIVER_EXIT, JOB_DIR
 from exactly.checkpoint.location import checkpoint_uri, host_dir, job_store
 from exactly.checkpoint.reach import check_reachable
 from exactly.checkpoint.restarts import RestartHistory, new_run_id
+from exactly.checkpoint.spark_files import last_committed_epoch
 from exactly.checkpoint.status import JobStatus, claim_job, update_status
 from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
@@ -227,7 +228,7 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
                 kill_job(token, what="the driver of a launcher that lost its leader lease")
             update_status(directory, run_id=run_id, driver=process_id(child.pid),
                           state="starting")
-            spares.active_started(child.pid, _last_epoch(directory))
+            spares.active_started(child.pid, last_committed_epoch(checkpoint))
             code = _wait(child, spares)
             kill_job(token, what="the driver's leftover processes")
             reap_children(spares.process)
@@ -278,11 +279,6 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
         spares.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _last_epoch(directory: LogStore) -> int | None:
-    status = JobStatus.read(directory)
-    return status.last_epoch if status is not None else None
 
 
 #: what :func:`run_drivers` returns (in :attr:`RunEnd.code`) when its fence was lost

@@ -284,7 +284,9 @@ class SpareKeeper:
         return self.spare.process if self.spare is not None else None
 
     def active_started(self, pid: int, last_epoch: int | None) -> None:
-        """A new active driver ``pid`` started (from scratch or from the spare)."""
+        """A new active driver ``pid`` started (from scratch or from the spare) when Spark's
+        commit log ended at ``last_epoch``: it settled once ``job.json`` shows a later one
+        (a new leader's claim of ``job.json`` starts without any)."""
         self._active_pid, self._active_epoch = pid, last_epoch
         self._running_since, self._settled, self._gave_up = None, False, False
         self._deaths, self._not_before = 0, 0.0
@@ -357,8 +359,9 @@ class SpareKeeper:
             return False
         if self._running_since is None:
             self._running_since = now
-        self._settled = (status.last_epoch != self._active_epoch
-                         or now - self._running_since >= SPARE_AFTER_S)
+        committed = status.last_epoch is not None and (
+            self._active_epoch is None or status.last_epoch > self._active_epoch)
+        self._settled = committed or now - self._running_since >= SPARE_AFTER_S
         return self._settled
 
     def _show(self, state: str | None) -> None:
