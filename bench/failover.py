@@ -115,7 +115,7 @@ from exactly.checkpoint.status import JobStatus
 from exactly.config import parse_duration
 from exactly.ops.ha import HaSettings
 from exactly.procs import HOST_ID_ENV, is_alive, processes_with_env
-from exactly.testing.nemesis.processes import paused, tree_pids, tree_processes
+from exactly.testing.nemesis.processes import locks_held, paused, tree_pids, tree_processes
 
 JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"
 EXACTLY = [sys.executable, "-m", "exactly.cli"]
@@ -321,6 +321,17 @@ def sink_records(out: Path) -> list[tuple[Path, float, str]]:
     return found
 
 
+def _wait_stopped(pids: Iterable[int], timeout: float = 2.0) -> None:
+    """Until each of ``pids`` is stopped or gone (SIGSTOP takes effect asynchronously)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) and (
+                    time.monotonic() < deadline):
+                time.sleep(0.01)
+
+
 def pause_leader(job: Job, jobs: list[Job]) -> dict[str, Any]:
     """SIGSTOP the HA leader's whole tree until the new leader completed its first epoch,
     then SIGCONT it and check its driver dies having committed nothing."""
@@ -332,14 +343,24 @@ def pause_leader(job: Job, jobs: list[Job]) -> dict[str, Any]:
     host, term = found
     proc = job.launchers[host]
     driver = psutil.Process(status.driver.pid)
-    t0 = time.time()
     with contextlib.ExitStack() as stack:
-        stopped: set[int] = set()
-        for _ in range(5):  # again for a process forked while the tree was being stopped
-            new = [pid for pid in tree_pids(proc.pid) if pid not in stopped]
-            if not new:
+        for _ in range(50):  # never inside a flock of the local store (it would block all)
+            attempt = contextlib.ExitStack()
+            stopped: set[int] = set()
+            for _ in range(5):  # again for a process forked while the tree was being stopped
+                new = [pid for pid in tree_pids(proc.pid) if pid not in stopped]
+                if not new:
+                    break
+                stopped.update(attempt.enter_context(paused(new, target=f"host {host}")))
+            _wait_stopped(stopped)
+            if not locks_held(stopped, job.work):
+                stack.push(attempt)
                 break
-            stopped.update(stack.enter_context(paused(new, target=f"host {host}")))
+            attempt.close()  # resumed: pause again a moment later
+            time.sleep(0.1)
+        else:
+            raise BenchError(f"host {host}'s tree held a store lock at 50 pauses")
+        t0 = time.time()
         figures = failover_figures(job, host, t0, jobs)
         before = {run for _, mtime, run in sink_records(job.out) if mtime < t0}
         t_cont = time.time()

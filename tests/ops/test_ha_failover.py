@@ -44,6 +44,7 @@ from exactly.procs import JOB_TOKEN_ENV, current_process, is_alive, job_processe
 from exactly.protocol.lease import LEASE_FILE, Lease
 from exactly.savepoints.manifest import read_manifest
 from exactly.testing.kafka_broker import consume_all
+from exactly.testing.nemesis.processes import locks_held
 
 #: a 4 s lease renewed every second: a failover in about 5 s (the defaults are 15 s / 3 s)
 HA = ("--ha", "--ha-lease-duration", "4s", "--ha-renew-interval", "1s",
@@ -138,7 +139,7 @@ class Hosts:
                     stopped[key(proc)] = proc
             procs = list(stopped.values())
             wait_stopped(procs)
-            if not locks_held(procs, self.tmp_path):
+            if not locks_held([p.pid for p in procs], self.tmp_path):
                 self.paused += procs
                 return procs
             self.resume(procs)
@@ -211,22 +212,6 @@ def wait_stopped(procs: list[psutil.Process]) -> None:
             while proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) \
                     and time.monotonic() < deadline:
                 time.sleep(0.01)
-
-
-def locks_held(procs: list[psutil.Process], under: Path) -> list[str]:
-    """The lock files under ``under`` on which one of ``procs`` holds a ``flock``
-    (``/proc/locks``; waiters, marked ``->``, hold nothing)."""
-    files = {p.stat().st_ino: str(p) for p in under.rglob("*.lock")}
-    pids = {proc.pid for proc in procs}
-    held = []
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if len(fields) < 6 or fields[1] == "->":
-            continue
-        pid, inode = int(fields[4]), int(fields[5].rsplit(":", 1)[1])
-        if pid in pids and inode in files:
-            held.append(files[inode])
-    return held
 
 
 def assert_dead(procs: list[psutil.Process], what: str) -> None:
@@ -619,7 +604,7 @@ def test_a_driver_paused_inside_a_sink_lease_swap_does_not_block_the_next_driver
     try:
         paused = psutil.Process(holder.pid)
         deadline = time.monotonic() + 30
-        while not locks_held([paused], tmp_path) or paused.status() != psutil.STATUS_STOPPED:
+        while not locks_held([paused.pid], tmp_path) or paused.status() != psutil.STATUS_STOPPED:
             assert time.monotonic() < deadline, "the holder never paused inside the lock"
             time.sleep(0.05)
         time.sleep(1.2)  # the paused driver's lease went stale

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import psutil
 
@@ -78,3 +79,22 @@ def executor_pids(driver_pid: int) -> list[int]:
 def tree_pids(root_pid: int) -> list[int]:
     """A server's process and every descendant (PostgreSQL's postmaster and backends)."""
     return [p.pid for p in tree_processes(root_pid)]
+
+
+def locks_held(pids: Iterable[int], under: Path) -> list[str]:
+    """The lock files under ``under`` on which one of ``pids`` holds a ``flock``
+    (``/proc/locks``; waiters, marked ``->``, hold nothing). A process paused while it holds
+    one blocks every other process's compare-and-swap of that file on a local directory
+    until it resumes: a limitation of the local store, which a pause drill avoids by
+    pausing again a moment later."""
+    files = {path.stat().st_ino: str(path) for path in Path(under).rglob("*.lock")}
+    wanted = set(pids)
+    held = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":
+            continue
+        pid, inode = int(fields[4]), int(fields[5].rsplit(":", 1)[1])
+        if pid in wanted and inode in files:
+            held.append(files[inode])
+    return held
