@@ -3,7 +3,8 @@ schedule of ``exactly run --fault A@E1,B@E2`` (no Spark)."""
 
 from __future__ import annotations
 
-import subprocess
+import json
+import os
 import sys
 import time
 
@@ -92,19 +93,16 @@ def test_a_spare_that_cannot_get_warm_reports_its_cause_and_one_told_nothing_exi
     """The launcher's side of the two pipes, against a stand-in spare: a spare that fails
     its warm-up is ``dead`` with the cause it wrote; a killed one is ``dead`` with the
     signal; neither leaves a process."""
-    failing = SpareDriver.__new__(SpareDriver)
-    fake = [sys.executable, "-c",
-            "import os,sys; os.write(int(sys.argv[1]), b'failed: ConfigError: no job\\n')"]
-    _start(failing, fake)
+    failing = _start([sys.executable, "-c", "import os,sys; os.write(int(sys.argv[1]), "
+                      "b'failed: ConfigError: no job\\n')"])
     deadline = time.monotonic() + 30
     while failing.poll() != "dead" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert failing.failure == "ConfigError: no job" and failing.warm_up_failed
     failing.discard("test")
 
-    waiting = SpareDriver.__new__(SpareDriver)
-    _start(waiting, [sys.executable, "-c", "import os,sys,time; os.write(int(sys.argv[1]), "
-                     "b'ready\\n'); sys.stdin.readline(); time.sleep(60)"])
+    waiting = _start([sys.executable, "-c", "import os,sys,time; os.write(int(sys.argv[1]), "
+                      "b'ready\\n'); sys.stdin.readline(); time.sleep(60)"])
     while waiting.poll() != "ready" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert waiting.poll() == "ready"
@@ -115,22 +113,10 @@ def test_a_spare_that_cannot_get_warm_reports_its_cause_and_one_told_nothing_exi
     waiting.discard("test")
 
 
-def _start(spare: SpareDriver, command: list[str]) -> None:
-    """:class:`SpareDriver`'s own start, running ``command FD`` instead of a driver."""
-    import fcntl
-    import os
-
-    from exactly.procs import new_job_token
-
-    spare.token = new_job_token()
-    read_end, write_end = os.pipe()
-    spare.started, spare.ready_at, spare.failure = time.time(), None, ""
-    spare._warm_up_failed, spare._said = False, b""
-    spare.process = subprocess.Popen([*command, str(write_end)], stdin=subprocess.PIPE,
-                                     pass_fds=(write_end,))
-    os.close(write_end)
-    fcntl.fcntl(read_end, fcntl.F_SETFL, fcntl.fcntl(read_end, fcntl.F_GETFL) | os.O_NONBLOCK)
-    spare._ready_fd = read_end
+def _start(command: list[str], job_file: str = "job.py") -> SpareDriver:
+    """A :class:`SpareDriver` running ``command FD SPEC`` instead of a driver."""
+    return SpareDriver(json.dumps({"job_file": job_file}), dict(os.environ),
+                       program=tuple(command))
 
 
 def test_a_fault_schedule_gives_each_fault_its_own_marker_and_the_next_driver_the_first_unfired(
@@ -164,7 +150,7 @@ def test_a_spare_of_a_job_file_edited_since_it_imported_it_is_dropped_at_the_tak
     """The spare imported the job file when it started: after an edit it would run the old
     code, so the takeover drops it (killed, with the launcher's word) and the next driver
     starts from scratch with the file as it is now; an unchanged file keeps the spare."""
-    from exactly.ops.spare import SpareChoice, SpareKeeper, file_digest
+    from exactly.ops.spare import SpareChoice, SpareKeeper
 
     job = tmp_path / "job.py"
     job.write_text("def build(spark): ...\n")
@@ -172,10 +158,8 @@ def test_a_spare_of_a_job_file_edited_since_it_imported_it_is_dropped_at_the_tak
     claim_job(directory, JobStatus("r1", current_process(), "running"))
     said: list[str] = []
     for edit, kept in ((False, True), (True, False)):
-        spare = SpareDriver.__new__(SpareDriver)
-        _start(spare, [sys.executable, "-c", "import os,sys; os.write(int(sys.argv[1]), "
-                       "b'ready\\n'); sys.stdin.readline()"])
-        spare.job_file, spare.job_file_digest = str(job), file_digest(str(job))
+        spare = _start([sys.executable, "-c", "import os,sys; os.write(int(sys.argv[1]), "
+                        "b'ready\\n'); sys.stdin.readline()"], str(job))
         keeper = SpareKeeper("{}", {}, directory, "r1", choice=SpareChoice(True),
                              say=said.append, spare=spare)
         if edit:

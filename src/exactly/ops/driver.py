@@ -371,12 +371,12 @@ def main(argv: list[str] | None = None) -> int:
             if warm is None:  # never asked to take over, or could not get warm
                 code = 0
                 return code
-        if spec.launcher is not None and spec.checkpoint:
-            watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
-                           at_once=spec.ha)
         if warm is not None:  # the run it takes over: run id, fault, launcher
             spec = warm.spec
             run_id = spec.run_id or run_id
+        if spec.launcher is not None and spec.checkpoint:
+            watch_launcher(ProcessId.from_json(spec.launcher), spec.checkpoint, run_id,
+                           at_once=spec.ha)
         code = _drive(spec, run_id, session, warm)
         return code
     finally:

@@ -75,7 +75,7 @@ from exactly.ops.launcher import (
     run_drivers,
 )
 from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
-from exactly.ops.spare import SPARE_AFTER_S, SpareDriver, file_digest
+from exactly.ops.spare import SpareDriver, file_digest, respawn_delay
 from exactly.options import SESSION_LEASE_STALE_AFTER
 from exactly.procs import HOST_ID_ENV, become_subreaper, current_process, host_identity
 
@@ -234,7 +234,7 @@ class StandbySpare:
                      f"{spare.failure}")
             spare.discard("it ended")
             self._deaths += 1
-            self._not_before = time.monotonic() + SPARE_AFTER_S * 2 ** min(self._deaths, 6)
+            self._not_before = time.monotonic() + respawn_delay(self._deaths)
         if standing_by and time.monotonic() >= self._not_before:
             checkpoint = str(self.spec.checkpoint)
             spec = _driver_spec(self.spec, self.ha, checkpoint, "standby-spare")
@@ -281,9 +281,6 @@ def _lead(spec: DriverSpec, ha: HaSettings, took: Takeover, lease: LeaderLease,
               run=run_id, previous=took.previous.host if took.previous else None,
               why=took.why or "first")
     fence = Fence()
-    if spare is not None and not fence.starting(spare.token):  # never lost yet: registers it
-        spare.discard("the lease was lost")
-        spare = None
     keeper = LeaseRenewer(lease, term, ha, fence, members, replace(member, role="leader",
                                                                   run_id=run_id))
     keeper.start()

@@ -66,8 +66,14 @@ class SpareChoice:
 #: why ``auto`` keeps no spare on a cluster master (measured: docs/operations.md)
 ON_A_CLUSTER = ("on a cluster master the spare holds no executor until it takes over, so "
                 "its first epoch waits for executors to start, which is most of what a "
-                "driver started from scratch waits for too (standalone, 2 workers: 16.6-17.5 "
-                "s with the spare, 15.5-16.8 s without); --spare-driver on keeps one anyway")
+                "driver started from scratch waits for too (measured in docs/operations.md); "
+                "--spare-driver on keeps one anyway")
+
+
+def respawn_delay(deaths: int) -> float:
+    """Seconds before a new spare replaces one that died (killed, the OOM killer), after
+    ``deaths`` deaths in a row: :data:`SPARE_AFTER_S`, doubling each time (at most 64x)."""
+    return SPARE_AFTER_S * 2 ** min(max(deaths - 1, 0), 6)
 
 
 def spare_choice(setting: str, *, remote: str | None,
@@ -139,7 +145,11 @@ def file_digest(path: str) -> str | None:
 class SpareDriver:
     """One spare driver process of a launcher (see the module doc)."""
 
-    def __init__(self, spec_json: str, env: dict[str, str]) -> None:
+    #: the spare's program, given its ready pipe's descriptor and the spec after it
+    PROGRAM = (sys.executable, "-m", "exactly.ops.driver", SPARE)
+
+    def __init__(self, spec_json: str, env: dict[str, str], *,
+                 program: tuple[str, ...] = PROGRAM) -> None:
         self.job_file = str(json.loads(spec_json)["job_file"])
         #: the job file as the spare imports it: a spare of a file edited since then would
         #: run the old code (:meth:`SpareKeeper.take` drops it)
@@ -153,7 +163,7 @@ class SpareDriver:
         self._said = b""
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "exactly.ops.driver", SPARE, str(write_end), spec_json],
+                [*program, str(write_end), spec_json],
                 env={**env, JOB_TOKEN_ENV: self.token}, stdin=subprocess.PIPE,
                 pass_fds=(write_end,), start_new_session=True)
         except BaseException:
@@ -313,9 +323,10 @@ class SpareKeeper:
                 self._gave_up = True
                 then = "a restart starts the next driver from scratch"
             else:  # killed from outside, or the OOM killer: a new spare, later each time
-                self._not_before = time.monotonic() + SPARE_AFTER_S * 2 ** (self._deaths - 1)
-                then = (f"a new spare starts in {SPARE_AFTER_S * 2 ** (self._deaths - 1):.0f}s "
-                        "(until it is warm, a restart starts the next driver from scratch)")
+                delay = respawn_delay(self._deaths)
+                self._not_before = time.monotonic() + delay
+                then = (f"a new spare starts in {delay:.0f}s (until it is warm, a restart "
+                        "starts the next driver from scratch)")
             self.say(f"the spare driver (pid {spare.pid}) ended: {spare.failure}; {then}")
             self._show(None)
             return
