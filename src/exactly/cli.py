@@ -741,6 +741,48 @@ def stop(checkpoint: str | None, drain: bool, wait: str, savepoint_target: str |
 
 @main.command(context_settings={"show_default": True})
 @click.argument("checkpoint", type=CHECKPOINT)
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--parallelism", default=None, type=click.IntRange(1),
+              help="State partitions of the new job [default: its "
+                   "spark.sql.shuffle.partitions, else the savepoint's].")
+@click.option("--allow-non-restored-state", is_flag=True,
+              help="Drop the savepoint's state of operators the new job no longer has.")
+@click.option("--sink-rollback", type=click.Choice(["refuse", "retract", "keep"]),
+              default="refuse",
+              help="A rollback to the old job (the new one failed in its first epochs) when "
+                   "the sink target already holds the new job's epochs: refuse (the job "
+                   "then fails, the savepoint kept), retract them, or keep them.")
+@click.option("--epochs", default=3, type=click.IntRange(1),
+              help="Epochs the new job must commit before the upgrade is done; a failure "
+                   "before that rolls back to the old job file.")
+@click.option("--savepoint", "target", default=None, type=PLACE, metavar="TARGET",
+              help="Where the upgrade's savepoint goes [default: <CHECKPOINT>.savepoints].")
+@click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
+@reports_failure("upgrade")
+def upgrade(checkpoint: str, job_file: str, parallelism: int | None,
+            allow_non_restored_state: bool, sink_rollback: str, epochs: int,
+            target: str | None, wait: str) -> None:
+    """Upgrade the job running on CHECKPOINT to JOB_FILE through a savepoint, without a
+    driver start in the gap.
+
+    The `exactly run` of the job starts JOB_FILE's driver warm beside the running one and
+    checks the restore (operators, state schemas, sources, the sink) before it touches the
+    running job; then it stops the job with a savepoint, restores the savepoint into the
+    same checkpoint in the warm driver and watches the new job's first --epochs epochs. If
+    the new job fails before, the old job file is restored from the same savepoint (with
+    --sink-rollback) and the upgrade ends as rolled back. Later restarts run JOB_FILE: start
+    it the next time you start the job. Exit code 0 when upgraded, 3 when refused (the
+    running job untouched), rolled back or failed. See docs/savepoints.md.
+    """
+    from exactly.ops.upgrade import UpgradeRequest
+
+    request = UpgradeRequest(str(Path(job_file).absolute()), parallelism,
+                             allow_non_restored_state, sink_rollback, epochs, target)
+    _control(checkpoint, "upgrade", wait, **request.params())
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--timeout", "wait", default="5min", help="How long to wait for the answer.")
 @reports_failure("cancel")
 def cancel(checkpoint: str, wait: str) -> None:

@@ -138,6 +138,7 @@ CHECKPOINT_COMMANDS = {
     "stop --savepoint": lambda ck, job: ["stop", "--savepoint", ck],
     "cancel": lambda ck, job: ["cancel", ck],
     "savepoint": lambda ck, job: ["savepoint", ck],
+    "upgrade": lambda ck, job: ["upgrade", ck, job],
     "checkpoints": lambda ck, job: ["checkpoints", ck],
     "ui": lambda ck, job: ["ui", ck, "--port", "1"],
     "doctor": lambda ck, job: ["doctor", ck],

@@ -7,9 +7,10 @@ port)::
     control/requests/<id>.json   written by ``exactly stop|cancel|savepoint`` (whole)
     control/answers/<id>.json    written by the driver when the request is done or refused
 
-A request names an ``action`` (``stop``, ``cancel``, ``savepoint``) and its parameters
-(``drain``, ``target``), and the run it was sent to (``to_run``: the live run the command
-found). The driver polls for requests between and during epochs, handles the oldest first,
+A request names an ``action`` (``stop``, ``cancel``, ``savepoint``; ``upgrade``, which the
+launcher carries out) and its parameters (``drain``, ``target``, ...), and the run it was
+sent to (``to_run``: the live run the command found).
+The driver polls for requests between and during epochs, handles the oldest first,
 and answers each exactly once. A request that reaches nobody because the run it was sent to
 ended first (a stop sent while that run was stopping by itself) is answered for it: by the
 command when the run's end is the checkpoint's last word, else by the next plain run's
@@ -36,7 +37,10 @@ from exactly.checkpoint.status import DELETING_DETAIL, ENDED, JobStatus, running
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError, ExactlyError
 
-ACTIONS = ("stop", "cancel", "savepoint")
+ACTIONS = ("stop", "cancel", "savepoint", "upgrade")
+#: actions the launcher carries out, not the driver (:mod:`exactly.ops.upgrade`): a driver
+#: neither acts on them nor answers them
+LAUNCHER_ACTIONS = ("upgrade",)
 #: seconds between two listings of the requests of a job whose checkpoint is on S3
 REMOTE_POLL_S = 1.0
 
@@ -76,6 +80,8 @@ def late_answer(request: Request, outcome: str, last_epoch: int | None) -> tuple
     (``stopped``, ``cancelled``, ``failed``): a stop or cancel is done (nothing is in
     flight), a savepoint is refused (nothing was written)."""
     after = f"after epoch {last_epoch}" if last_epoch is not None else "before its first epoch"
+    if request.action in LAUNCHER_ACTIONS:
+        return "refused", f"the job {outcome} ({after}) before the {request.action} began"
     if request.wants_savepoint:
         return "refused", (f"the job {outcome} ({after}) before it could take the savepoint; "
                            "nothing was written")
@@ -140,7 +146,8 @@ class ControlChannel:
                     return answer
                 time.sleep(poll)
                 continue
-            if status is not None and not status.alive() and not self._failing_over(status):
+            if status is not None and not status.alive() and not self._failing_over(status) \
+                    and not self._launcher_at_work(request, status):
                 # it may have answered just before it ended; else the request came too late
                 return self._answer(request) or self._answer_for_ended(request, status)
             time.sleep(poll)
@@ -156,10 +163,20 @@ class ControlChannel:
         return self.answer(request, *late_answer(request, status.state, status.last_epoch),
                            last_epoch=status.last_epoch, answered_by="command")
 
+    @staticmethod
+    def _launcher_at_work(request: Request, status: JobStatus) -> bool:
+        """True for a launcher's request (an upgrade) while its launcher lives: the job
+        looks ended between the old job's stop and the new one's start."""
+        return request.action in LAUNCHER_ACTIONS and status.supervisor.is_alive() is not False
+
     def _failing_over(self, status: JobStatus) -> bool:
         """True while an ``exactly run --ha`` job is between two leaders: its run looks
         dead (its host stopped renewing) yet a launcher of it lives and will answer."""
         return status.state not in ENDED and has_live_launcher(self.store)
+
+    def answer_of(self, request: Request) -> dict[str, Any] | None:
+        """The answer to ``request`` so far (None: not answered yet)."""
+        return self._answer(request)
 
     def _answer(self, request: Request) -> dict[str, Any] | None:
         data = self.store.read(f"{layout.ANSWERS}/{request.id}.json")
@@ -173,10 +190,11 @@ class ControlChannel:
         return checkpoint_exists(self.checkpoint)
 
     # -- the driver's end ----------------------------------------------------------------
-    def pending(self) -> list[Request]:
-        """Unanswered requests, oldest first (unreadable ones are answered as refused).
-        On S3 the requests are listed at most every :data:`REMOTE_POLL_S` seconds: a
-        command is answered within that much more."""
+    def pending(self, *, launcher: bool = False) -> list[Request]:
+        """Unanswered requests for the driver, oldest first (unreadable ones are answered
+        as refused); ``launcher``: those for the launcher (:data:`LAUNCHER_ACTIONS`)
+        instead. On S3 the requests are listed at most every :data:`REMOTE_POLL_S`
+        seconds: a command is answered within that much more."""
         now = time.monotonic()
         if now - self._listed_at < self.poll_interval_s:
             return []
@@ -197,7 +215,9 @@ class ControlChannel:
                 data = self.store.read(f"{layout.REQUESTS}/{name}")
                 if data is None:
                     continue
-                found.append(Request.from_json(json.loads(data)))
+                request = Request.from_json(json.loads(data))
+                if (request.action in LAUNCHER_ACTIONS) == launcher:
+                    found.append(request)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 self.answer(Request(rid, "?"), "refused", f"unreadable request: {exc}")
         return found

@@ -60,6 +60,16 @@ def location_uri(location: str | os.PathLike[str], what: str = "location") -> st
     return str(local.absolute())
 
 
+def same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two checkpoints or savepoints are the same place (``s3a://`` is ``s3://``,
+    a local path is compared resolved)."""
+    def norm(place: str | os.PathLike[str]) -> str:
+        text = os.fspath(place)
+        return location_uri(text) if is_remote(text) else str(Path(text).resolve())
+
+    return norm(a) == norm(b)
+
+
 def local_checkpoint(location: str | os.PathLike[str]) -> Path | None:
     """The local directory of a checkpoint location (``/p``, ``file:/p``, ``file:///p``);
     ``None`` for other file systems (s3a://, hdfs://, ...)."""

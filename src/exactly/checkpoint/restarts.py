@@ -37,7 +37,7 @@ from exactly.fsutil import file_lock
 COUNTED = "restart"
 #: actions of failures the restart strategy does not count: a tolerated failed checkpoint,
 #: a failover to another host (the job moved; nothing failed in it), a lost leadership
-UNCOUNTED = ("tolerated", "failover", "standby")
+UNCOUNTED = ("tolerated", "failover", "standby", "rollback")
 #: what varies between occurrences of one failure: UUIDs (Spark's run ids), hex addresses
 #: and digit runs (epoch, task, stage, attempt numbers, pids, ports)
 _VARYING = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}|0x[0-9a-fA-F]+|\d+")

@@ -62,6 +62,8 @@ class JobStatus:
     #: :class:`~exactly.procs.ProcessId` as JSON), ``state`` (starting | ready) and
     #: ``since``; None when it keeps none
     spare: dict[str, Any] | None = None
+    #: an ``exactly upgrade`` in progress (:mod:`exactly.ops.upgrade`): what it is doing
+    upgrade: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -78,7 +80,8 @@ class JobStatus:
                    data.get("last_epoch"), str(data.get("detail") or ""),
                    data.get("strategy"), str(data.get("job") or ""),
                    int(data["leader"]) if data.get("leader") is not None else None,
-                   data.get("spare") if isinstance(data.get("spare"), dict) else None)
+                   data.get("spare") if isinstance(data.get("spare"), dict) else None,
+                   str(data["upgrade"]) if data.get("upgrade") else None)
 
     @classmethod
     def read(cls, where: Where) -> JobStatus | None:
@@ -166,12 +169,35 @@ def refuse_other_job(store: LogStore, current: JobStatus | None, job: str) -> No
     than ``job`` (both known): a checkpoint is one job's address."""
     if current is None or not current.job or not job or current.job == job:
         return
+    upgrade = _upgrade_of(store)
+    if upgrade.get("state") == "in-progress" and job in upgrade["files"]:
+        return  # an interrupted `exactly upgrade` (or its rollback): its restore finishes it
     checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
+    upgraded = (f" (`exactly upgrade` moved it from {job} to {current.job}: start "
+                f"{current.job})" if job == upgrade.get("from") else "")
     raise ConfigError(
         f"checkpoint {checkpoint} holds the job {current.job} (run {current.run_id}, "
-        f"{current.state}), not {job}: give {job} a checkpoint of its own (if it is the same "
-        f"job renamed, delete {store.describe(layout.JOB_STATUS)} once no run of it is "
-        "alive). Nothing was started.")
+        f"{current.state}), not {job}{upgraded}: give {job} a checkpoint of its own (if it "
+        f"is the same job renamed, delete {store.describe(layout.JOB_STATUS)} once no run "
+        "of it is alive). Nothing was started.")
+
+
+def _upgrade_of(store: LogStore) -> dict[str, Any]:
+    """The job files (names) of the upgrade that made the checkpoint's last restore
+    (``exactly upgrade``), and that restore's state; no files when it was none."""
+    raw = store.read(layout.RESTORE_MARKER)
+    try:
+        marker = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        marker = {}
+    upgrade = marker.get("upgrade") if isinstance(marker, dict) else None
+    if not isinstance(upgrade, dict):
+        return {"files": set()}
+    files = {os.path.basename(str(upgrade[key])) for key in
+             ("job_file", "from_job_file", "rollback_of") if upgrade.get(key)}
+    source = upgrade.get("from_job_file")
+    return {"state": marker.get("state"), "files": files,
+            "from": os.path.basename(str(source)) if source else None}
 
 
 def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0,

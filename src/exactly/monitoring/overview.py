@@ -242,6 +242,9 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
         spare=spare_view(job, status))
     if restores:
         overview.latest["savepoint_restore"] = restores[-1]
+    upgrades = [r for r in records if r["kind"] == "upgrade"]
+    if upgrades:
+        overview.latest["upgrade"] = upgrades[-1]
     return Loaded(overview, records)
 
 
@@ -266,7 +269,10 @@ def _status_detail(job: Any, status: str) -> str:
         return (f"run {job.run_id} ended without a word while {job.state}, after {seen}: "
                 f"its launcher (pid {job.supervisor.pid}) and driver are gone; the next "
                 "`exactly run` records it and resumes from the last completed epoch")
-    return job.detail if status in ("failed", "restarting", "stopping", "stopped") else ""
+    detail = job.detail if status in ("failed", "restarting", "stopping", "stopped") else ""
+    if job.upgrade and status not in ("failed", "cancelled", "lost"):  # exactly upgrade
+        detail = "; ".join(part for part in (detail, job.upgrade) if part)
+    return detail
 
 
 def _status(directory: str, records: list[dict[str, Any]], job: Any) -> str:

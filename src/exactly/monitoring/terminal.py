@@ -154,6 +154,11 @@ def render(view: Overview, *, rows: int = 10) -> Group:
             detail += f" after: {restore['after_failure']}"
         latest.add_row("restore", number(restore.get("epoch")), when(restore.get("at")),
                        detail)
+    upgrade = view.latest.get("upgrade")
+    if upgrade:
+        latest.add_row("upgrade", number(upgrade.get("epoch")), when(upgrade.get("at")),
+                       f"to {upgrade.get('job_file')} (from {upgrade.get('from_job_file')}), "
+                       f"through {upgrade.get('savepoint')}")
     parts.append(latest)
 
     history = Table(title=f"history (newest {min(rows, len(view.history))} of "

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,10 @@ class DriverSpec:
     #: ``exactly run --fault A@E1,B@E2``: the launcher's schedule, one fault per driver in
     #: turn (each fires once in the run); ``fault`` is the one armed in this driver
     fault_schedule: list[FaultSpec] = field(default_factory=list)
+    #: ``exactly upgrade``: this spare is the new job's driver; before it says ready it
+    #: checks that the running job's checkpoint restores into its job as this
+    #: :class:`~exactly.ops.job_savepoints.RestoreRequest` (as JSON, savepoint aside) says
+    upgrade_check: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -209,6 +213,8 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                      "--remote (and SPARK_REMOTE) to run the job with a Spark driver of its "
                      "own")
     operators = job_operators(job.df)
+    if restore is None:
+        _refuse_unfinished_restore(job.checkpoint.storage)
     if restore is not None:
         try:
             done = restore_job(job, restore, operators, fault)
@@ -251,6 +257,25 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         pacer.remove()
+
+
+def _refuse_unfinished_restore(checkpoint: str) -> None:
+    """A checkpoint whose restore was interrupted (a crash during ``exactly run -s`` or
+    ``exactly upgrade``) holds part of a checkpoint: running on it without finishing the
+    restore would start a query on that part. Raises SavepointError naming the restore."""
+    from exactly.errors import SavepointError
+    from exactly.savepoints.restore import read_marker
+
+    marker = read_marker(checkpoint)
+    if marker is None or marker.get("state") != "in-progress":
+        return
+    upgrade = marker.get("upgrade") or {}
+    job = f" into {upgrade['job_file']}" if upgrade.get("job_file") else ""
+    raise SavepointError(
+        f"{checkpoint} holds an unfinished restore of {marker.get('savepoint')}{job} (it was "
+        "interrupted): finish it first, `exactly run JOB -s "
+        f"{marker.get('savepoint')} --checkpoint {checkpoint}`, with the job file it was "
+        "restoring")
 
 
 def _built(build: Callable[[SparkSession], Any], spark: SparkSession, where: str) -> Any:
@@ -328,8 +353,6 @@ def resolve_checkpoint(spec: DriverSpec) -> str:
     """The checkpoint the job file of ``spec`` names in its ``CheckpointConfig(storage=...)``,
     learnt by building the job in a session of its own (``exactly run`` without
     ``--checkpoint``). Raises ConfigError when the job names none (``memory``)."""
-    from dataclasses import replace
-
     job_file = load_job_file(spec.job_file)
     # building the job only defines its DataFrames: a small local session does (no cluster
     # application is registered for it)
@@ -423,6 +446,8 @@ def _warm_spare(spec: DriverSpec, session: list[SparkSession], ready_fd: int) ->
             job = check_job(_built(job_file.build, spark, str(job_file.path)),
                             str(job_file.path))
             _warm_up(spark, spec)
+            if spec.upgrade_check is not None:
+                _check_upgrade(job, spec, job_file.spark_conf)
         except Exception as exc:
             say(f"failed: {root_cause_of(exc)}")
             return None
@@ -434,6 +459,23 @@ def _warm_spare(spec: DriverSpec, session: list[SparkSession], ready_fd: int) ->
     finally:
         with contextlib.suppress(OSError):
             os.close(ready_fd)
+
+
+def _check_upgrade(job: Job, spec: DriverSpec, spark_conf: Mapping[str, str]) -> None:
+    """``exactly upgrade``'s check in the new job's spare, before the running job is
+    touched (:func:`~exactly.ops.job_savepoints.check_upgrade`); raises what the restore
+    would raise."""
+    from exactly.ops.job_savepoints import check_upgrade
+    from exactly.savepoints.operators import job_operators
+
+    request = _restore_request(replace(spec, restore={**(spec.upgrade_check or {}),
+                                                      "savepoint": ""}), spark_conf)
+    assert request is not None
+    plan = check_upgrade(job.with_checkpoint_dir(spec.checkpoint), request,
+                         job_operators(job.df))
+    log_event(logger, "upgrade_checked", restored=plan.get("restored"),
+              dropped=plan.get("dropped"), new=plan.get("new"),
+              partitions=plan.get("partitions"), backend=plan.get("backend"))
 
 
 def _warm_up(spark: SparkSession, spec: DriverSpec) -> None:
@@ -638,8 +680,6 @@ def _restore_request(spec: DriverSpec, spark_conf: Mapping[str, str]) -> Restore
     """The restore of ``exactly run -s``; without ``--parallelism`` the state partitions
     are ``--shuffle-partitions`` or the job file's ``spark.sql.shuffle.partitions`` when
     given, else the savepoint's."""
-    from dataclasses import replace
-
     if spec.restore is None:
         return None
     request = RestoreRequest.from_json(spec.restore)

@@ -8,7 +8,6 @@ The supervisor calls :func:`take_job_savepoint` for ``exactly savepoint`` and ``
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from exactly.checkpoint.location import (
     job_store,
     location_uri,
     open_store,
+    same_place,
 )
 from exactly.checkpoint.status import running_job
 from exactly.checkpoint.store import LocalLogStore, is_remote
@@ -36,7 +36,7 @@ from exactly.savepoints.restore import (
     read_marker,
     restore_into,
 )
-from exactly.savepoints.sinks import SinkRollback, decide, hand_over, sink_info
+from exactly.savepoints.sinks import SinkRollback, decide, hand_over, precheck, sink_info
 from exactly.savepoints.take import take_savepoint
 
 if TYPE_CHECKING:
@@ -59,15 +59,6 @@ def default_target(checkpoint: str) -> str:
         return location_uri(f"{uri.rstrip('/')}.savepoints")
     path = Path(uri)
     return str(path.parent / f"{path.name}.savepoints")
-
-
-def _same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether two savepoints or checkpoints are the same (``s3a://`` is ``s3://``)."""
-    def norm(place: str | os.PathLike[str]) -> str:
-        text = os.fspath(place)
-        return location_uri(text) if is_remote(text) else str(Path(text).resolve())
-
-    return norm(a) == norm(b)
 
 
 def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
@@ -111,7 +102,7 @@ def savepoint_of_checkpoint(job: Job, retained: str, checkpoint: str, mode: Rest
         raise SavepointError(f"--restore-mode claim takes over a savepoint; {retained} is a "
                              "checkpoint, which a restore only reads: restore it without "
                              "claim and delete it once the restored job runs")
-    if _same_place(retained, checkpoint):
+    if same_place(retained, checkpoint):
         raise SavepointError(f"{retained} is the job's own checkpoint: restore a retained "
                              "checkpoint into a new checkpoint directory")
     status = running_job(retained)
@@ -181,13 +172,13 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
     checkpoint = checkpoint_uri(job.checkpoint.storage)
     previous = read_marker(checkpoint)
     if previous is not None and previous.get("state") == "done":
-        if not _same_place(previous.get("savepoint", ""), request.savepoint):
+        if not same_place(previous.get("savepoint", ""), request.savepoint):
             raise SavepointError(
                 f"{checkpoint} was restored from {previous.get('savepoint')} already; restore "
                 f"{request.savepoint} into a new checkpoint directory")
         return None
     if (previous is not None and previous.get("savepoint")
-            and not _same_place(previous["savepoint"], request.savepoint)):
+            and not same_place(previous["savepoint"], request.savepoint)):
         # its query may own the sink's target already: another savepoint must not reuse it
         raise SavepointError(
             f"{checkpoint} holds an interrupted restore of {previous['savepoint']} (its "
@@ -228,6 +219,33 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
         elif mode is RestoreMode.CLAIM and is_remote(request.savepoint):
             dispose(request.savepoint)  # taken over (the local copy went with the restore)
     return done
+
+
+def check_upgrade(job: Job, request: RestoreRequest,
+                  operators: list[JobOperator]) -> dict[str, Any]:
+    """Check, before ``exactly upgrade`` touches the running job on ``job``'s checkpoint,
+    that the savepoint it is about to take restores into ``job`` (the new job file's) as
+    ``request`` says (its savepoint aside): the operators map (uids, schemas, partitions,
+    the state backend), the sources are the same, the sink's rule lets the target be
+    taken over. The check reads a copy of the checkpoint's last completed epoch (a local
+    scratch directory, removed after; the checkpoint is only read, nothing is recorded).
+    Returns the restore plan; raises SavepointError as that restore would."""
+    import tempfile
+
+    checkpoint = checkpoint_uri(job.checkpoint.storage)
+    with tempfile.TemporaryDirectory(prefix="exactly-upgrade-check-") as scratch:
+        path = take_savepoint(job.df.sparkSession, checkpoint, scratch,
+                              operators=recorded_operators(job_store(checkpoint)),
+                              sinks=[sink_info(job, checkpoint)], trigger="upgrade-check",
+                              job=_job_info(job, checkpoint), record=False)
+        assert isinstance(path, Path)  # a local scratch directory
+        manifest = read_manifest(path, checksums=False)  # copied a moment ago
+        plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
+                            backend=restore_backend(job.checkpoint, manifest),
+                            allow_non_restored_state=request.allow_non_restored_state)
+        _check_sources(manifest, job)
+        precheck(job, manifest, request.sink_rollback)
+        return plan.describe()
 
 
 def restore_backend(config: CheckpointConfig, manifest: Manifest) -> str:

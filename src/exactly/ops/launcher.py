@@ -58,6 +58,7 @@ from exactly.ops.lost_runs import record_epoch_lost, record_lost_run
 from exactly.ops.restart import RestartStrategy, restart_delay, strategy_from_json
 from exactly.ops.spare import SpareDriver, SpareKeeper, spare_choice
 from exactly.ops.supervisor import default_strategy
+from exactly.ops.upgrade import NextDriver, Upgrader, refusal
 from exactly.procs import (
     JOB_TOKEN_ENV,
     become_subreaper,
@@ -73,6 +74,8 @@ logger = logging.getLogger("exactly.ops.launcher")
 
 #: seconds between two reaps of ended children while the launcher waits
 REAP_INTERVAL_S = 0.2
+#: the same while an upgrade stops the old job or watches the new one (its gap)
+UPGRADE_LOOK_S = 0.05
 #: how much longer than ``--stop-timeout`` a new run waits for an orphaned driver to stop
 ORPHAN_GRACE_S = 60.0
 
@@ -205,10 +208,17 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
                                              master=spec.master),
                          say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
                          spare=spare)
+    upgrader = Upgrader(spec, base_env, retarget=spares.retarget,
+                        say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
+                        refused=refusal(ha=fence is not None, remote=spec.remote))
+    upgraded: NextDriver | None = None
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
-            spare = spares.take()
+            if upgraded is not None:  # an upgrade's new driver, or its rollback's
+                spec, spare, upgraded = upgraded.spec, upgraded.spare, None
+            else:
+                spare = spares.take()
             # the token marks this driver's processes, for the kill after it
             token = spare.token if spare is not None else new_job_token()
             if fence is not None and not fence.starting(token):
@@ -229,11 +239,18 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
             update_status(directory, run_id=run_id, driver=process_id(child.pid),
                           state="starting")
             spares.active_started(child.pid, last_committed_epoch(checkpoint))
-            code = _wait(child, spares)
+            code = _wait(child, spares, upgrader, token)
             kill_job(token, what="the driver's leftover processes")
-            reap_children(spares.process)
+            reap_children(spares.process, upgrader.process)
             if fence is not None and fence.lost.is_set():
                 return fenced()
+            upgraded = upgrader.after_exit(code, spares.take, stopping=bool(stopping))
+            spec = upgrader.spec
+            if upgraded is not None:
+                if upgraded.rollback:  # the new job failed before its K epochs: no restart
+                    history.append("failure", kind="upgrade", cause=upgrader.failure,
+                                   action="rollback", ran_s=round(time.time() - started, 3))
+                continue
             if code == 0:
                 return RunEnd(0, signalled=bool(stopping))
             if code == JOB_FAILED:
@@ -276,6 +293,7 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
                     return fenced()
                 return RunEnd(0, signalled=bool(stopping))
     finally:
+        upgrader.close()
         spares.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -324,18 +342,25 @@ def _resolved_checkpoint(spec: DriverSpec) -> str:
     return str(json.loads(lines[-1])["checkpoint"])
 
 
-def _wait(child: subprocess.Popen, spares: SpareKeeper) -> int:
+def _wait(child: subprocess.Popen, spares: SpareKeeper, upgrader: Upgrader | None = None,
+          token: str | None = None) -> int:
     """The driver's exit code; meanwhile every other child that ends is reaped (the
     launcher is a child subreaper, or a container's PID 1: the driver's orphaned
-    processes end up as its children, and unreaped they stay zombies) and the spare is
-    kept (:meth:`SpareKeeper.tick`)."""
+    processes end up as its children, and unreaped they stay zombies), the spare is
+    kept (:meth:`SpareKeeper.tick`) and an upgrade moves on (:meth:`Upgrader.tick`: the
+    old job's driver once it stopped with its savepoint, and a new job that fails before
+    its K epochs, have their driver tree, ``token``, killed)."""
     while True:
-        reap_children(child, spares.process)
+        reap_children(child, spares.process, upgrader.process if upgrader else None)
         code = child.poll()
         if code is not None:
             return code
         spares.tick()
-        time.sleep(REAP_INTERVAL_S)
+        ended = upgrader.tick(child.pid) if upgrader is not None else ""
+        if ended and token is not None:
+            kill_job(token, what=ended)
+        busy = upgrader is not None and upgrader.state in ("stopping", "watching")
+        time.sleep(UPGRADE_LOOK_S if busy else REAP_INTERVAL_S)
 
 
 def _driver_exit_cause(directory: LogStore, pid: int) -> str | None:

@@ -349,6 +349,15 @@ class SpareKeeper:
             return None
         return spare
 
+    def retarget(self, spec_json: str) -> None:
+        """The job's driver spec changed (``exactly upgrade`` moved it to a new job file):
+        a spare of the old one is discarded, the next one is made from ``spec_json``."""
+        self.spec_json = spec_json
+        if self.spare is not None:
+            self.spare.discard("the job was upgraded to another job file")
+            self.spare = None
+            self._show(None)
+
     def close(self, why: str = "the run ended") -> None:
         if self.spare is not None:
             self.spare.discard(why, quiet=True)

@@ -264,7 +264,8 @@ def _is_fresh(checkpoint: str) -> bool:
 
 
 def _clear_spark_files(checkpoint: str) -> None:
-    """Delete what an interrupted restore wrote of Spark's files (not ``exactly-job``)."""
+    """Delete Spark's files (not ``exactly-job``): what an interrupted restore wrote, or
+    the query's an upgrade replaces."""
     if not is_remote(checkpoint):
         directory = local_checkpoint(checkpoint)
         assert directory is not None
@@ -274,6 +275,8 @@ def _clear_spark_files(checkpoint: str) -> None:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
+        # Hadoop's checksum of a query's metadata (an upgrade replaces that query's files)
+        (directory / ".metadata.crc").unlink(missing_ok=True)
         return
     store = open_store(checkpoint)
     store.delete("metadata")  # first: no half-deleted checkpoint looks like a query's
@@ -369,9 +372,12 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             f"{target} already holds a query's checkpoint: a savepoint is restored into a new "
             "checkpoint directory (give another --checkpoint)")
     query_id = query_id or str(uuid.uuid4())
+    # an `exactly upgrade` marks its restore before it starts (exactly.ops.upgrade): kept
+    upgrade = {"upgrade": previous["upgrade"]} if previous and previous.get("upgrade") else {}
     jobs.write(RESTORE_MARKER, _json({"state": "in-progress",
                                       "savepoint": origin or str(plan.savepoint),
-                                      "epoch": plan.manifest.epoch, "query_id": query_id}))
+                                      "epoch": plan.manifest.epoch, "query_id": query_id,
+                                      **upgrade}))
     with _staging(target) as dest:
         _write(spark, plan, dest, query_id)
         if is_remote(target):
@@ -385,6 +391,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             "query_id": query_id, "savepoint_query_id": manifest.query_id,
             "mode": mode.value, **plan.describe(), **sink,
             "savepoint": origin or str(plan.savepoint)}
+    done.update(upgrade)
     jobs.write(RESTORE_MARKER, _json(done))
     append_now(target, {"kind": "restore", "source": restored_from,
                         "path": done["savepoint"], "epoch": epoch, "mode": mode.value,

@@ -25,8 +25,9 @@ for a savepoint of query Q at epoch N:
 
 A restore into a target the savepoint's line holds is refused, before anything is written,
 while the savepoint's own job still runs on its checkpoint: two live queries must not share
-a target. Every per-target step lives in
-the sink's connector; this module holds no knowledge of any target.
+a target -- unless the restore is into that checkpoint itself (``exactly upgrade``: the live
+job is the one the restore replaces, stopped before the restore writes). Every per-target
+step lives in the sink's connector; this module holds no knowledge of any target.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exactly import options as opt
+from exactly.checkpoint.location import same_place
 from exactly.errors import SavepointError
 from exactly.logs import log_event
 from exactly.protocol.contract import TwoPhaseCommitSink
@@ -127,20 +129,17 @@ def sink_info(job: Job, checkpoint: str) -> SinkInfo:
 # -- the rule, on a sink --------------------------------------------------------------------
 def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
                  policy: SinkRollback, new_query_id: str,
-                 target: str | None = None) -> TargetState:
+                 target: str | None = None, *, into: str | None = None) -> TargetState:
     """Check the target against the savepoint (module docstring); raises SavepointError when
     the restore must not go on, naming the choices. Writes nothing. ``sink`` None: a sink
-    that is not exactly's (``target`` names it)."""
+    that is not exactly's (``target`` names it). ``into``: the checkpoint the restore
+    writes (the savepoint's own: an upgrade, whose live job is the one it replaces)."""
     state = (sink.target_state(savepoint.query_id) if sink is not None
              else TargetState.unknown(target or "target"))
     where = f"the {state.target}"
     query, epoch = savepoint.query_id, savepoint.epoch
     if not state.known:
-        if policy is not SinkRollback.KEEP:
-            raise SavepointError(
-                f"{where} cannot tell how far the savepoint's query wrote, so a restore "
-                "could write epochs after the savepoint a second time. Restore into a fresh "
-                "target, or accept that with --sink-rollback keep")
+        _require_known(state, policy)
         return state
     if state.fresh or state.owner == new_query_id:
         return state  # a fork, or this restore's own hand-over (a driver restarted)
@@ -168,7 +167,9 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
             f"at epoch {epoch}: its epochs {left + 1}..{epoch} are not part of what the "
             f"target holds (another branch of {query}). Restore a savepoint of {query} at "
             f"epoch {left} or older, a savepoint of {state.owner}, or into a fresh target")
-    if _source_job_alive(savepoint):
+    if _source_job_alive(savepoint) and not (
+            into is not None and savepoint.checkpoint is not None
+            and same_place(into, savepoint.checkpoint)):
         raise SavepointError(
             f"the job the savepoint was taken from still runs on {savepoint.checkpoint} and "
             f"writes to the {state.target}: two live queries must not share it. Stop it "
@@ -193,6 +194,14 @@ def check_target(sink: TwoPhaseCommitSink | None, savepoint: SavepointRef,
                              f"back: {support.retract}. Choose {keep}, or restore into a "
                              "fresh target")
     return state
+
+
+def _require_known(state: TargetState, policy: SinkRollback) -> None:
+    if not state.known and policy is not SinkRollback.KEEP:
+        raise SavepointError(
+            f"the {state.target} cannot tell how far the savepoint's query wrote, so a "
+            "restore could write epochs after the savepoint a second time. Restore into a "
+            "fresh target, or accept that with --sink-rollback keep")
 
 
 def _source_job_alive(savepoint: SavepointRef) -> bool:
@@ -227,9 +236,25 @@ def take_over(sink: TwoPhaseCommitSink | None, state: TargetState, savepoint: Sa
 # -- the rule, for a job and a manifest -------------------------------------------------------
 def decide(job: Job, manifest: Manifest, policy: SinkRollback,
            new_query_id: str) -> TargetState:
-    """:func:`check_target` for ``job``'s sink and ``manifest``'s savepoint."""
+    """:func:`check_target` for ``job``'s sink and ``manifest``'s savepoint, restored into
+    ``job``'s checkpoint."""
     return check_target(_sink(job), SavepointRef.of(manifest), policy, new_query_id,
-                        target=job.path)
+                        target=job.path, into=_checkpoint(job))
+
+
+def precheck(job: Job, manifest: Manifest, policy: SinkRollback) -> TargetState:
+    """:func:`decide` for a savepoint the running job ``job`` replaces is about to take
+    (``exactly upgrade``, before it stops the job): ``manifest`` is of an epoch of that job
+    taken a moment before, so the epochs it commits meanwhile are its own, not ahead of the
+    savepoint the upgrade restores. Raises SavepointError as the restore would."""
+    state = check_target(_sink(job), SavepointRef.of(manifest), SinkRollback.KEEP,
+                         new_query_id="", target=job.path, into=_checkpoint(job))
+    _require_known(state, policy)
+    return state
+
+
+def _checkpoint(job: Job) -> str | None:
+    return None if job.checkpoint.is_memory_storage else job.checkpoint.storage
 
 
 def hand_over(job: Job, manifest: Manifest, state: TargetState, policy: SinkRollback,

@@ -1,0 +1,214 @@
+"""Benchmark: the gap of an upgrade -- the old job's last committed epoch -> the new job's
+first -- with ``exactly upgrade`` and by hand.
+
+What is measured
+----------------
+Two supervised jobs run side by side for the whole benchmark, each ``exactly.datagen`` at
+``--rate`` rows/s -> a pandas UDF -> the ``exactly.files`` sink (1 s interval), and each is
+upgraded ``--repeat`` times, alternating between two job files (tests/ops/jobs/
+``datagen_job.py`` and ``upgraded_job.py``, which adds a column), in alternating order
+(``harness.schedule``):
+
+``upgrade``  ``exactly upgrade CK NEXT_JOB.py`` on one ``exactly run``: the new job's driver
+             starts warm beside the running one and checks the restore, then the old job
+             stops with a savepoint that the warm driver restores into the same checkpoint;
+``by_hand``  what a user does without it (Flink's stop-with-savepoint, then a new job from
+             it): ``exactly stop CK --savepoint``, then ``exactly run NEXT_JOB.py -s
+             SAVEPOINT --checkpoint CK'`` (a new checkpoint each time), whose driver starts
+             from scratch.
+
+Before every upgrade both jobs committed 3 epochs since their last upgrade and the
+``upgrade`` job's spare driver is ``ready`` (no driver of either job starts in the
+background). The gap is read from the checkpoints' histories: the end of the savepoint's
+epoch N (the old job's last) -> the end of epoch N+1 (the new job's first), one clock.
+Ratios upgrade/by_hand are per repetition pair. Both outputs are audited by id at the end
+(every id from 0 to the highest once); a lost or duplicated id fails the benchmark (exit 1).
+
+Run from the repository root (about 8 minutes with the defaults on 2 cores)::
+
+    .venv/bin/python bench/upgrade.py [--repeat 5] [--rate 500] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+import numpy as np
+
+from exactly.audit import audit_ids, file_ids
+from exactly.checkpoint.history import open_history
+from exactly.checkpoint.location import job_dir
+from exactly.checkpoint.status import JobStatus
+from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
+
+JOBS = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs"
+VERSIONS = (JOBS / "datagen_job.py", JOBS / "upgraded_job.py")
+EXACTLY = [sys.executable, "-m", "exactly.cli"]
+
+
+def _epoch_ends(ck: Path) -> dict[int, float]:
+    """Epoch -> the end of its first completion in ``ck``'s history."""
+    ends: dict[int, float] = {}
+    for record in open_history(str(ck)).read().records:
+        if record.get("kind") == "epoch" and isinstance(record.get("epoch"), int):
+            ends.setdefault(record["epoch"], float(record.get("end_at") or record["at"]))
+    return ends
+
+
+def _committed(ck: Path) -> int:
+    commits = ck / "commits"
+    found = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] \
+        if commits.is_dir() else []
+    return max(found) + 1 if found else 0
+
+
+class Job:
+    """One job of the benchmark: its current ``exactly run`` and checkpoint."""
+
+    def __init__(self, name: str, work: Path, rate: int) -> None:
+        self.name, self.work = name, work
+        self.out = work / f"{name}-out"
+        self.token = new_job_token()
+        self.env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
+                    "JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
+                    "JOB_RATE": str(rate), "JOB_INTERVAL": "1s"}
+        self.generation = 0
+        self.version = 0
+        self.procs: list[subprocess.Popen] = []
+        self.ck = self._start(VERSIONS[0])
+
+    def _start(self, job: Path, *flags: str) -> Path:
+        ck = self.work / f"{self.name}-ck-{self.generation}"
+        log = open(self.work / f"{self.name}-{self.generation}.log", "wb")  # noqa: SIM115
+        self.procs.append(subprocess.Popen(
+            [*EXACTLY, "run", str(job), "--checkpoint", str(ck), *flags], env=self.env,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log.close()
+        return ck
+
+    def status(self) -> JobStatus | None:
+        return JobStatus.read(job_dir(self.ck))
+
+    def spare_ready(self) -> bool:
+        status = self.status()
+        return bool(status and status.spare and status.spare.get("state") == "ready")
+
+    def wait_for(self, condition, what: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            if self.procs[-1].poll() is not None:
+                raise SystemExit(f"{self.name}: exactly run ended "
+                                 f"({self.procs[-1].returncode}) waiting for {what}")
+            time.sleep(0.1)
+        raise SystemExit(f"{self.name}: timed out waiting for {what}")
+
+    def settle(self) -> None:
+        start = _committed(self.ck)
+        self.wait_for(lambda: _committed(self.ck) >= start + 3, "3 epochs")
+
+    def upgrade(self, kind: str) -> tuple[float, int]:
+        """Upgrade to the other job file; returns (gap in seconds, the savepoint's epoch)."""
+        self.version = 1 - self.version
+        nxt = VERSIONS[self.version]
+        if kind == "upgrade":
+            done = subprocess.run([*EXACTLY, "upgrade", str(self.ck), str(nxt)],
+                                  capture_output=True, text=True, env=self.env, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"upgrade failed: {done.stdout}{done.stderr}")
+            epoch = int(re.search(r"\(epoch (\d+)\)", done.stdout).group(1))  # type: ignore[union-attr]
+            ends = _epoch_ends(self.ck)
+            return ends[epoch + 1] - ends[epoch], epoch
+        done = subprocess.run([*EXACTLY, "stop", str(self.ck), "--savepoint"],
+                              capture_output=True, text=True, env=self.env, timeout=900)
+        found = re.search(r"savepoint (\S+)\s*$", done.stdout.strip())
+        if done.returncode != 0 or found is None:
+            raise SystemExit(f"stop --savepoint failed: {done.stdout}{done.stderr}")
+        savepoint = found.group(1)
+        self.procs[-1].wait(timeout=300)
+        old = self.ck
+        epoch = int(re.search(r"savepoint-(\d+)-", savepoint).group(1))  # type: ignore[union-attr]
+        self.generation += 1
+        self.ck = self._start(nxt, "-s", savepoint)
+        self.wait_for(lambda: epoch + 1 in _epoch_ends(self.ck), "the new job's first epoch")
+        return _epoch_ends(self.ck)[epoch + 1] - _epoch_ends(old)[epoch], epoch
+
+    def stop(self) -> None:
+        subprocess.run([*EXACTLY, "stop", str(self.ck)], env=self.env, capture_output=True,
+                       timeout=600)
+        self.procs[-1].wait(timeout=300)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        kill_job(self.token, None, what=f"the benchmark job {self.name}")
+
+    def audit(self) -> str | None:
+        ids, _ = file_ids(self.out)
+        report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
+        print(f"audit {self.name}: {len(ids):,} rows, ids 0..{int(ids.max()):,}: "
+              f"{'exactly once' if report.ok else report.rows()}")
+        return None if report.ok else f"{self.name}: {report.rows()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--rate", type=int, default=500, help="rows per second, per job")
+    parser.add_argument("--warmup", type=int, default=5, help="epochs before the first one")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-upgrade-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    print(harness.machine(), flush=True)
+    jobs = {"upgrade": Job("upgrade", work, args.rate), "by_hand": Job("by_hand", work,
+                                                                      args.rate)}
+    runs: list[harness.Run] = []
+    try:
+        for job in jobs.values():
+            job.wait_for(lambda j=job: _committed(j.ck) >= args.warmup, "the warm-up epochs")
+        for rep, kind in harness.schedule(list(jobs), args.repeat):
+            for job in jobs.values():
+                job.settle()
+            jobs["upgrade"].wait_for(jobs["upgrade"].spare_ready, "the upgrade job's spare")
+            load = os.getloadavg()[0]
+            gap, epoch = jobs[kind].upgrade(kind)
+            runs.append(harness.Run(rep, kind, {"gap_s": gap, "epoch": epoch, "load": load},
+                                    []))
+            print(f"rep {rep:2} {kind:8} last old epoch {epoch} -> first new epoch "
+                  f"{gap:6.2f} s, load {load:.2f}", flush=True)
+        for job in jobs.values():
+            job.stop()
+    finally:
+        for job in jobs.values():
+            job.close()
+    errors = [e for e in (job.audit() for job in jobs.values()) if e]
+    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    for kind in jobs:
+        gaps = harness.per_rep(runs, "gap_s", kind)
+        print(f"{kind:8} n={len(gaps)} last old epoch -> first new epoch, s: "
+              f"{harness.spread(gaps)}")
+    print("upgrade / by_hand per repetition pair: "
+          f"{harness.spread(harness.paired(runs, 'gap_s', 'upgrade', 'by_hand'))}x")
+    (work / "results.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+    for error in errors:
+        print(f"FAILED {error}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
