@@ -770,12 +770,24 @@ def upgrade(checkpoint: str, job_file: str, parallelism: int | None,
     running job; then it stops the job with a savepoint, restores the savepoint into the
     same checkpoint in the warm driver and watches the new job's first --epochs epochs. If
     the new job fails before, the old job file is restored from the same savepoint (with
-    --sink-rollback) and the upgrade ends as rolled back. Later restarts run JOB_FILE: start
-    it the next time you start the job. Exit code 0 when upgraded, 3 when refused (the
+    --sink-rollback) and the upgrade ends as rolled back. From the restore on, the checkpoint
+    is JOB_FILE's: later restarts run it, and the next time you start the job, start
+    JOB_FILE (the old file is refused). Exit code 0 when upgraded, 3 when refused (the
     running job untouched), rolled back or failed. See docs/savepoints.md.
     """
+    from exactly.checkpoint.location import job_store
+    from exactly.checkpoint.status import JobStatus
     from exactly.ops.upgrade import UpgradeRequest
 
+    status = JobStatus.read(job_store(checkpoint))
+    if status is not None and status.driver is not None and status.alive() and (
+            status.driver.pid, status.driver.host) == (status.supervisor.pid,
+                                                      status.supervisor.host):
+        click.echo(f"upgrade: refused: the job on {checkpoint} runs inside its own process "
+                   "(run_job or start_query), with no `exactly run` launcher to carry an "
+                   "upgrade out: stop it with a savepoint and start the new version from it "
+                   "(docs/savepoints.md)")
+        sys.exit(FAILED)
     request = UpgradeRequest(str(Path(job_file).absolute()), parallelism,
                              allow_non_restored_state, sink_rollback, epochs, target)
     _control(checkpoint, "upgrade", wait, **request.params())
@@ -948,6 +960,10 @@ def _control(checkpoint: str, action: str, wait: str, **params) -> None:
     if answer is None and not channel.exists():
         click.echo(f"{action}: done; the checkpoint {checkpoint} was deleted")
         return
+    if answer is None and action == "upgrade":
+        raise TimeoutError(f"no answer within {wait}: the upgrade goes on in the job's "
+                           f"`exactly run` (the new job must commit its first epochs; `exactly "
+                           f"checkpoints {checkpoint}` shows where it is)")
     if answer is None:
         raise TimeoutError(f"no answer from the job on {checkpoint} within {wait}; the "
                            f"request stays queued (it is handled when the driver polls)")

@@ -115,3 +115,39 @@ def test_after_an_upgrade_the_old_job_file_is_refused_naming_the_new_one(tmp_pat
     with pytest.raises(ConfigError, match=r"`exactly upgrade` moved it from v1\.py to "
                                           r"v2\.py: start v2\.py"):
         refuse_other_job(store, status, "v1.py")
+
+
+def test_an_upgrade_to_the_running_file_or_sent_to_an_ended_run_is_refused(tmp_path,
+                                                                         monkeypatch):
+    """A rollback needs the old file, so the running file is no new version; a request
+    queued for a run that ended (its command killed) is refused by the next run, never
+    carried out by surprise."""
+    monkeypatch.setattr(upgrade_module, "LOOK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upgrade_module, "REQUESTS_LOOK_S", 0.0)
+    job = tmp_path / "v1.py"
+    job.write_text("def build(spark): ...\n")
+    channel = ControlChannel(tmp_path / "ck")
+    same = channel.post("upgrade", job_file=str(job))
+    stale = channel._write("upgrade", {"job_file": str(job)}, "an-ended-run")
+    spec = DriverSpec(job_file=str(job), checkpoint=str(tmp_path / "ck"), run_id="r2")
+    upgrader = Upgrader(spec, {}, say=lambda text: None, retarget=lambda spec: None)
+    upgrader.tick(driver_pid=123)
+    answers = {r.id: channel.answer_of(r) for r in (same, stale)}
+    assert "the job file the job runs" in answers[same.id]["detail"]
+    assert "sent to run an-ended-run" in answers[stale.id]["detail"]
+    assert upgrader.state == "idle" and upgrader.process is None
+
+
+def test_exactly_upgrade_of_a_job_run_in_process_says_there_is_no_launcher(tmp_path):
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    claim_job(job_dir(tmp_path / "ck"), JobStatus("r1", current_process(), "running",
+                                                  driver=current_process()))
+    job = tmp_path / "v2.py"
+    job.write_text("def build(spark): ...\n")
+    result = CliRunner().invoke(main, ["upgrade", str(tmp_path / "ck"), str(job)])
+    assert result.exit_code == 3, result.output
+    assert "no `exactly run` launcher" in result.output
+    assert ControlChannel(tmp_path / "ck").pending(launcher=True) == []

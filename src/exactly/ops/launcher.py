@@ -236,6 +236,8 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
                                          start_new_session=True)
             if fence is not None and fence.lost.is_set():  # lost while it started
                 kill_job(token, what="the driver of a launcher that lost its leader lease")
+            if stopping:  # a SIGTERM between the last driver's end and this one's start
+                child.send_signal(signal.SIGTERM)
             update_status(directory, run_id=run_id, driver=process_id(child.pid),
                           state="starting")
             spares.active_started(child.pid, last_committed_epoch(checkpoint))

@@ -47,14 +47,15 @@ from typing import TYPE_CHECKING, Any
 from exactly.checkpoint.control import ControlChannel, Request
 from exactly.checkpoint.history import append_now
 from exactly.checkpoint.layout import RESTORE_MARKER
-from exactly.checkpoint.location import job_store
+from exactly.checkpoint.location import job_store, same_place
 from exactly.checkpoint.restarts import RestartHistory
 from exactly.checkpoint.spark_files import last_committed_epoch
 from exactly.checkpoint.status import update_status
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError
 from exactly.logs import log_event
-from exactly.ops.spare import SpareDriver
+from exactly.ops.driver import JOB_FAILED
+from exactly.ops.spare import SpareDriver, file_digest
 from exactly.protocol.target_state import SinkRollback
 
 if TYPE_CHECKING:
@@ -211,6 +212,7 @@ class Upgrader:
         self._ready: tuple[float, int | None] | None = None
         self._old_stopped = False
         self._listed_at = float("-inf")
+        self._old_digest: str | None = None
 
     @property
     def process(self) -> subprocess.Popen | None:
@@ -251,6 +253,13 @@ class Upgrader:
                                     f"(to {self.upgrade.job_file if self.upgrade else '?'}); "
                                     "send this one again once it ended")
             return
+        run_id = str(self.spec.run_id)
+        for stale in [r for r in pending if r.to_run is not None and r.to_run != run_id]:
+            self.control.answer(stale, "refused", f"it was sent to run {stale.to_run}, which "
+                                f"ended before it began; run {run_id} goes on: send it again")
+        pending = [r for r in pending if r.to_run is None or r.to_run == run_id]
+        if not pending:
+            return
         request, later = pending[0], pending[1:]
         for other in later:
             self.control.answer(other, "refused", "another upgrade is in progress "
@@ -265,8 +274,14 @@ class Upgrader:
         except ConfigError as exc:
             self.control.answer(request, "refused", str(exc))
             return
+        if same_place(upgrade.job_file, self.spec.job_file):
+            self.control.answer(request, "refused", f"{upgrade.job_file} is the job file the "
+                                "job runs: put the new version in a file of its own, so that "
+                                "a rollback can run the old one")
+            return
         self.request, self.upgrade = request, upgrade
         self.old_spec = self.spec
+        self._old_digest = file_digest(self.spec.job_file)
         # the run's faults stay armed (``exactly run --fault``): the new job's driver arms
         # the next one that has not fired when it takes over, as any next driver does
         self.new_spec = replace(self.spec, job_file=upgrade.job_file, restore=None,
@@ -376,15 +391,18 @@ class Upgrader:
             if self.new_spare is not None:
                 self.new_spare.discard("the launcher was stopped")
                 self.new_spare = None
-            self._end("failed", f"`exactly run` was stopped during the upgrade ({self.state})"
-                      "; the job file it runs next time is the one you start it with",
-                      outcome="failed")
+            self._withdraw_stop()
+            self._end("failed", f"`exactly run` was stopped during the upgrade "
+                      f"({self.state}); the checkpoint holds the job "
+                      f"{self._holder()}: start that file", outcome="failed")
             return None
         if self.state == "warming" and self.new_spare is not None:
             self.new_spare.discard("the job's driver ended while the upgrade warmed up")
             self.new_spare = None
-            self._end("refused", "the job's driver ended before the upgrade could stop it "
-                      "(its restart goes on as without an upgrade); send the upgrade again",
+            then = ("the job ended" if code == 0 else
+                    "the restart strategy decides, as without an upgrade")
+            self._end("refused", f"the job's driver {_exit(code)} before the upgrade could "
+                      f"stop it; {then}. Send the upgrade again once the job runs",
                       outcome="refused")
             return None
         if self.state == "stopping":
@@ -399,9 +417,13 @@ class Upgrader:
                       f"{self.upgrade.epochs} epoch(s)", outcome="upgraded",
                       savepoint=self.savepoint, epoch=self.epoch)
         if self.state == "rolling-back":
+            self._rolling_back()  # its restore may be done: then it rolled back
+        if self.state == "rolling-back":
+            later = ("the job failed" if code == JOB_FAILED else
+                     "the restart strategy decides; a restarted driver finishes the restore")
             self._end("failed", f"the rollback to {self.spec.job_file} from the savepoint "
-                      f"{self.savepoint} ended before its restore was done (the driver "
-                      f"{_exit(code)}); see `exactly checkpoints {self.checkpoint}`",
+                      f"{self.savepoint}: its driver {_exit(code)} before its restore was "
+                      f"done; {later} (exactly checkpoints {self.checkpoint})",
                       outcome="rollback_failed")
         return None
 
@@ -416,16 +438,29 @@ class Upgrader:
             if self.new_spare is not None:
                 self.new_spare.discard("the old job did not stop with a savepoint")
                 self.new_spare = None
-            said = answer.get("detail") or f"its driver {_exit(code)} before it answered"
-            self._end("failed", f"the old job did not stop with a savepoint ({said}); it "
-                      "goes on as without an upgrade", outcome="failed")
-            if code == 0:  # it stopped, for the upgrade: it runs again from its checkpoint
+            self._withdraw_stop()  # never to stop a later driver of this run
+            if code != 0:  # a crash: the restart strategy decides, as without an upgrade
+                self._end("failed", f"the old job's driver {_exit(code)} before it stopped "
+                          "with the upgrade's savepoint; the restart strategy decides, as "
+                          "without an upgrade", outcome="failed")
+                return None
+            if answer.get("status") == "failed":  # its savepoint failed: it runs again
+                self._end("failed", f"the old job could not take the upgrade's savepoint "
+                          f"({answer.get('detail')}); it runs again from its checkpoint",
+                          outcome="failed")
                 return NextDriver(self.spec, old_spare())
-            return None  # a crash: the restart strategy decides, as without an upgrade
+            # a stop or cancel of the user's came first: the job ends as they asked
+            self._end("refused", "the job was stopped or cancelled before the upgrade's stop "
+                      "(the job ends as asked; the upgrade did not begin)",
+                      outcome="refused")
+            return None
         self.savepoint, self.epoch = savepoint, _savepoint_epoch(savepoint)
         assert self.new_spec is not None and self.old_spec is not None
         self.query_id = begin_restore(self.checkpoint, savepoint, self.epoch, {
             "job_file": self.upgrade.job_file, "from_job_file": self.old_spec.job_file})
+        # from here on the checkpoint is the new job's (a rollback gives it back)
+        update_status(self.directory, run_id=self.spec.run_id,
+                      job=os.path.basename(self.upgrade.job_file))
         self.new_spec = replace(self.new_spec, upgrade_check=None,
                                 restore=self.upgrade.restore(savepoint))
         spare, self.new_spare = self.new_spare, None
@@ -444,8 +479,13 @@ class Upgrader:
         self.failure = self.failure or f"its driver {_exit(code)}"
         self.query_id = begin_restore(self.checkpoint, self.savepoint, self.epoch, {
             "job_file": self.old_spec.job_file, "rollback_of": self.upgrade.job_file})
+        update_status(self.directory, run_id=self.spec.run_id,
+                      job=os.path.basename(self.old_spec.job_file))
         rollback = replace(self.upgrade, parallelism=None, allow_non_restored_state=False)
         self.spec = replace(self.old_spec, restore=rollback.restore(self.savepoint))
+        if file_digest(self.old_spec.job_file) != self._old_digest:
+            self.failure += (f"; the old job file {self.old_spec.job_file} changed since the "
+                             "upgrade began: the rollback runs it as it is now")
         self.state = "rolling-back"
         self._status(f"upgrade rolled back: restoring {os.path.basename(self.spec.job_file)} "
                      f"from the savepoint of epoch {self.epoch}")
@@ -461,8 +501,10 @@ class Upgrader:
             self.new_spare.discard("the run ended", quiet=True)
             self.new_spare = None
         if self.request is not None:
+            self._withdraw_stop()
             self._end("failed", f"the job's run ended during the upgrade (state "
-                      f"{self.state})", outcome="failed")
+                      f"{self.state}); the checkpoint holds the job {self._holder()}",
+                      outcome="failed")
 
     # -- helpers -----------------------------------------------------------------------------
     def _adopt_new_job(self) -> None:
@@ -480,8 +522,24 @@ class Upgrader:
                 return str(entry.get("cause") or "a failure")
         return None
 
+    def _withdraw_stop(self) -> None:
+        """Answer the upgrade's own stop request if no driver did: left queued, it would
+        stop a later driver of this run."""
+        if self.stop_request is not None and self.control.exists() and \
+                self.control.answer_of(self.stop_request) is None:
+            self.control.answer(self.stop_request, "refused", "withdrawn: the upgrade that "
+                                "sent it ended")
+        self.stop_request = None
+
+    def _holder(self) -> str:
+        from exactly.checkpoint.status import JobStatus
+
+        status = JobStatus.read(self.directory)
+        return status.job if status is not None and status.job else "?"
+
     def _end(self, status: str, detail: str, **extra: Any) -> None:
-        if self.request is not None:
+        # a checkpoint deleted meanwhile (a cancel with delete_on_cancellation) stays deleted
+        if self.request is not None and self.control.exists():
             self.control.answer(self.request, status, detail, **extra)
         log_event(logger, "upgrade_ended", logging.INFO if status == "done" else
                   logging.WARNING, status=status, detail=detail)
