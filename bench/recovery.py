@@ -45,44 +45,31 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import harness
-import numpy as np
 import psutil
+from supervised_jobs import JOBS, BenchJob
 
-from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.location import job_dir
-from exactly.checkpoint.status import JobStatus
-from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
+from exactly.procs import JOB_TOKEN_ENV, kill_job
 
-JOB = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs" / "datagen_job.py"
+JOB = JOBS / "datagen_job.py"
 
 
-class Job:
+class Job(BenchJob):
     """One ``exactly run`` of the benchmark."""
 
     def __init__(self, name: str, work: Path, rate: int, delay: str, *flags: str) -> None:
-        self.name = name
-        self.ck, self.out = work / f"{name}-ck", work / f"{name}-out"
         self.fail_file = work / f"{name}-fail-now"
-        self.token = new_job_token()
-        self.env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
-                    "JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
-                    "JOB_RATE": str(rate), "JOB_FAIL_FILE": str(self.fail_file),
-                    "JOB_INTERVAL": "1s"}
-        self.log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exactly.cli", "run", str(JOB), "--checkpoint", str(self.ck),
-             "--restart-strategy", "fixed-delay", "--restart-option", "attempts=100000",
-             "--restart-option", f"delay={delay}", *flags],
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(name, work, rate, JOB_FAIL_FILE=str(self.fail_file))
+        self.start(JOB, work / f"{name}-ck", "--restart-strategy", "fixed-delay",
+                   "--restart-option", "attempts=100000", "--restart-option",
+                   f"delay={delay}", *flags, log=work / f"{name}.log")
 
     def history(self) -> list[dict]:
         path = job_dir(self.ck) / "restarts.jsonl"
@@ -92,32 +79,6 @@ class Job:
 
     def recoveries(self) -> list[dict]:
         return [e for e in self.history() if e["event"] == "recovered"]
-
-    def committed(self) -> int:
-        """The newest committed epoch + 1 (Spark keeps only the last 100 commit files, so
-        this is not a count of them)."""
-        commits = self.ck / "commits"
-        found = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] \
-            if commits.is_dir() else []
-        return max(found) + 1 if found else 0
-
-    def status(self) -> JobStatus | None:
-        return JobStatus.read(job_dir(self.ck))
-
-    def spare_ready(self) -> bool:
-        status = self.status()
-        return bool(status and status.spare and status.spare.get("state") == "ready")
-
-    def wait_for(self, condition, what: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name}: exactly run ended ({self.proc.returncode}) "
-                                 f"waiting for {what}")
-            time.sleep(0.1)
-        raise SystemExit(f"{self.name}: timed out waiting for {what}")
 
     def settle(self, *, spare: bool) -> None:
         """3 epochs after the last recovery (or the start), and the spare ready."""
@@ -139,24 +100,6 @@ class Job:
         at = time.time()
         kill_job(token, driver, what="the driver")
         return at
-
-    def stop(self) -> None:
-        subprocess.run([sys.executable, "-m", "exactly.cli", "stop", str(self.ck)],
-                       env=self.env, capture_output=True, timeout=600)
-        self.proc.wait(timeout=300)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        kill_job(self.token, None, what=f"the benchmark job {self.name}")
-        self.log.close()
-
-    def audit(self) -> str | None:
-        ids, _ = file_ids(self.out)
-        report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
-        print(f"audit {self.name}: {len(ids):,} rows, ids 0..{int(ids.max()):,}: "
-              f"{'exactly once' if report.ok else report.rows()}")
-        return None if report.ok else f"{self.name}: {report.rows()}"
 
 
 def main() -> int:

@@ -36,25 +36,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import harness
-import numpy as np
+from supervised_jobs import EXACTLY, JOBS, BenchJob
 
-from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.history import open_history
-from exactly.checkpoint.location import job_dir
-from exactly.checkpoint.status import JobStatus
-from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
 
-JOBS = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs"
 VERSIONS = (JOBS / "datagen_job.py", JOBS / "upgraded_job.py")
-EXACTLY = [sys.executable, "-m", "exactly.cli"]
 
 
 def _epoch_ends(ck: Path) -> dict[int, float]:
@@ -66,58 +58,22 @@ def _epoch_ends(ck: Path) -> dict[int, float]:
     return ends
 
 
-def _committed(ck: Path) -> int:
-    commits = ck / "commits"
-    found = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] \
-        if commits.is_dir() else []
-    return max(found) + 1 if found else 0
-
-
-class Job:
+class Job(BenchJob):
     """One job of the benchmark: its current ``exactly run`` and checkpoint."""
 
     def __init__(self, name: str, work: Path, rate: int) -> None:
-        self.name, self.work = name, work
-        self.out = work / f"{name}-out"
-        self.token = new_job_token()
-        self.env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
-                    "JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
-                    "JOB_RATE": str(rate), "JOB_INTERVAL": "1s"}
+        super().__init__(name, work, rate)
         self.generation = 0
         self.version = 0
-        self.procs: list[subprocess.Popen] = []
-        self.ck = self._start(VERSIONS[0])
+        self._start(VERSIONS[0])
 
-    def _start(self, job: Path, *flags: str) -> Path:
-        ck = self.work / f"{self.name}-ck-{self.generation}"
-        log = open(self.work / f"{self.name}-{self.generation}.log", "wb")  # noqa: SIM115
-        self.procs.append(subprocess.Popen(
-            [*EXACTLY, "run", str(job), "--checkpoint", str(ck), *flags], env=self.env,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        log.close()
-        return ck
-
-    def status(self) -> JobStatus | None:
-        return JobStatus.read(job_dir(self.ck))
-
-    def spare_ready(self) -> bool:
-        status = self.status()
-        return bool(status and status.spare and status.spare.get("state") == "ready")
-
-    def wait_for(self, condition, what: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            if self.procs[-1].poll() is not None:
-                raise SystemExit(f"{self.name}: exactly run ended "
-                                 f"({self.procs[-1].returncode}) waiting for {what}")
-            time.sleep(0.1)
-        raise SystemExit(f"{self.name}: timed out waiting for {what}")
+    def _start(self, job: Path, *flags: str) -> None:
+        self.start(job, self.work / f"{self.name}-ck-{self.generation}", *flags,
+                   log=self.work / f"{self.name}-{self.generation}.log")
 
     def settle(self) -> None:
-        start = _committed(self.ck)
-        self.wait_for(lambda: _committed(self.ck) >= start + 3, "3 epochs")
+        start = self.committed()
+        self.wait_for(lambda: self.committed() >= start + 3, "3 epochs")
 
     def upgrade(self, kind: str) -> tuple[float, int]:
         """Upgrade to the other job file; returns (gap in seconds, the savepoint's epoch)."""
@@ -137,31 +93,13 @@ class Job:
         if done.returncode != 0 or found is None:
             raise SystemExit(f"stop --savepoint failed: {done.stdout}{done.stderr}")
         savepoint = found.group(1)
-        self.procs[-1].wait(timeout=300)
+        self.proc.wait(timeout=300)
         old = self.ck
         epoch = int(re.search(r"savepoint-(\d+)-", savepoint).group(1))  # type: ignore[union-attr]
         self.generation += 1
-        self.ck = self._start(nxt, "-s", savepoint)
+        self._start(nxt, "-s", savepoint)
         self.wait_for(lambda: epoch + 1 in _epoch_ends(self.ck), "the new job's first epoch")
         return _epoch_ends(self.ck)[epoch + 1] - _epoch_ends(old)[epoch], epoch
-
-    def stop(self) -> None:
-        subprocess.run([*EXACTLY, "stop", str(self.ck)], env=self.env, capture_output=True,
-                       timeout=600)
-        self.procs[-1].wait(timeout=300)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        kill_job(self.token, None, what=f"the benchmark job {self.name}")
-
-    def audit(self) -> str | None:
-        ids, _ = file_ids(self.out)
-        report = audit_ids(ids, np.arange(int(ids.max()) + 1, dtype=np.int64))
-        print(f"audit {self.name}: {len(ids):,} rows, ids 0..{int(ids.max()):,}: "
-              f"{'exactly once' if report.ok else report.rows()}")
-        return None if report.ok else f"{self.name}: {report.rows()}"
 
 
 def main() -> int:
@@ -180,7 +118,7 @@ def main() -> int:
     runs: list[harness.Run] = []
     try:
         for job in jobs.values():
-            job.wait_for(lambda j=job: _committed(j.ck) >= args.warmup, "the warm-up epochs")
+            job.wait_for(lambda j=job: j.committed() >= args.warmup, "the warm-up epochs")
         for rep, kind in harness.schedule(list(jobs), args.repeat):
             for job in jobs.values():
                 job.settle()

@@ -780,9 +780,7 @@ def upgrade(checkpoint: str, job_file: str, parallelism: int | None,
     from exactly.ops.upgrade import UpgradeRequest
 
     status = JobStatus.read(job_store(checkpoint))
-    if status is not None and status.driver is not None and status.alive() and (
-            status.driver.pid, status.driver.host) == (status.supervisor.pid,
-                                                      status.supervisor.host):
+    if status is not None and status.in_process and status.alive():
         click.echo(f"upgrade: refused: the job on {checkpoint} runs inside its own process "
                    "(run_job or start_query), with no `exactly run` launcher to carry an "
                    "upgrade out: stop it with a savepoint and start the new version from it "

@@ -167,9 +167,7 @@ class ControlChannel:
     def _launcher_at_work(request: Request, status: JobStatus) -> bool:
         """True for a launcher's request (an upgrade) while its launcher lives: the job
         looks ended between the old job's stop and the new one's start."""
-        in_process = status.driver is not None and status.driver.pid == status.supervisor.pid \
-            and status.driver.host == status.supervisor.host  # run_job: no launcher
-        return request.action in LAUNCHER_ACTIONS and not in_process and \
+        return request.action in LAUNCHER_ACTIONS and not status.in_process and \
             status.supervisor.is_alive() is not False
 
     def _failing_over(self, status: JobStatus) -> bool:

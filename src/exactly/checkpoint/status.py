@@ -65,6 +65,13 @@ class JobStatus:
     #: an ``exactly upgrade`` in progress (:mod:`exactly.ops.upgrade`): what it is doing
     upgrade: str | None = None
 
+    @property
+    def in_process(self) -> bool:
+        """Whether the job runs inside the process that claimed it (``run_job``,
+        ``start_query``): a driver without an ``exactly run`` launcher."""
+        return self.driver is not None and (self.driver.host, self.driver.pid) == (
+            self.supervisor.host, self.supervisor.pid)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["supervisor"] = self.supervisor.to_json()

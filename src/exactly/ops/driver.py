@@ -215,7 +215,7 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
     operators = job_operators(job.df)
     if restore is None:
         _refuse_unfinished_restore(job.checkpoint.storage)
-    if restore is not None:
+    else:
         try:
             done = restore_job(job, restore, operators, fault)
         except ExactlyError as exc:  # refused: nothing was restored, the run ends here

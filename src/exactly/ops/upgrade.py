@@ -34,11 +34,9 @@ do it by hand (``exactly stop --savepoint``, then ``exactly run NEW -s SAVEPOINT
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 
 from exactly.checkpoint.control import ControlChannel, Request
 from exactly.checkpoint.history import append_now
-from exactly.checkpoint.layout import RESTORE_MARKER
 from exactly.checkpoint.location import job_store, same_place
 from exactly.checkpoint.restarts import RestartHistory
 from exactly.checkpoint.spark_files import last_committed_epoch
@@ -55,8 +52,10 @@ from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError
 from exactly.logs import log_event
 from exactly.ops.driver import JOB_FAILED
+from exactly.ops.job_savepoints import RestoreRequest
 from exactly.ops.spare import SpareDriver, file_digest
 from exactly.protocol.target_state import SinkRollback
+from exactly.savepoints.restore import mark_in_progress, read_marker
 
 if TYPE_CHECKING:
     import subprocess
@@ -122,9 +121,9 @@ class UpgradeRequest:
 
     def restore(self, savepoint: str) -> dict[str, Any]:
         """The new job's restore of ``savepoint``, as a DriverSpec carries it."""
-        return {"savepoint": savepoint, "allow_non_restored_state":
-                self.allow_non_restored_state, "mode": "no_claim",
-                "parallelism": self.parallelism, "sink_rollback": self.sink_rollback}
+        return RestoreRequest(savepoint, self.allow_non_restored_state,
+                              parallelism=self.parallelism,
+                              sink_rollback=SinkRollback(self.sink_rollback)).to_json()
 
 
 def refusal(*, ha: bool, remote: str | None) -> str | None:
@@ -146,17 +145,10 @@ def begin_restore(checkpoint: str, savepoint: str, epoch: int, upgrade: dict[str
     before the driver that restores it starts: that driver replaces whatever Spark files the
     checkpoint holds (the old query's) with the savepoint's, as an interrupted restore is
     redone, and no driver without that restore starts on it. Returns the query id."""
-    query_id = str(uuid.uuid4())
-    marker = {"state": "in-progress", "savepoint": savepoint, "epoch": epoch,
-              "query_id": query_id, "upgrade": upgrade}
-    job_store(checkpoint).write(RESTORE_MARKER,
-                                json.dumps(marker, sort_keys=True, indent=1).encode())
-    return query_id
+    return mark_in_progress(checkpoint, savepoint, epoch, upgrade=upgrade)
 
 
 def _restored(checkpoint: str, query_id: str) -> bool:
-    from exactly.savepoints.restore import read_marker
-
     marker = read_marker(checkpoint)
     return marker is not None and marker.get("state") == "done" and \
         marker.get("query_id") == query_id
@@ -300,8 +292,7 @@ class Upgrader:
         state = self.new_spare.poll()
         if state == "dead":
             cause = self.new_spare.failure
-            self.new_spare.discard("its check or start failed")
-            self.new_spare = None
+            self._drop_new_spare("its check or start failed")
             self._end("refused", f"the new job {self.upgrade.job_file} cannot take the job "
                       f"over: {cause}. The running job was not touched", outcome="refused")
             return
@@ -328,8 +319,7 @@ class Upgrader:
             # killed meanwhile: the upgrade goes on with a driver from scratch
             self.say(f"the new job's driver ended while the old job stopped "
                      f"({self.new_spare.failure}); it starts from scratch")
-            self.new_spare.discard("it ended")
-            self.new_spare = None
+            self._drop_new_spare("it ended")
         assert self.stop_request is not None
         answer = self.control.answer_of(self.stop_request)
         if answer is None or answer.get("status") != "done" or not answer.get("savepoint"):
@@ -388,17 +378,14 @@ class Upgrader:
         rollback or a failed stop. ``stopping``: the launcher itself was told to stop (a
         SIGTERM): nothing more starts."""
         if stopping and self.request is not None:
-            if self.new_spare is not None:
-                self.new_spare.discard("the launcher was stopped")
-                self.new_spare = None
+            self._drop_new_spare("the launcher was stopped")
             self._withdraw_stop()
             self._end("failed", f"`exactly run` was stopped during the upgrade "
                       f"({self.state}); the checkpoint holds the job "
                       f"{self._holder()}: start that file", outcome="failed")
             return None
         if self.state == "warming" and self.new_spare is not None:
-            self.new_spare.discard("the job's driver ended while the upgrade warmed up")
-            self.new_spare = None
+            self._drop_new_spare("the job's driver ended while the upgrade warmed up")
             then = ("the job ended" if code == 0 else
                     "the restart strategy decides, as without an upgrade")
             self._end("refused", f"the job's driver {_exit(code)} before the upgrade could "
@@ -435,9 +422,7 @@ class Upgrader:
         answer = self.control.answer_of(self.stop_request) or {}
         savepoint = str(answer.get("savepoint") or "")
         if code != 0 or answer.get("status") != "done" or not savepoint:
-            if self.new_spare is not None:
-                self.new_spare.discard("the old job did not stop with a savepoint")
-                self.new_spare = None
+            self._drop_new_spare("the old job did not stop with a savepoint")
             self._withdraw_stop()  # never to stop a later driver of this run
             if code != 0:  # a crash: the restart strategy decides, as without an upgrade
                 self._end("failed", f"the old job's driver {_exit(code)} before it stopped "
@@ -497,9 +482,7 @@ class Upgrader:
 
     def close(self) -> None:
         """The run ends: an upgrade still in flight is answered, its spare discarded."""
-        if self.new_spare is not None:
-            self.new_spare.discard("the run ended", quiet=True)
-            self.new_spare = None
+        self._drop_new_spare("the run ended", quiet=True)
         if self.request is not None:
             self._withdraw_stop()
             self._end("failed", f"the job's run ended during the upgrade (state "
@@ -521,6 +504,11 @@ class Upgrader:
             if entry.get("event") == "failure" and float(entry.get("at") or 0) >= since:
                 return str(entry.get("cause") or "a failure")
         return None
+
+    def _drop_new_spare(self, why: str, *, quiet: bool = False) -> None:
+        if self.new_spare is not None:
+            self.new_spare.discard(why, quiet=quiet)
+            self.new_spare = None
 
     def _withdraw_stop(self) -> None:
         """Answer the upgrade's own stop request if no driver did: left queued, it would

@@ -314,6 +314,21 @@ def read_marker(checkpoint: str) -> dict[str, Any] | None:
     return _read_marker(job_store(checkpoint))
 
 
+def mark_in_progress(checkpoint: str, savepoint: str, epoch: int,
+                     query_id: str | None = None,
+                     upgrade: dict[str, Any] | None = None) -> str:
+    """Record in ``checkpoint``'s marker that its restore of ``savepoint`` (epoch ``epoch``)
+    is in progress, as query ``query_id`` (None: a new one), for the upgrade ``upgrade``
+    (``exactly upgrade``'s job files) if any; returns the query id. From then on the next
+    attempt replaces whatever Spark files the checkpoint holds with the savepoint's, and a
+    driver without that restore refuses to start on it."""
+    query_id = query_id or str(uuid.uuid4())
+    marker = {"state": "in-progress", "savepoint": savepoint, "epoch": epoch,
+              "query_id": query_id, **({"upgrade": upgrade} if upgrade else {})}
+    job_store(checkpoint).write(RESTORE_MARKER, _json(marker))
+    return query_id
+
+
 def _rewrite_offsets(text: str, conf: dict[str, str]) -> str:
     return edit_meta(text, lambda meta: meta.setdefault("conf", {}).update(conf))
 
@@ -371,13 +386,10 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
         raise SavepointError(
             f"{target} already holds a query's checkpoint: a savepoint is restored into a new "
             "checkpoint directory (give another --checkpoint)")
-    query_id = query_id or str(uuid.uuid4())
     # an `exactly upgrade` marks its restore before it starts (exactly.ops.upgrade): kept
     upgrade = {"upgrade": previous["upgrade"]} if previous and previous.get("upgrade") else {}
-    jobs.write(RESTORE_MARKER, _json({"state": "in-progress",
-                                      "savepoint": origin or str(plan.savepoint),
-                                      "epoch": plan.manifest.epoch, "query_id": query_id,
-                                      **upgrade}))
+    query_id = mark_in_progress(target, origin or str(plan.savepoint), plan.manifest.epoch,
+                                query_id, upgrade.get("upgrade"))
     with _staging(target) as dest:
         _write(spark, plan, dest, query_id)
         if is_remote(target):
