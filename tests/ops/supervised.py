@@ -5,12 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
+from exactly.audit import file_ids
 from exactly.testing.supervised import EXACTLY
 from exactly.testing.supervised import SupervisedRun as _SupervisedRun
 
 JOBS = Path(__file__).parent / "jobs"
 
-__all__ = ["EXACTLY", "JOBS", "SupervisedRun"]
+__all__ = ["EXACTLY", "JOBS", "SupervisedRun", "ids_in"]
+
+
+def ids_in(out: Path) -> int:
+    """The distinct ids the file sink committed below ``out`` so far; 0 before its first
+    commit made the directory (a job shows ``running`` before that)."""
+    if not out.exists():
+        return 0
+    return len(np.unique(file_ids(out)[0]))
 
 
 class SupervisedRun(_SupervisedRun):

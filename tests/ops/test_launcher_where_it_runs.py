@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from supervised import SupervisedRun
+from supervised import SupervisedRun, ids_in
 
 from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.spark_files import batch_numbers
@@ -52,13 +52,6 @@ def _in_flight(ck: Path) -> bool:
     """An epoch is in flight: its offsets are logged, its commit is not."""
     offsets, commits = batch_numbers(str(ck), "offsets"), batch_numbers(str(ck), "commits")
     return bool(offsets) and (not commits or offsets[-1] > commits[-1])
-
-
-def _ids_in(out: Path) -> int:
-    try:
-        return len(np.unique(file_ids(out)[0]))
-    except OSError:
-        return 0
 
 
 def _history(ck: Path) -> list[dict]:
@@ -168,7 +161,7 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_repeated_driver_tree_
     again = SupervisedRun("datagen_job.py", ck, {**env, "JOB_MAX_ROWS": "1000", **switches},
                           log=tmp_path / "run2.log", wrap=PID_NAMESPACE, name_checkpoint=False)
     try:
-        again.wait_for(lambda: _ids_in(out) >= rows, "every row in the output")
+        again.wait_for(lambda: ids_in(out) >= rows, "every row in the output")
         pid_1 = psutil.Process(again.proc.pid).children()[0]
         pid_1.send_signal(signal.SIGTERM)  # `docker stop`: a graceful stop, exit 0
         assert again.wait(timeout=180) == 0, again.output()[-3000:]

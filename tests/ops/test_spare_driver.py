@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from supervised import EXACTLY, JOBS, SupervisedRun
+from supervised import EXACTLY, JOBS, SupervisedRun, ids_in
 
 from exactly.audit import audit_ids, file_ids
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
@@ -21,13 +21,6 @@ from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
 def _audit(out: Path, rows: int) -> None:
     report = audit_ids(file_ids(out)[0], np.arange(rows, dtype=np.int64))
     assert report.ok, report.rows()
-
-
-def _ids_in(out: Path) -> int:
-    try:
-        return len(np.unique(file_ids(out)[0]))
-    except OSError:
-        return 0
 
 
 class Watched:
@@ -92,11 +85,11 @@ def test_the_spare_takes_over_a_killed_driver_a_new_one_replaces_it_and_both_kil
         # (1) the active driver dies while its spare is warm
         watched.wait(lambda: watched.spare() is not None, "a warm spare")
         first, spare = run.status().driver.pid, watched.spare()
-        before = _ids_in(out)
+        before = ids_in(out)
         _kill_tree(first)
         watched.wait(lambda: run.status().driver.pid == spare
                      and run.status().state == "running", "the spare as the driver")
-        watched.wait(lambda: _ids_in(out) > before + 400, "epochs of the former spare")
+        watched.wait(lambda: ids_in(out) > before + 400, "epochs of the former spare")
         recovered = [e for e in run.history() if e["event"] == "recovered"]
         assert len(recovered) == 1, run.history()
         print(f"kill -> first committed epoch of the spare: {recovered[0]['recovery_s']} s")
@@ -121,8 +114,8 @@ def test_the_spare_takes_over_a_killed_driver_a_new_one_replaces_it_and_both_kil
         cold = run.status().driver.pid
         assert cold not in watched.spares
 
-        before = _ids_in(out)
-        watched.wait(lambda: _ids_in(out) > before + 400, "epochs of the cold driver")
+        before = ids_in(out)
+        watched.wait(lambda: ids_in(out) > before + 400, "epochs of the cold driver")
         stopped = run.command("stop", str(tmp_path / "ck"))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
@@ -164,7 +157,7 @@ def test_a_spare_is_never_started_with_spare_driver_off(tmp_path):
                         log=tmp_path / "run.log")
     try:
         run.wait_for(lambda: run.status() is not None and run.status().state == "running"
-                     and _ids_in(out) > 0, "a committed epoch")
+                     and ids_in(out) > 0, "a committed epoch")
         deadline = time.monotonic() + 12  # longer than SPARE_AFTER_S
         while time.monotonic() < deadline:
             assert run.status().spare is None
@@ -295,7 +288,7 @@ def test_a_driver_killed_every_20_seconds_for_3_minutes_commits_most_of_its_inpu
     try:
         watched.wait(lambda: watched.spare() is not None, "a warm spare")
         start = time.monotonic()
-        committed_before = _ids_in(out)
+        committed_before = ids_in(out)
         kills = 0
         while kills * KILL_EVERY_S < WINDOW_S:
             recovered = len([e for e in run.history() if e["event"] == "recovered"])
@@ -310,7 +303,7 @@ def test_a_driver_killed_every_20_seconds_for_3_minutes_commits_most_of_its_inpu
         recovered = len([e for e in run.history() if e["event"] == "recovered"])
         if recovered < kills:
             late.append(f"restart {kills} committed no epoch within {KILL_EVERY_S:.0f} s")
-        committed = _ids_in(out) - committed_before
+        committed = ids_in(out) - committed_before
         stopped = run.command("stop", str(tmp_path / "ck"))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]

@@ -13,15 +13,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from supervised import EXACTLY, JOBS, SupervisedRun
+from supervised import EXACTLY, JOBS, SupervisedRun, ids_in
 
 from exactly.audit import audit_ids, data_files, file_ids
-
-
-def _ids_in(out: Path) -> int:
-    if not out.exists():
-        return 0
-    return len(np.unique(file_ids(out)[0]))
 
 
 def _versions_since(out: Path, since: float) -> set[object]:
@@ -41,7 +35,7 @@ def _versions_since(out: Path, since: float) -> set[object]:
 
 def _every_row_then_stop(run: SupervisedRun, out: Path, rows: int) -> None:
     """Wait for all ``rows`` in ``out``, then ``exactly stop``: the run ends with 0."""
-    run.wait_for(lambda: _ids_in(out) >= rows, "every row in the output", timeout=240)
+    run.wait_for(lambda: ids_in(out) >= rows, "every row in the output", timeout=240)
     stopped = run.command("stop", str(run.checkpoint))
     assert stopped.returncode == 0, stopped.stderr
     assert run.wait() == 0, run.output()[-3000:]
@@ -87,8 +81,8 @@ def test_an_upgrade_rolls_back_a_failing_job_then_moves_to_a_working_one_that_re
         assert [(e["kind"], e["action"]) for e in failures][-1] == ("upgrade", "rollback"), \
             failures
         after_rollback = time.time()
-        before = _ids_in(out)
-        run.wait_for(lambda: _ids_in(out) > before + 300, "epochs of the rolled-back job")
+        before = ids_in(out)
+        run.wait_for(lambda: ids_in(out) > before + 300, "epochs of the rolled-back job")
         assert run.status().job == "datagen_job.py"
         assert _versions_since(out, after_rollback) == {None}  # the old job's rows
 
@@ -108,8 +102,8 @@ def test_an_upgrade_rolls_back_a_failing_job_then_moves_to_a_working_one_that_re
                      and run.status().driver.pid != killed
                      and run.status().state == "running", "the restarted driver")
         after_kill = time.time()
-        before = _ids_in(out)
-        run.wait_for(lambda: _ids_in(out) > before + 600, "epochs of the restarted driver")
+        before = ids_in(out)
+        run.wait_for(lambda: ids_in(out) > before + 600, "epochs of the restarted driver")
         stopped = run.command("stop", str(checkpoint))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
@@ -136,7 +130,7 @@ def test_an_upgrade_whose_restore_would_be_refused_leaves_the_running_job_untouc
                         log=tmp_path / "run.log")
     try:
         run.wait_for(lambda: run.status() is not None and run.status().state == "running"
-                     and _ids_in(out) > 0, "a committed epoch", timeout=150)
+                     and ids_in(out) > 0, "a committed epoch", timeout=150)
         driver = run.status().driver.pid
         query = (checkpoint / "metadata").read_text()
         refused = run.command("upgrade", str(checkpoint), str(JOBS / "two_sources_job.py"))
@@ -204,7 +198,7 @@ def test_a_launcher_killed_in_an_upgrade_leaves_a_checkpoint_only_its_restore_st
     hold.touch()
     try:
         run.wait_for(lambda: run.status() is not None and run.status().state == "running"
-                     and _ids_in(out) > 0, "a committed epoch", timeout=150)
+                     and ids_in(out) > 0, "a committed epoch", timeout=150)
         upgrade = subprocess.Popen([*EXACTLY, "upgrade", str(checkpoint), new_job],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         run.wait_for(lambda: Path(f"{hold}.waiting").exists(), "the new driver at "
