@@ -42,20 +42,15 @@ Run from the repository root (about 15 minutes with the defaults on 2 cores)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import harness
 import psutil
-from supervised_jobs import JOBS, BenchJob
+from supervised_jobs import JOBS, BenchJob, audited, bench_dir, finish, running
 
-from exactly.checkpoint.location import job_dir
 from exactly.procs import JOB_TOKEN_ENV, kill_job
 
 JOB = JOBS / "datagen_job.py"
@@ -70,12 +65,6 @@ class Job(BenchJob):
         self.start(JOB, work / f"{name}-ck", "--restart-strategy", "fixed-delay",
                    "--restart-option", "attempts=100000", "--restart-option",
                    f"delay={delay}", *flags, log=work / f"{name}.log")
-
-    def history(self) -> list[dict]:
-        path = job_dir(self.ck) / "restarts.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def recoveries(self) -> list[dict]:
         return [e for e in self.history() if e["event"] == "recovered"]
@@ -112,17 +101,12 @@ def main() -> int:
                         help="also fail the query in its driver (the in-process floor)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-recovery-"))
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    print(harness.machine(), flush=True)
+    work = bench_dir(args.workdir, "recovery")
     jobs = {"spare": Job("spare", work, args.rate, args.restart_delay),
             "cold": Job("cold", work, args.rate, args.restart_delay, "--spare-driver", "off")}
     variants = ["spare", "cold", *(["query"] if args.query else [])]
-    results: list[dict] = []
-    try:
-        for job in jobs.values():
-            job.wait_for(lambda j=job: j.committed() >= args.warmup, "the warm-up epochs")
+    runs: list[harness.Run] = []
+    with running(jobs.values(), args.warmup):
         jobs["spare"].wait_for(jobs["spare"].spare_ready, "the first ready spare")
         for rep, kind in harness.schedule(variants, args.repeat):
             job = jobs["cold" if kind == "cold" else "spare"]
@@ -139,34 +123,21 @@ def main() -> int:
             failure = [e for e in job.history() if e["event"] == "failure"][-1]
             recovered = job.recoveries()[-1]
             total = float(recovered["at"]) - at
-            results.append({"rep": rep, "kind": kind, "total_s": round(total, 3),
-                            "recovery_s": recovered["recovery_s"],
-                            "wait_s": failure.get("delay"), "failure": failure["kind"],
-                            "load": load})
+            wait = float(failure.get("delay") or 0)
+            runs.append(harness.Run(rep, kind, {"total_s": round(total, 3),
+                                                "recovery_s": recovered["recovery_s"],
+                                                "wait_s": wait, "load": load}, []))
             print(f"rep {rep:2} {kind:6} kill -> first epoch {total:6.2f} s (job's own "
-                  f"{recovered['recovery_s']:6.2f} s, strategy wait "
-                  f"{failure.get('delay') or 0:.2f} s), load {load:.2f}", flush=True)
-        for job in jobs.values():
-            job.stop()
-    finally:
-        for job in jobs.values():
-            job.close()
-    errors = [e for e in (job.audit() for job in jobs.values()) if e]
-    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+                  f"{recovered['recovery_s']:6.2f} s, strategy wait {wait:.2f} s, "
+                  f"{failure['kind']} failure), load {load:.2f}", flush=True)
+    errors = audited(jobs.values())
     for kind in variants:
-        values = [r["total_s"] for r in results if r["kind"] == kind]
-        print(f"{kind:6} n={len(values)} kill -> first committed epoch: median "
-              f"{statistics.median(values):.2f} s, range {min(values):.2f}-{max(values):.2f} s")
-    ratios = [next(r["total_s"] for r in results if r["rep"] == rep and r["kind"] == "spare")
-              / next(r["total_s"] for r in results if r["rep"] == rep and r["kind"] == "cold")
-              for rep in range(args.repeat)]
-    print(f"spare / cold per repetition pair: median {statistics.median(ratios):.2f}x, range "
-          f"{min(ratios):.2f}-{max(ratios):.2f}x")
-    (work / "results.json").write_text(json.dumps(results, indent=1))
-    for error in errors:
-        print(f"FAILED {error}")
-    return 1 if errors else 0
-
+        totals = harness.per_rep(runs, "total_s", kind)
+        print(f"{kind:6} n={len(totals)} kill -> first committed epoch, s: "
+              f"{harness.spread(totals)}")
+    print("spare / cold per repetition pair: "
+          f"{harness.spread(harness.paired(runs, 'total_s', 'spare', 'cold'))}x")
+    return finish(work, runs, errors)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,27 +1,31 @@
 """One ``exactly run`` job of a benchmark (bench/recovery.py, bench/upgrade.py): the job
 file tests/ops/jobs/datagen_job.py (``exactly.datagen`` at a rate -> a pandas UDF -> the
 ``exactly.files`` sink, 1 s interval) with an input that never runs out, its runs (one, or
-one per checkpoint), what job.json says, waits that fail as soon as the run ended, and the
-audit of its output by id."""
+one per checkpoint: :class:`exactly.testing.supervised.SupervisedRun`, as the tests start
+them), what job.json says, waits that fail as soon as the run ended, the audit of its
+output by id, and the start and end every such benchmark shares."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import signal
-import subprocess
-import sys
-import time
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import harness
 import numpy as np
 
 from exactly.audit import audit_ids, file_ids
-from exactly.checkpoint.location import job_dir
 from exactly.checkpoint.status import JobStatus
-from exactly.procs import JOB_TOKEN_ENV, kill_job, new_job_token
+from exactly.testing.supervised import EXACTLY, SupervisedRun
 
 JOBS = Path(__file__).resolve().parent.parent / "tests" / "ops" / "jobs"
-EXACTLY = [sys.executable, "-m", "exactly.cli"]
+
+__all__ = ["EXACTLY", "JOBS", "BenchJob", "audited", "bench_dir", "finish", "running"]
 
 
 class BenchJob:
@@ -31,61 +35,61 @@ class BenchJob:
     def __init__(self, name: str, work: Path, rate: int, **env: str) -> None:
         self.name, self.work = name, work
         self.out = work / f"{name}-out"
-        self.token = new_job_token()
-        self.env = {**os.environ, "PYSPARK_PYTHON": sys.executable, JOB_TOKEN_ENV: self.token,
-                    "JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
-                    "JOB_RATE": str(rate), "JOB_INTERVAL": "1s", **env}
-        self.procs: list[subprocess.Popen] = []
-        self.ck = work / f"{name}-ck"
+        # exactly's own log level as the user's (a test run's INFO would cost the job CPU)
+        self.env = {"JOB_OUT": str(self.out), "JOB_ROWS": "1000000000",
+                    "JOB_RATE": str(rate), "JOB_INTERVAL": "1s",
+                    "EXACTLY_LOG_LEVEL": os.environ.get("EXACTLY_LOG_LEVEL", "WARNING"),
+                    **env}
+        self.runs: list[SupervisedRun] = []
 
     def start(self, job: Path, ck: Path, *flags: str, log: Path) -> None:
         """``exactly run job --checkpoint ck flags``, its output into ``log``."""
-        self.ck = ck
-        with open(log, "ab") as out:
-            self.procs.append(subprocess.Popen(
-                [*EXACTLY, "run", str(job), "--checkpoint", str(ck), *flags], env=self.env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        self.runs.append(SupervisedRun(job, ck, self.env, *flags, log=log))
 
     @property
-    def proc(self) -> subprocess.Popen:
-        return self.procs[-1]
+    def run(self) -> SupervisedRun:
+        return self.runs[-1]
+
+    @property
+    def ck(self) -> Path:
+        return Path(self.run.checkpoint)
 
     def committed(self) -> int:
         """The newest committed epoch + 1 (Spark keeps only the last 100 commit files, so
         this is not a count of them)."""
-        commits = self.ck / "commits"
-        found = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] \
-            if commits.is_dir() else []
-        return max(found) + 1 if found else 0
+        epochs = self.run.committed_epochs()
+        return max(epochs) + 1 if epochs else 0
 
     def status(self) -> JobStatus | None:
-        return JobStatus.read(job_dir(self.ck))
+        return self.run.status()
+
+    def history(self) -> list[dict[str, Any]]:
+        """The restart history of the checkpoint, every run's entries."""
+        return self.run.history()
 
     def spare_ready(self) -> bool:
-        status = self.status()
-        return bool(status and status.spare and status.spare.get("state") == "ready")
+        return self.run.spare_ready()
 
-    def wait_for(self, condition, what: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name}: exactly run ended ({self.proc.returncode}) "
-                                 f"waiting for {what}")
-            time.sleep(0.1)
-        raise SystemExit(f"{self.name}: timed out waiting for {what}")
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 300) -> None:
+        """Until ``condition()``; AssertionError when the run ended or ``timeout`` passed."""
+        self.run.wait_for(condition, f"{what} ({self.name})", timeout)
+
+    def command(self, *args: str, timeout: float = 900) -> str:
+        """``exactly args``' stdout; SystemExit with its output when it failed."""
+        done = self.run.command(*args, timeout=timeout)
+        if done.returncode != 0:
+            raise SystemExit(f"{self.name}: exactly {' '.join(args)} failed "
+                             f"({done.returncode}): {done.stdout}{done.stderr}")
+        return done.stdout
 
     def stop(self) -> None:
-        subprocess.run([*EXACTLY, "stop", str(self.ck)], env=self.env, capture_output=True,
-                       timeout=600)
-        self.proc.wait(timeout=300)
+        self.run.command("stop", str(self.ck), timeout=600)
+        self.run.proc.wait(timeout=300)
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-        kill_job(self.token, None, what=f"the benchmark job {self.name}")
+        """Kill whatever is left of every run (nothing, after a stop)."""
+        for run in self.runs:
+            run.close()
 
     def audit(self) -> str | None:
         """Every id from 0 to the highest once (the generator's ids, in order); None when
@@ -95,3 +99,45 @@ class BenchJob:
         print(f"audit {self.name}: {len(ids):,} rows, ids 0..{int(ids.max()):,}: "
               f"{'exactly once' if report.ok else report.rows()}")
         return None if report.ok else f"{self.name}: {report.rows()}"
+
+
+def bench_dir(given: Path | None, name: str) -> Path:
+    """``given`` emptied, or a new temporary directory; the machine's line printed."""
+    work = given or Path(tempfile.mkdtemp(prefix=f"exactly-bench-{name}-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    print(harness.machine(), flush=True)
+    return work
+
+
+@contextlib.contextmanager
+def running(jobs: Iterable[BenchJob], warmup: int) -> Iterator[None]:
+    """The benchmark's body, once every job committed ``warmup`` epochs: the jobs are
+    stopped when it ends, and whatever is left of them is killed however it ended."""
+    jobs = list(jobs)
+    try:
+        for job in jobs:
+            job.wait_for(lambda j=job: j.committed() >= warmup, "the warm-up epochs")
+        yield
+        for job in jobs:
+            job.stop()
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def audited(jobs: Iterable[BenchJob]) -> list[str]:
+    """Every job's output audited by id (:meth:`BenchJob.audit`), and the load printed;
+    what is wrong."""
+    errors = [e for e in (job.audit() for job in jobs) if e]
+    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    return errors
+
+
+def finish(work: Path, runs: list[harness.Run], errors: list[str]) -> int:
+    """``runs`` into ``work/results.json``, ``errors`` printed; the exit code (1: an audit
+    failed)."""
+    (work / "results.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))
+    for error in errors:
+        print(f"FAILED {error}")
+    return 1 if errors else 0

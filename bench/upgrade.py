@@ -32,17 +32,13 @@ Run from the repository root (about 8 minutes with the defaults on 2 cores)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import harness
-from supervised_jobs import EXACTLY, JOBS, BenchJob
+from supervised_jobs import JOBS, BenchJob, audited, bench_dir, finish, running
 
 from exactly.checkpoint.history import open_history
 
@@ -80,20 +76,16 @@ class Job(BenchJob):
         self.version = 1 - self.version
         nxt = VERSIONS[self.version]
         if kind == "upgrade":
-            done = subprocess.run([*EXACTLY, "upgrade", str(self.ck), str(nxt)],
-                                  capture_output=True, text=True, env=self.env, timeout=900)
-            if done.returncode != 0:
-                raise SystemExit(f"upgrade failed: {done.stdout}{done.stderr}")
-            epoch = int(re.search(r"\(epoch (\d+)\)", done.stdout).group(1))  # type: ignore[union-attr]
+            said = self.command("upgrade", str(self.ck), str(nxt))
+            epoch = int(re.search(r"\(epoch (\d+)\)", said).group(1))  # type: ignore[union-attr]
             ends = _epoch_ends(self.ck)
             return ends[epoch + 1] - ends[epoch], epoch
-        done = subprocess.run([*EXACTLY, "stop", str(self.ck), "--savepoint"],
-                              capture_output=True, text=True, env=self.env, timeout=900)
-        found = re.search(r"savepoint (\S+)\s*$", done.stdout.strip())
-        if done.returncode != 0 or found is None:
-            raise SystemExit(f"stop --savepoint failed: {done.stdout}{done.stderr}")
+        said = self.command("stop", str(self.ck), "--savepoint")
+        found = re.search(r"savepoint (\S+)\s*$", said.strip())
+        if found is None:
+            raise SystemExit(f"stop --savepoint named no savepoint: {said}")
         savepoint = found.group(1)
-        self.proc.wait(timeout=300)
+        self.run.proc.wait(timeout=300)
         old = self.ck
         epoch = int(re.search(r"savepoint-(\d+)-", savepoint).group(1))  # type: ignore[union-attr]
         self.generation += 1
@@ -109,16 +101,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="epochs before the first one")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-upgrade-"))
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    print(harness.machine(), flush=True)
+    work = bench_dir(args.workdir, "upgrade")
     jobs = {"upgrade": Job("upgrade", work, args.rate), "by_hand": Job("by_hand", work,
                                                                       args.rate)}
     runs: list[harness.Run] = []
-    try:
-        for job in jobs.values():
-            job.wait_for(lambda j=job: j.committed() >= args.warmup, "the warm-up epochs")
+    with running(jobs.values(), args.warmup):
         for rep, kind in harness.schedule(list(jobs), args.repeat):
             for job in jobs.values():
                 job.settle()
@@ -129,23 +116,14 @@ def main() -> int:
                                     []))
             print(f"rep {rep:2} {kind:8} last old epoch {epoch} -> first new epoch "
                   f"{gap:6.2f} s, load {load:.2f}", flush=True)
-        for job in jobs.values():
-            job.stop()
-    finally:
-        for job in jobs.values():
-            job.close()
-    errors = [e for e in (job.audit() for job in jobs.values()) if e]
-    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    errors = audited(jobs.values())
     for kind in jobs:
         gaps = harness.per_rep(runs, "gap_s", kind)
         print(f"{kind:8} n={len(gaps)} last old epoch -> first new epoch, s: "
               f"{harness.spread(gaps)}")
     print("upgrade / by_hand per repetition pair: "
           f"{harness.spread(harness.paired(runs, 'gap_s', 'upgrade', 'by_hand'))}x")
-    (work / "results.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1))
-    for error in errors:
-        print(f"FAILED {error}")
-    return 1 if errors else 0
+    return finish(work, runs, errors)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from exactly.audit import file_ids
+from exactly.audit import audit_ids, file_ids
 from exactly.testing.supervised import EXACTLY
 from exactly.testing.supervised import SupervisedRun as _SupervisedRun
 
 JOBS = Path(__file__).parent / "jobs"
 
-__all__ = ["EXACTLY", "JOBS", "SupervisedRun", "ids_in"]
+__all__ = ["EXACTLY", "JOBS", "SupervisedRun", "audit_rows", "ids_in"]
 
 
 def ids_in(out: Path) -> int:
@@ -22,6 +22,12 @@ def ids_in(out: Path) -> int:
     if not out.exists():
         return 0
     return len(np.unique(file_ids(out)[0]))
+
+
+def audit_rows(out: Path, rows: int) -> None:
+    """Every id 0..``rows``-1 exactly once below ``out``, and no other (the generator's)."""
+    report = audit_ids(file_ids(out)[0], np.arange(rows, dtype=np.int64))
+    assert report.ok, report.rows()
 
 
 class SupervisedRun(_SupervisedRun):

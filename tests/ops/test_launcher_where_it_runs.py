@@ -12,12 +12,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
-from supervised import SupervisedRun, ids_in
+from supervised import SupervisedRun, audit_rows, ids_in
 
-from exactly.audit import audit_ids, file_ids
 from exactly.checkpoint.spark_files import batch_numbers
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
 
@@ -41,11 +39,6 @@ def _pid_namespaces_allowed() -> str | None:
         return (f"this user may not create a PID namespace (unshare: "
                 f"{tried.stderr.strip() or tried.returncode}); run the test as root")
     return None
-
-
-def _audit(out: Path, rows: int) -> None:
-    report = audit_ids(file_ids(out)[0], np.arange(rows, dtype=np.int64))
-    assert report.ok, report.rows()
 
 
 def _in_flight(ck: Path) -> bool:
@@ -182,7 +175,7 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_repeated_driver_tree_
     assert [e["kind"] for e in view["restarts"] if e["event"] == "failure"] == [
         *["process"] * DRIVER_TREE_KILLS, "lost-run"]
     assert view["status"] == "stopped"
-    _audit(out, rows)
+    audit_rows(out, rows)
 
 
 def test_killing_only_the_launcher_stops_its_driver_commands_reach_the_driver_meanwhile_and_a_new_run_waits_for_it(  # noqa: E501
@@ -256,7 +249,7 @@ def test_killing_only_the_launcher_stops_its_driver_commands_reach_the_driver_me
             third.close()
     assert "outlived its launcher" in third.output() and "waiting for it" in third.output()
     assert [e["kind"] for e in _history(ck)] == ["launcher", "launcher"]
-    _audit(out, rows)
+    audit_rows(out, rows)
 
 
 def test_an_error_in_build_fails_the_job_at_once_with_its_root_cause_unless_marked_transient(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from supervised import SupervisedRun
+from supervised import SupervisedRun, audit_rows
 
-from exactly.audit import audit_ids, file_ids
+from exactly.audit import file_ids
 
 
 def _all_rows(out: Path, rows: int):
@@ -22,12 +22,6 @@ def _all_rows(out: Path, rows: int):
             return False
         return len(np.unique(ids)) >= rows
     return done
-
-
-def _audit(out: Path, rows: int) -> None:
-    ids, _ = file_ids(out)
-    report = audit_ids(ids, np.arange(rows, dtype=np.int64))
-    assert report.ok, report.rows()
 
 
 @pytest.mark.chaos
@@ -74,7 +68,7 @@ def test_udf_failures_restart_in_process_and_a_killed_driver_restarts_as_a_new_p
     assert kinds == ["query", "query", "process"]  # the UDF failures kept the first driver
     recoveries = [e["recovery_s"] for e in history if e["event"] == "recovered"]
     print(f"recovery seconds: in-process {recoveries[:2]}, process {recoveries[2:]}")
-    _audit(tmp_path / "out", rows)
+    audit_rows(tmp_path / "out", rows)
     assert run.status().state == "stopped"
     _check_checkpoint_history(run, tmp_path / "ck", rows)
 

@@ -12,15 +12,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from supervised import EXACTLY, JOBS, SupervisedRun, ids_in
+from supervised import EXACTLY, JOBS, SupervisedRun, audit_rows, ids_in
 
 from exactly.audit import audit_ids, file_ids
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
-
-
-def _audit(out: Path, rows: int) -> None:
-    report = audit_ids(file_ids(out)[0], np.arange(rows, dtype=np.int64))
-    assert report.ok, report.rows()
 
 
 class Watched:
@@ -121,7 +116,7 @@ def test_the_spare_takes_over_a_killed_driver_a_new_one_replaces_it_and_both_kil
         assert run.wait() == 0, run.output()[-3000:]
     finally:
         run.close()
-    _audit(out, int(file_ids(out)[0].max()) + 1)  # the generator's ids 0.. in order
+    audit_rows(out, int(file_ids(out)[0].max()) + 1)  # the generator's ids 0.. in order
     failures = [e for e in run.history() if e["event"] == "failure"]
     assert [e["kind"] for e in failures] == ["process", "process"], failures
     assert run.status().state == "stopped" and run.status().spare is None

@@ -10,12 +10,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from supervised import EXACTLY, JOBS, SupervisedRun, ids_in
+from supervised import EXACTLY, JOBS, SupervisedRun, audit_rows, ids_in
 
-from exactly.audit import audit_ids, data_files, file_ids
+from exactly.audit import data_files, file_ids
 
 
 def _versions_since(out: Path, since: float) -> set[object]:
@@ -41,16 +40,6 @@ def _every_row_then_stop(run: SupervisedRun, out: Path, rows: int) -> None:
     assert run.wait() == 0, run.output()[-3000:]
 
 
-def _audit(out: Path, rows: int) -> None:
-    report = audit_ids(file_ids(out)[0], np.arange(rows, dtype=np.int64))
-    assert report.ok, report.rows()
-
-
-def _spare_ready(run: SupervisedRun) -> bool:
-    status = run.status()
-    return status is not None and (status.spare or {}).get("state") == "ready"
-
-
 @pytest.mark.chaos
 def test_an_upgrade_rolls_back_a_failing_job_then_moves_to_a_working_one_that_restarts_as_itself(
         tmp_path):
@@ -69,7 +58,7 @@ def test_an_upgrade_rolls_back_a_failing_job_then_moves_to_a_working_one_that_re
                         "--restart-option", "delay=1s", log=tmp_path / "run.log")
     new_job = str(JOBS / "upgraded_job.py")
     try:
-        run.wait_for(lambda: _spare_ready(run), "the old job's warm spare", timeout=150)
+        run.wait_for(run.spare_ready, "the old job's warm spare", timeout=150)
 
         # (1) a broken release: rolled back to the old job file from the same savepoint
         broken.touch()
@@ -111,7 +100,7 @@ def test_an_upgrade_rolls_back_a_failing_job_then_moves_to_a_working_one_that_re
     finally:
         run.close()
     ids = file_ids(out)[0]  # the generator's ids 0.. in order: every one up to the last, once
-    _audit(out, int(ids.max()) + 1)
+    audit_rows(out, int(ids.max()) + 1)
     kinds = [e["kind"] for e in run.history() if e["event"] == "failure"]
     assert kinds == ["query", "upgrade", "process"], run.history()
 
@@ -166,7 +155,7 @@ def test_a_new_driver_killed_in_its_restore_rolls_back_over_the_half_written_che
     run = SupervisedRun("datagen_job.py", checkpoint, env, "--fault", "restore.state",
                         log=tmp_path / "run.log")
     try:
-        run.wait_for(lambda: _spare_ready(run), "the old job's warm spare", timeout=150)
+        run.wait_for(run.spare_ready, "the old job's warm spare", timeout=150)
         rolled = run.command("upgrade", str(checkpoint), str(JOBS / "upgraded_job.py"))
         assert rolled.returncode == 3 and "rolled back" in rolled.stdout, \
             rolled.stdout + rolled.stderr
@@ -175,7 +164,7 @@ def test_a_new_driver_killed_in_its_restore_rolls_back_over_the_half_written_che
         _every_row_then_stop(run, out, rows)
     finally:
         run.close()
-    _audit(out, rows)
+    audit_rows(out, rows)
 
 
 @pytest.mark.slow  # as above
@@ -225,4 +214,4 @@ def test_a_launcher_killed_in_an_upgrade_leaves_a_checkpoint_only_its_restore_st
         _every_row_then_stop(finish, out, rows)
     finally:
         finish.close()
-    _audit(out, rows)
+    audit_rows(out, rows)

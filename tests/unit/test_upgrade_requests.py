@@ -13,8 +13,9 @@ from exactly.checkpoint.status import JobStatus, claim_job, refuse_other_job
 from exactly.errors import ConfigError, SavepointError
 from exactly.ops import upgrade as upgrade_module
 from exactly.ops.driver import DriverSpec, _refuse_unfinished_restore
-from exactly.ops.upgrade import Upgrader, UpgradeRequest, begin_restore, refusal
+from exactly.ops.upgrade import Upgrader, UpgradeRequest, refusal
 from exactly.procs import current_process
+from exactly.savepoints.restore import mark_in_progress
 
 
 def test_an_upgrade_request_names_an_existing_job_file_and_valid_options(tmp_path):
@@ -92,7 +93,7 @@ def test_a_checkpoint_with_an_unfinished_upgrade_restore_refuses_a_driver_withou
     a driver started without that restore (a launcher killed meanwhile, then a plain
     ``exactly run``) refuses to start on them, naming the savepoint and the job file."""
     _refuse_unfinished_restore(str(tmp_path))  # no marker: nothing to refuse
-    begin_restore(str(tmp_path), "/sp/savepoint-7-x", 7, {"job_file": "/jobs/v2.py"})
+    mark_in_progress(str(tmp_path), "/sp/savepoint-7-x", 7, upgrade={"job_file": "/jobs/v2.py"})
     with pytest.raises(SavepointError, match=r"unfinished restore of /sp/savepoint-7-x into "
                                              r"/jobs/v2\.py.*-s /sp/savepoint-7-x"):
         _refuse_unfinished_restore(str(tmp_path))
@@ -104,8 +105,8 @@ def test_after_an_upgrade_the_old_job_file_is_refused_naming_the_new_one(tmp_pat
     may finish it."""
     store = job_store(tmp_path)
     status = JobStatus("r1", current_process(), "stopped", job="v2.py")
-    begin_restore(str(tmp_path), "/sp/savepoint-7-x", 7,
-                  {"job_file": "/jobs/v2.py", "from_job_file": "/jobs/v1.py"})
+    mark_in_progress(str(tmp_path), "/sp/savepoint-7-x", 7,
+                     upgrade={"job_file": "/jobs/v2.py", "from_job_file": "/jobs/v1.py"})
     refuse_other_job(store, status, "v1.py")  # unfinished: either file may finish it
     refuse_other_job(store, status, "v2.py")
     with pytest.raises(ConfigError, match=r"holds the job v2\.py"):

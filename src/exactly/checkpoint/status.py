@@ -18,6 +18,7 @@ from typing import Any
 
 from exactly.checkpoint import layout
 from exactly.checkpoint.location import as_store, job_store
+from exactly.checkpoint.restore_marker import upgrade_of
 from exactly.checkpoint.space import when_space
 from exactly.checkpoint.store import LogStore
 from exactly.errors import ConfigError, FencedError
@@ -176,7 +177,7 @@ def refuse_other_job(store: LogStore, current: JobStatus | None, job: str) -> No
     than ``job`` (both known): a checkpoint is one job's address."""
     if current is None or not current.job or not job or current.job == job:
         return
-    upgrade = _upgrade_of(store)
+    upgrade = upgrade_of(store)
     if upgrade.get("state") == "in-progress" and job in upgrade["files"]:
         return  # an interrupted `exactly upgrade` (or its rollback): its restore finishes it
     checkpoint = store.describe().removesuffix("/" + layout.JOB_DIR)
@@ -187,24 +188,6 @@ def refuse_other_job(store: LogStore, current: JobStatus | None, job: str) -> No
         f"{current.state}), not {job}{upgraded}: give {job} a checkpoint of its own (if it "
         f"is the same job renamed, delete {store.describe(layout.JOB_STATUS)} once no run "
         "of it is alive). Nothing was started.")
-
-
-def _upgrade_of(store: LogStore) -> dict[str, Any]:
-    """The job files (names) of the upgrade that made the checkpoint's last restore
-    (``exactly upgrade``), and that restore's state; no files when it was none."""
-    raw = store.read(layout.RESTORE_MARKER)
-    try:
-        marker = json.loads(raw) if raw is not None else {}
-    except ValueError:
-        marker = {}
-    upgrade = marker.get("upgrade") if isinstance(marker, dict) else None
-    if not isinstance(upgrade, dict):
-        return {"files": set()}
-    files = {os.path.basename(str(upgrade[key])) for key in
-             ("job_file", "from_job_file", "rollback_of") if upgrade.get(key)}
-    source = upgrade.get("from_job_file")
-    return {"state": marker.get("state"), "files": files,
-            "from": os.path.basename(str(source)) if source else None}
 
 
 def claim_job(where: Where, status: JobStatus, *, wait_for_orphan_s: float = 0.0,

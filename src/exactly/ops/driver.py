@@ -55,6 +55,16 @@ JOB_FAILED = 3
 DRIVER_LOST = 75
 
 
+def describe_exit(code: int) -> str:
+    """How a driver process that ended with ``code`` ended, for a sentence about it
+    ("the driver process ..."): killed by which signal, lost its Spark driver, or its code."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    if code == DRIVER_LOST:
+        return "lost its Spark driver (its JVM, or the Spark Connect server it ran on)"
+    return f"exited with code {code}"
+
+
 @dataclass(frozen=True)
 class DriverSpec:
     """Everything a driver process needs, passed as JSON by the launcher."""

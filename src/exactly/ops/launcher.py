@@ -48,9 +48,9 @@ from exactly.checkpoint.store import LogStore
 from exactly.connectors.admission import ADMISSION_FILE_ENV
 from exactly.logs import log_event
 from exactly.ops.driver import (
-    DRIVER_LOST,
     JOB_FAILED,
     DriverSpec,
+    describe_exit,
     job_admission_file,
     refuse_on_connect,
 )
@@ -192,6 +192,9 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
     stopping: list[int] = []
     child: subprocess.Popen | None = None
 
+    def say(text: str) -> None:
+        print(f"exactly run: {text}", file=out, flush=True)
+
     def forward(signum, frame) -> None:
         stopping.append(signum)
         if child is not None and child.poll() is None:
@@ -199,18 +202,16 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
             child.send_signal(signal.SIGTERM if len(stopping) == 1 else signal.SIGINT)
 
     def fenced() -> RunEnd:
-        print(f"exactly run: {fence.cause if fence else ''}", file=out, flush=True)
+        say(fence.cause if fence else "")
         return RunEnd(FENCED, fenced=True)
 
     base_env = driver_env(checkpoint)
     spares = SpareKeeper(spec.to_json(), base_env, directory, run_id,
                          choice=spare_choice(spec.spare_driver, remote=spec.remote,
                                              master=spec.master),
-                         say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
-                         spare=spare)
+                         say=say, spare=spare)
     upgrader = Upgrader(spec, base_env, retarget=spares.retarget,
-                        say=lambda text: print(f"exactly run: {text}", file=out, flush=True),
-                        refused=refusal(ha=fence is not None, remote=spec.remote))
+                        say=say, refused=refusal(ha=fence is not None, remote=spec.remote))
     upgraded: NextDriver | None = None
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -258,11 +259,10 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
             if code == JOB_FAILED:
                 return RunEnd(JOB_FAILED, signalled=bool(stopping))
             if stopping:
-                print(f"exactly run: driver ended with {_describe(code)} while stopping",
-                      file=out, flush=True)
+                say(f"driver ended with {describe_exit(code)} while stopping")
                 return RunEnd(0 if code in (-signal.SIGTERM, -signal.SIGINT) else JOB_FAILED,
                               signalled=True)
-            cause = f"ProcessFailure: the driver process {_describe(code)}"
+            cause = f"ProcessFailure: the driver process {describe_exit(code)}"
             said = _driver_exit_cause(directory, child.pid)
             if said:
                 cause = f"{cause}: {said}"
@@ -283,12 +283,11 @@ def run_drivers(spec: DriverSpec, *, out=sys.stderr, fence: Fence | None = None,
             if delay is None:
                 update_status(directory, run_id=run_id, state="failed", detail=cause)
                 said = f"{repeated}: " if repeated else ""
-                print(f"exactly run: job failed: {said}{cause} (restart strategy "
-                      f"{strategy.describe()} gave up)", file=out, flush=True)
+                say(f"job failed: {said}{cause} (restart strategy {strategy.describe()} gave "
+                    "up)")
                 return RunEnd(JOB_FAILED)
             by = " (the spare driver takes over)" if spares.spare is not None else ""
-            print(f"exactly run: {cause}; restarting in {delay:.1f}s{by} "
-                  f"(restart {history.restarts()})", file=out, flush=True)
+            say(f"{cause}; restarting in {delay:.1f}s{by} (restart {history.restarts()})")
             update_status(directory, run_id=run_id, state="restarting", detail=cause)
             if _wait_or_request(control, delay, stopping, fence, spares):
                 if fence is not None and fence.lost.is_set():
@@ -379,14 +378,6 @@ def _driver_exit_cause(directory: LogStore, pid: int) -> str | None:
     if data.get("pid") != pid:
         return None  # an earlier driver's
     return str(data.get("cause") or "") or None
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    if code == DRIVER_LOST:
-        return "lost its Spark driver (its JVM, or the Spark Connect server it ran on)"
-    return f"exited with code {code}"
 
 
 def _strategy(directory: LogStore) -> RestartStrategy:

@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +47,11 @@ from exactly.checkpoint.history import append_now
 from exactly.checkpoint.location import job_store, same_place
 from exactly.checkpoint.restarts import RestartHistory
 from exactly.checkpoint.spark_files import last_committed_epoch
-from exactly.checkpoint.status import update_status
+from exactly.checkpoint.status import JobStatus, update_status
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError
 from exactly.logs import log_event
-from exactly.ops.driver import JOB_FAILED
+from exactly.ops.driver import JOB_FAILED, describe_exit
 from exactly.ops.job_savepoints import RestoreRequest
 from exactly.ops.spare import SpareDriver, file_digest
 from exactly.protocol.target_state import SinkRollback
@@ -94,10 +94,7 @@ class UpgradeRequest:
     target: str | None = None
 
     def params(self) -> dict[str, Any]:
-        return {"job_file": self.job_file, "parallelism": self.parallelism,
-                "allow_non_restored_state": self.allow_non_restored_state,
-                "sink_rollback": self.sink_rollback, "epochs": self.epochs,
-                "target": self.target}
+        return asdict(self)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> UpgradeRequest:
@@ -137,15 +134,6 @@ def refusal(*, ha: bool, remote: str | None) -> str | None:
         return ("a job on Spark Connect cannot be upgraded in place: it keeps no spare "
                 f"driver to warm the new job in; {by_hand}")
     return None
-
-
-def begin_restore(checkpoint: str, savepoint: str, epoch: int, upgrade: dict[str, Any]
-                  ) -> str:
-    """Mark ``checkpoint``'s restore of ``savepoint`` as in progress, with a new query id,
-    before the driver that restores it starts: that driver replaces whatever Spark files the
-    checkpoint holds (the old query's) with the savepoint's, as an interrupted restore is
-    redone, and no driver without that restore starts on it. Returns the query id."""
-    return mark_in_progress(checkpoint, savepoint, epoch, upgrade=upgrade)
 
 
 def _restored(checkpoint: str, query_id: str) -> bool:
@@ -324,8 +312,6 @@ class Upgrader:
         answer = self.control.answer_of(self.stop_request)
         if answer is None or answer.get("status") != "done" or not answer.get("savepoint"):
             return ""  # a failed savepoint: the old driver ends by itself (after_exit)
-        from exactly.checkpoint.status import JobStatus
-
         status = JobStatus.read(self.directory)
         if status is None or status.state != "stopped" or status.driver is None or (
                 status.driver.pid != driver_pid):
@@ -388,7 +374,7 @@ class Upgrader:
             self._drop_new_spare("the job's driver ended while the upgrade warmed up")
             then = ("the job ended" if code == 0 else
                     "the restart strategy decides, as without an upgrade")
-            self._end("refused", f"the job's driver {_exit(code)} before the upgrade could "
+            self._end("refused", f"the job's driver {describe_exit(code)} before the upgrade could "
                       f"stop it; {then}. Send the upgrade again once the job runs",
                       outcome="refused")
             return None
@@ -409,7 +395,7 @@ class Upgrader:
             later = ("the job failed" if code == JOB_FAILED else
                      "the restart strategy decides; a restarted driver finishes the restore")
             self._end("failed", f"the rollback to {self.spec.job_file} from the savepoint "
-                      f"{self.savepoint}: its driver {_exit(code)} before its restore was "
+                      f"{self.savepoint}: its driver {describe_exit(code)} before its restore was "
                       f"done; {later} (exactly checkpoints {self.checkpoint})",
                       outcome="rollback_failed")
         return None
@@ -425,7 +411,7 @@ class Upgrader:
             self._drop_new_spare("the old job did not stop with a savepoint")
             self._withdraw_stop()  # never to stop a later driver of this run
             if code != 0:  # a crash: the restart strategy decides, as without an upgrade
-                self._end("failed", f"the old job's driver {_exit(code)} before it stopped "
+                self._end("failed", f"the old job's driver {describe_exit(code)} before it stopped "
                           "with the upgrade's savepoint; the restart strategy decides, as "
                           "without an upgrade", outcome="failed")
                 return None
@@ -441,7 +427,10 @@ class Upgrader:
             return None
         self.savepoint, self.epoch = savepoint, _savepoint_epoch(savepoint)
         assert self.new_spec is not None and self.old_spec is not None
-        self.query_id = begin_restore(self.checkpoint, savepoint, self.epoch, {
+        # marked before the restoring driver starts: it replaces the old query's Spark files
+        # with the savepoint's, as an interrupted restore is redone, and no driver without
+        # that restore starts on the checkpoint
+        self.query_id = mark_in_progress(self.checkpoint, savepoint, self.epoch, upgrade={
             "job_file": self.upgrade.job_file, "from_job_file": self.old_spec.job_file})
         # from here on the checkpoint is the new job's (a rollback gives it back)
         update_status(self.directory, run_id=self.spec.run_id,
@@ -461,8 +450,8 @@ class Upgrader:
     def _roll_back(self, code: int, spare: SpareDriver | None) -> NextDriver:
         assert self.old_spec is not None and self.upgrade is not None
         assert self.savepoint is not None and self.epoch is not None
-        self.failure = self.failure or f"its driver {_exit(code)}"
-        self.query_id = begin_restore(self.checkpoint, self.savepoint, self.epoch, {
+        self.failure = self.failure or f"its driver {describe_exit(code)}"
+        self.query_id = mark_in_progress(self.checkpoint, self.savepoint, self.epoch, upgrade={
             "job_file": self.old_spec.job_file, "rollback_of": self.upgrade.job_file})
         update_status(self.directory, run_id=self.spec.run_id,
                       job=os.path.basename(self.old_spec.job_file))
@@ -520,8 +509,6 @@ class Upgrader:
         self.stop_request = None
 
     def _holder(self) -> str:
-        from exactly.checkpoint.status import JobStatus
-
         status = JobStatus.read(self.directory)
         return status.job if status is not None and status.job else "?"
 
@@ -539,10 +526,3 @@ class Upgrader:
     def _status(self, detail: str) -> None:
         update_status(self.directory, run_id=self.spec.run_id, upgrade=detail or None)
 
-
-def _exit(code: int) -> str:
-    import signal
-
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"

@@ -51,10 +51,10 @@ from exactly.checkpoint.location import (
     local_checkpoint,
     open_store,
 )
-from exactly.checkpoint.store import LogStore, is_remote
+from exactly.checkpoint.restore_marker import read_restore_marker
+from exactly.checkpoint.store import is_remote
 from exactly.checkpoint.transfer import delete_tree, upload_tree
 from exactly.errors import SavepointError
-from exactly.fsutil import parse_json
 from exactly.logs import log_event
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
@@ -299,19 +299,10 @@ def _staging(checkpoint: str) -> Iterator[Path]:
         yield directory
 
 
-def _read_marker(store: LogStore) -> dict[str, Any] | None:
-    raw = store.read(RESTORE_MARKER)
-    if raw is None:
-        return None
-    value = parse_json(raw, store.describe(RESTORE_MARKER),
-                       repair="delete the checkpoint and restore into it again")
-    return value if isinstance(value, dict) else None
-
-
 def read_marker(checkpoint: str) -> dict[str, Any] | None:
     """The restore marker ``exactly-job/restore.json`` of a checkpoint (local or on S3):
     ``{"state": "in-progress" | "done", "savepoint": ..., "query_id": ...}``, or None."""
-    return _read_marker(job_store(checkpoint))
+    return read_restore_marker(job_store(checkpoint))
 
 
 def mark_in_progress(checkpoint: str, savepoint: str, epoch: int,
@@ -379,7 +370,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
     a checkpoint a job runs on; until then the next attempt starts over."""
     target = str(checkpoint)
     jobs = job_store(target)
-    previous = _read_marker(jobs)
+    previous = read_restore_marker(jobs)
     if previous is not None and previous.get("state") == "in-progress":
         _clear_spark_files(target)
     if not _is_fresh(target):
@@ -387,9 +378,9 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             f"{target} already holds a query's checkpoint: a savepoint is restored into a new "
             "checkpoint directory (give another --checkpoint)")
     # an `exactly upgrade` marks its restore before it starts (exactly.ops.upgrade): kept
-    upgrade = {"upgrade": previous["upgrade"]} if previous and previous.get("upgrade") else {}
+    upgrade = previous.get("upgrade") if previous else None
     query_id = mark_in_progress(target, origin or str(plan.savepoint), plan.manifest.epoch,
-                                query_id, upgrade.get("upgrade"))
+                                query_id, upgrade)
     with _staging(target) as dest:
         _write(spark, plan, dest, query_id)
         if is_remote(target):
@@ -403,7 +394,8 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
             "query_id": query_id, "savepoint_query_id": manifest.query_id,
             "mode": mode.value, **plan.describe(), **sink,
             "savepoint": origin or str(plan.savepoint)}
-    done.update(upgrade)
+    if upgrade:
+        done["upgrade"] = upgrade
     jobs.write(RESTORE_MARKER, _json(done))
     append_now(target, {"kind": "restore", "source": restored_from,
                         "path": done["savepoint"], "epoch": epoch, "mode": mode.value,

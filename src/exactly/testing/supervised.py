@@ -46,6 +46,11 @@ class SupervisedRun:
     def status(self) -> JobStatus | None:
         return JobStatus.read(job_store(self.checkpoint))
 
+    def spare_ready(self) -> bool:
+        """Whether job.json shows a warm spare driver, ready to take over."""
+        status = self.status()
+        return bool(status and status.spare and status.spare.get("state") == "ready")
+
     def history(self) -> list[dict[str, Any]]:
         """The restart log, every run's entries (a local checkpoint or one on S3)."""
         return RestartHistory(job_store(self.checkpoint), "").entries(this_run_only=False)
