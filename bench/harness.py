@@ -35,6 +35,20 @@ from typing import Any
 
 import numpy as np
 
+#: where Debian's libpostgresql-jdbc-java puts PostgreSQL's JDBC driver
+JDBC_JARS = ("/usr/share/java/postgresql.jar",)
+#: otherwise Spark resolves it from Maven Central (into its Ivy cache, once)
+JDBC_PACKAGE = "org.postgresql:postgresql:42.7.14"
+
+
+def jdbc_conf(jar: str | None = None) -> dict[str, str]:
+    """The Spark settings that put PostgreSQL's JDBC driver on the class path: ``jar``, or
+    Debian's jar when installed, or the driver from Maven Central (``spark.jars.packages``),
+    so that the JDBC reference variants always run."""
+    jar = jar or next((j for j in JDBC_JARS if os.path.exists(j)), None)
+    return {"spark.jars": jar} if jar else {"spark.jars.packages": JDBC_PACKAGE}
+
+
 MIN_ROWS = 1_000_000
 MIN_WARMUP_ROWS = 100_000
 MIN_REPEAT = 3

@@ -14,7 +14,8 @@ fresh table, in one SparkSession (``local[2]``) against one temporary PostgreSQL
                    with COPY and a marker in one transaction per epoch
 ``upsert``         ``exactly.upsert`` keyed by ``id`` (epoch-guarded INSERT ... ON CONFLICT)
 ``at_least_once``  ``exactly.postgres``, at_least_once
-``spark_jdbc``     Spark's JDBC writer in ``foreachBatch`` (when a PostgreSQL JDBC jar is found)
+``spark_jdbc``     Spark's JDBC writer in ``foreachBatch`` (PostgreSQL's JDBC driver:
+                   ``--jdbc-jar``, Debian's ``/usr/share/java/postgresql.jar``, or Maven Central)
 ``python_noop``    ``foreachBatch`` + ``mapInArrow`` that only counts and sums the ids: the
                    rows moved to Python workers as Arrow, as every Python sink receives them
                    (exactly's sinks run the same way), and nothing written
@@ -61,7 +62,6 @@ from exactly.testing.pgcluster import TempPostgres
 SINKS = ("2pc", "wal", "upsert", "at_least_once", "spark_jdbc", "python_noop", "noop")
 FORMATS = {"2pc": "exactly.postgres", "wal": "exactly.wal", "upsert": "exactly.upsert",
            "at_least_once": "exactly.postgres"}
-JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 DSN_ENV = "EXACTLY_BENCH_DSN"
 DDL = "(id bigint, key text, amount double precision, event_time timestamptz)"
 
@@ -147,13 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-pg-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    jar = args.jdbc_jar or next((j for j in JDBC_JARS if os.path.exists(j)), None)
     sinks = [s for s in args.sinks.split(",") if s]
     if "noop" not in sinks:
         sinks.append("noop")
-    if "spark_jdbc" in sinks and jar is None:
-        print("spark_jdbc skipped: no PostgreSQL JDBC jar (pass --jdbc-jar)", file=sys.stderr)
-        sinks.remove("spark_jdbc")
     variants = [*sinks, "client_copy"]
     note = h.sizes_note(args.rows, args.warmup_rows, args.repeat)
     print(h.machine())
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[h.Run] = []
     with TempPostgres(max_prepared_transactions=10) as pg:
         os.environ[DSN_ENV] = pg.dsn
-        conf = {"spark.jars": jar} if jar else {}
+        conf = h.jdbc_conf(args.jdbc_jar) if "spark_jdbc" in sinks else {}
         spark = spark_session(app_name="exactly-bench-postgres", conf=conf)
         try:
             for sink in sinks:  # warm-up: JVM, Python workers, first connections

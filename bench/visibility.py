@@ -81,7 +81,6 @@ from exactly.config import CheckpointConfig
 from exactly.ops.query import start_query
 from exactly.testing.kafka_broker import broker_or_configured, consume_all, quiet_conf
 
-JDBC_JARS = ("/usr/share/java/postgresql.jar",)
 DSN_ENV = "EXACTLY_BENCH_DSN"
 #: Spark's progress durations printed per variant (median over the measured epochs)
 PHASES = ("triggerExecution", "latestOffset", "queryPlanning", "walCommit", "addBatch",
@@ -549,7 +548,6 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="exactly-bench-vis-"))
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    jar = args.jdbc_jar or next((j for j in JDBC_JARS if os.path.exists(j)), None)
     epochs_expected = args.seconds * 1000 / args.interval_ms
     note = h.tail_note(epochs_expected, "trigger intervals", args.repeat)
     print(h.machine())
@@ -561,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[h.Run]] = {}
     details: list[dict[str, Any]] = []
     failures: list[str] = []  # runs that ended in an exception (left out of the table)
-    conf = {"spark.jars": jar} if jar and "postgres" in names else {}
+    conf = h.jdbc_conf(args.jdbc_jar) if "postgres" in names else {}
     with broker_or_configured(workdir / "broker") as bootstrap, \
             TempPostgres(max_prepared_transactions=10) as pg:
         os.environ[DSN_ENV] = pg.dsn
@@ -573,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                 target = TARGETS[name](ctx)
                 skip = set(args.skip.split(","))
                 variants = [v for v in target.variants
-                            if (v != "spark_jdbc" or jar) and v not in skip]
+                            if v not in skip]
                 if args.warmup_seconds > 0:
                     for kind in variants:
                         r = run(target, kind, args.rate, args.warmup_seconds)

@@ -100,6 +100,22 @@ def atomic_write_json(path: str | os.PathLike[str], value: Any) -> None:
     atomic_write_bytes(path, json.dumps(value, sort_keys=True, indent=1).encode())
 
 
+def replace_json(path: str | os.PathLike[str], value: Any) -> None:
+    """Write ``value`` to ``path`` whole or not at all for readers and across a crash of the
+    writing process (temp file renamed over the target), without making it durable: after
+    a power loss the file may be missing or empty. For records whose durability a later
+    fsync of their directory and data provides, or that recovery can do without."""
+    target = Path(path)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        tmp.write_bytes(json.dumps(value, sort_keys=True, indent=1).encode())
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def read_json(path: str | os.PathLike[str], repair: str | None = None) -> Any | None:
     """The JSON value at ``path``, or ``None`` when the file does not exist.
 

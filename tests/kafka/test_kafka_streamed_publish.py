@@ -132,6 +132,30 @@ def test_a_replayed_epoch_already_published_opens_no_transaction(broker, topic, 
     assert ids(broker, topic, "read_uncommitted") == list(range(10))
 
 
+def test_the_streamed_transaction_holds_the_marker_uncommitted_and_aborts_it_with_the_rows(
+        broker, topic, tmp_path):
+    """The early transaction takes the epoch's marker when it begins (the commit after the
+    intent is then one request). Until that commit the marker is as invisible as the rows:
+    an epoch that ends before its intent aborts both, and the replay publishes it once."""
+    h = harness(broker, topic, tmp_path)
+    h.recover()
+    h.sink.start_early_publish(h.query_id, h.run_id, 0)
+    stream = h.sink._stream
+    assert stream is not None
+    h.tasks(0, [[rows(0, 5)]])
+    streamed(stream, 5)
+    session = h.sink._publisher(h.query_id)
+    assert session.marker_in_txn == 0  # in the open transaction, before any intent
+    assert read_marker(h.sink.options, h.query_id) == 0  # read_committed: not published
+    h.sink.stop_early_publish(0)  # the epoch failed before its intent
+    assert session.marker_in_txn is None and not session.in_transaction
+    assert read_marker(h.sink.options, h.query_id) == 0
+    assert ids(broker, topic) == []
+    h.run_epoch(0, [[rows(0, 5)]])  # Spark replays the epoch
+    assert ids(broker, topic) == list(range(5))
+    assert read_marker(h.sink.options, h.query_id) == 1
+
+
 def test_a_growing_arrow_file_is_read_batch_by_batch_until_its_footer(tmp_path):
     """Every prefix of a staged file yields only whole batches, in order, and the file is
     complete only once its footer is there."""

@@ -70,6 +70,13 @@ def test_explicit_arguments_win_over_the_master_defaults():
     assert session_conf("yarn", shuffle_partitions=64, adaptive=False)[ADAPTIVE] == "false"
 
 
+def test_python_workers_reach_the_jvm_over_unix_domain_sockets_unless_conf_says_no():
+    uds = "spark.python.unix.domain.socket.enabled"
+    assert session_conf("local[2]")[uds] == "true"
+    assert session_conf("spark://spark-master.example:7077")[uds] == "true"
+    assert session_conf("local[2]", conf={uds: "false"})[uds] == "false"
+
+
 def test_conf_overrides_every_other_setting():
     conf = session_conf("local[2]", shuffle_partitions=7,
                         conf={SHUFFLE: "9", UI: "true", "spark.foo": "bar"})

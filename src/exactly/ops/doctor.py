@@ -397,6 +397,8 @@ def _check_staging(report: Report, staging: Path) -> None:
     if not staging.is_dir():
         return
     for task in sorted(staging.glob("*/*/task.json")):
+        if task.stat().st_size == 0:  # not fsynced: a power loss may empty it, and
+            continue  # recovery aborts such an attempt as an unknown one (protocol.staging)
         try:
             read_json(task, repair=task_repair(task.parent))
         except CorruptFileError as exc:

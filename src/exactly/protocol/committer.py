@@ -205,7 +205,7 @@ class Committer:
         self._sweep_own_leftovers(query_id, run_id, epoch)
         steps.lap("sweep")
         log_event(logger, "epoch_steps", logging.DEBUG, sink=self.sink.name, epoch=epoch,
-                  steps_ms=steps.ms)
+                  query_id=query_id, steps_ms=steps.ms)
 
     def _check_replay(self, epoch: int, recorded: dict | None, current: dict | None,
                       handles: Sequence[Handle], record_path) -> None:

@@ -5,6 +5,13 @@ file. ``task.json`` is written when the transaction begins, so even an attempt t
 mid-write can be listed (and aborted) by recovery. Handle payloads name the attempt
 directory relative to ``root``, so the sink can find it from the driver.
 
+``task.json`` is written whole or not at all (renamed into place) but not fsynced: nothing
+but the listing of attempts to abort reads it (a handle carries its task itself), and a
+listing treats an attempt whose ``task.json`` is missing or empty -- the attempt died before
+writing it, or a power loss took its content -- as an unknown attempt of the query, which
+recovery aborts after it finished every intent. The pre-commit makes the data file and the
+directory's entries durable.
+
 Two kinds of area offer the same :class:`Stage` interface: :class:`StagingArea`, a local or
 shared POSIX directory (files fsynced, directory entries made durable), and
 :class:`~exactly.protocol.object_staging.ObjectStagingArea`, a prefix on object storage
@@ -27,12 +34,11 @@ import pyarrow.fs as pafs
 
 from exactly.errors import CorruptFileError
 from exactly.fsutil import (
-    atomic_write_json,
     fsync_dir,
     fsync_file,
     naming,
     parse_json,
-    read_json,
+    replace_json,
     require_fields,
 )
 from exactly.protocol.contract import Handle, Payload, TaskInfo, TwoPhaseCommitSink
@@ -205,7 +211,7 @@ class StagingArea(Stage):
         """Begin a transaction whose rows go to this area's data file."""
         directory = self.epoch_dir(task.epoch) / task.attempt_key
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / TASK_FILE, task_record(task))
+        replace_json(directory / TASK_FILE, task_record(task))
         return StagedTxn(task, str(directory), str(directory / self.data_name))
 
     def open_output(self, txn: StagedTxn) -> pa.NativeFile:
@@ -273,8 +279,7 @@ class StagingArea(Stage):
                 if attempt.name.startswith("_") or not attempt.is_dir():
                     continue
                 path = attempt / TASK_FILE
-                task = checked_task(read_json(path, repair=_repair(attempt)), str(path),
-                                    str(attempt))
+                task = parse_task(_task_bytes(path), str(path), str(attempt))
                 info = task_info(task, query_id, int(epoch_dir.name))
                 if info.query_id != query_id:
                     continue
@@ -283,6 +288,15 @@ class StagingArea(Stage):
                     0, str(attempt.relative_to(self.root)),
                     self.data_name if has_file else None)))
         return found
+
+
+def _task_bytes(path: Path) -> bytes | None:
+    """``task.json``'s bytes; None when it is missing or empty (see the module doc)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return data or None
 
 
 #: local files are read back through a memory map

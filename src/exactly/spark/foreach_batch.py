@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
 from exactly.config import Mode
 from exactly.errors import ExactlyError
@@ -39,12 +40,16 @@ from exactly.protocol.committer import Committer
 from exactly.protocol.contract import Handle, SinkSettings, TaskInfo, TwoPhaseCommitSink
 from exactly.protocol.faults import FaultSpec, SimulatedCrash
 from exactly.protocol.task import slowest, write_task
+from exactly.spark.gc_freeze import freeze_once
 
 logger = logging.getLogger("exactly.foreach_batch")
 
 
 #: what each task of ``mapInArrow`` returns: its handle (JSON) and its pre-commit time
 _HANDLE_ROWS = pa.schema([("handle", pa.string()), ("pre_commit_ms", pa.float64())])
+#: the same as Spark's type, built once: a DDL string is parsed in the JVM at every epoch
+_HANDLE_TYPE = StructType([StructField("handle", StringType()),
+                           StructField("pre_commit_ms", DoubleType())])
 
 
 def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | None,
@@ -155,6 +160,7 @@ class TwoPhaseForeachBatch:
             # the lease heartbeat this object's committer starts
             watch_run_ends(SparkSession.builder.getOrCreate())
             self._watching = True
+        freeze_once()  # full collections of the driver's loaded modules out of the epochs
         if self.prepare and not self._prepared:
             from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -176,12 +182,13 @@ class TwoPhaseForeachBatch:
         if self.settings.mode is Mode.EXACTLY_ONCE:  # overlap the publish with the tasks
             self.sink.start_early_publish(query_id, run_id, epoch)
         try:
-            rows = batch_df.mapInArrow(writer, "handle string, pre_commit_ms double").collect()
-            handles = [Handle.from_json(json.loads(r["handle"]), self.sink.payload_type)
-                       for r in rows]
+            # as Arrow: the handles reach Python without a row of Python objects each
+            rows = batch_df.mapInArrow(writer, _HANDLE_TYPE).toArrow()
+            handles = [Handle.from_json(json.loads(text), self.sink.payload_type)
+                       for text in rows.column("handle").to_pylist()]
             try:
-                committer.commit_epoch(epoch, handles,
-                                       pre_commit_ms=slowest(r["pre_commit_ms"] for r in rows))
+                committer.commit_epoch(epoch, handles, pre_commit_ms=slowest(
+                    rows.column("pre_commit_ms").to_pylist()))
             except SimulatedCrash:
                 raise
             except BaseException:

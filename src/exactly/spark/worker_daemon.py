@@ -32,6 +32,7 @@ from __future__ import annotations
 import gc
 import sys
 
+from exactly.spark import worker_stderr
 from exactly.spark.pyspark_path import prefer_installed_pyspark
 from exactly.switches import switched_on
 
@@ -69,6 +70,7 @@ def prepare() -> None:
     ``gc.freeze()`` moves what the daemon loaded out of the collector's reach (it lives as
     long as the process anyway); the workers collect only what they allocate."""
     sys.path[:] = prefer_installed_pyspark(sys.path)
+    worker_stderr.install()  # no traceback for a worker whose connection the JVM closed
     preload()
     gc.freeze()
 

@@ -33,6 +33,7 @@ import pyspark
 from exactly.procs import ProcessesSurvived, ProcessInfo, processes_with_env
 from exactly.spark import worker_daemon
 from exactly.spark.pyspark_path import SITE_DIR
+from exactly.spark.session import PYTHON_WORKER_SOCKETS
 from exactly.testing.ports import free_port
 
 SPARK_HOME = Path(pyspark.__file__).parent
@@ -91,7 +92,7 @@ class ConnectServer:
                     "spark.connect.grpc.binding.port": str(self.port),
                     "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                     "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
-                    "spark.python.daemon.module": worker_daemon.MODULE,
+                    **PYTHON_WORKER_SOCKETS, "spark.python.daemon.module": worker_daemon.MODULE,
                     "spark.sql.shuffle.partitions": "2", "spark.sql.adaptive.enabled": "false",
                     **self.conf}
         argv = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", SERVER_CLASS,

@@ -38,9 +38,14 @@ a request timed out, a connection failed) and its error callback, and before the
 replaces a producer that saw either: the new producer's ``init_transactions`` bumps the
 epoch, which fences every request the old one may still have on the way.
 
+A transaction begun while the epoch's tasks still run (:meth:`PublishSession.begin_streamed`)
+takes the epoch marker first, so the commit after the intent is one request
+(``commit_transaction``) instead of three: the marker is as uncommitted as the rows until
+then, and aborted with them.
+
 Crash point ``kafka.in_transaction`` (:data:`IN_TRANSACTION`): inside a publish, after the
 epoch's records were produced into the open transaction and flushed to the broker's log,
-before the marker and the commit.
+before the commit (and before the marker, unless the transaction was begun early).
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ client_logger = logging.getLogger("exactly.connectors.kafka.librdkafka")
 IN_TRANSACTION = register_point(
     "kafka.in_transaction", on_driver=True,
     description="the epoch's records produced into the open Kafka transaction and "
-                "flushed, before the epoch marker and the commit")
+                "flushed, before the commit")
 
 #: how much longer than ``callTimeoutMs`` a transactional call may take before its producer
 #: is abandoned (librdkafka's own timeout fires first when it works)
@@ -301,6 +306,8 @@ class PublishSession:
         self._group_metadata: bytes | None = None
         #: the epoch marker as this producer's own last commit set it (None: read it)
         self._marker: int | None = None
+        #: the epoch whose marker the open transaction already holds (None: none)
+        self.marker_in_txn: int | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -426,6 +433,8 @@ class PublishSession:
             self.abort_open()
         self.producer.begin_transaction()
         self.in_transaction = True
+        # the marker now, while the tasks run: the commit is then one request
+        self._send_marker(epoch)
         return self.producer
 
     def abort_open(self) -> None:
@@ -433,6 +442,7 @@ class PublishSession:
         too long). The caller holds :attr:`busy`."""
         self._txn_call(self.producer.abort_transaction, what="abort_transaction")
         self.in_transaction = False
+        self.marker_in_txn = None
 
     def publish(self, epoch: int, files: list[StagedFile],
                 streamed: tuple[Any, int] | None = None) -> None:
@@ -502,6 +512,7 @@ class PublishSession:
         producer = self.producer
         producer.begin_transaction()
         self.in_transaction = True
+        self.marker_in_txn = None
         rows = 0
         for table in tables:
             for batch in table.to_batches():
@@ -511,23 +522,31 @@ class PublishSession:
 
     def _commit_epoch(self, epoch: int, rows: int, attempt: int, started: float, *,
                       streamed: bool) -> None:
-        """The epoch's rows are in the open transaction: add the marker and commit."""
-        from confluent_kafka import TopicPartition
-
+        """The epoch's rows are in the open transaction: add the marker (unless the
+        transaction holds it already) and commit."""
         producer = self.producer
         # the records reach the broker's log, uncommitted, before the crash
         maybe_crash(self.options.fault, IN_TRANSACTION, epoch,
                     before=lambda: producer.flush(30))
-        marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
-                                metadata=json.dumps({"epoch": epoch, "rows": rows}))
-        self._txn_call(producer.send_offsets_to_transaction, [marker], self._marker_group(),
-                       what="send epoch marker")
+        if self.marker_in_txn != epoch:
+            self._send_marker(epoch)
         self._txn_call(producer.commit_transaction, what="commit_transaction")
         self.in_transaction = False
+        self.marker_in_txn = None
         self._marker = epoch + 1
         log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
                   streamed=streamed,
                   publish_ms=round((time.perf_counter() - started) * 1000, 1))
+
+    def _send_marker(self, epoch: int) -> None:
+        """Put epoch ``epoch``'s marker (``epoch + 1``) into the open transaction."""
+        from confluent_kafka import TopicPartition
+
+        marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
+                                metadata=json.dumps({"epoch": epoch}))
+        self._txn_call(self.producer.send_offsets_to_transaction, [marker],
+                       self._marker_group(), what="send epoch marker")
+        self.marker_in_txn = epoch
 
     def _txn_call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
         """One transactional call of the producer, bounded by ``callTimeoutMs`` even when
@@ -568,6 +587,7 @@ class PublishSession:
         (closing it while librdkafka still runs its call can block for good)."""
         producer, self.producer = self.producer, None
         self.in_transaction = False
+        self.marker_in_txn = None
         if producer is not None:
             _abandoned.append(producer)
         log_event(logger, "producer_abandoned", logging.WARNING, call=what,
@@ -597,6 +617,7 @@ class PublishSession:
         self.producer = None
         self.suspect = None
         self._marker = None
+        self.marker_in_txn = None
         if producer is not None and self.in_transaction:
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)

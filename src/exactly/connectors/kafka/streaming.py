@@ -9,7 +9,8 @@ tasks; an :class:`EpochStream` thread then
 
 1. unless the epoch marker says the epoch is already published, begins the epoch's Kafka
    transaction on the run's producer (the suspect-producer rule applies as for a publish:
-   a producer that timed out a request or lost a connection is replaced first);
+   a producer that timed out a request or lost a connection is replaced first) and puts the
+   epoch's marker into it, so that the commit after the intent is a single request;
 2. polls the epoch's staging directory for this run's task attempts and produces every
    complete Arrow record batch of their staged files into the open transaction as soon as
    it is written (:class:`StagedTail`: on a local or shared directory a file is read while
@@ -173,9 +174,9 @@ class EpochStream:
     #: why the stream stopped early (the publish then goes the full way)
     error: BaseException | None = None
     already_published: bool = False
-    #: when the first record went into the early transaction (``time.monotonic()``; 0:
-    #: none yet). ``begin_transaction`` is local to librdkafka: the broker's transaction,
-    #: and its timeout, start with the first record's partition being added to it
+    #: when the early transaction took the epoch marker (``time.monotonic()``; 0: not
+    #: begun). ``begin_transaction`` is local to librdkafka: the broker's transaction, and
+    #: its timeout, start with the first partition added to it, the marker's
     began: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -194,6 +195,7 @@ class EpochStream:
                 if self.producer is None:
                     self.already_published = True
                     return
+                self.began = time.monotonic()
                 crashed_once = False
                 while True:
                     stopping = self._stop.is_set()
@@ -248,8 +250,6 @@ class EpochStream:
 
         rows = 0
         for batch in attempt.tail.read_new():
-            if not self.began:
-                self.began = time.monotonic()
             produce_batch(self.producer, batch, self.options.topic)
             attempt.produced_rows += batch.num_rows
             rows += batch.num_rows

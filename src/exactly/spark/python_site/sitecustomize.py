@@ -4,7 +4,9 @@
 processes (``spark.executorEnv.PYTHONPATH``); this moves Spark's PySpark zip behind the
 installed package, whose bytecode is cached (:mod:`exactly.spark.pyspark_path`), then runs
 the installation's own ``sitecustomize`` (the next one on the path), if any, as it would
-have run without this one. Where exactly cannot be imported, the path is left as it is.
+have run without this one. It also drops PySpark's report of a flush to a worker connection
+the JVM already closed (:mod:`exactly.spark.worker_stderr`). Where exactly cannot be
+imported, both are left out.
 """
 
 import importlib.machinery
@@ -21,6 +23,14 @@ def _prefer_installed_pyspark() -> None:
     sys.path[:] = prefer_installed_pyspark(sys.path)
 
 
+def _quiet_closed_worker_pipes() -> None:
+    try:
+        from exactly.spark.worker_stderr import install
+    except Exception:
+        return
+    install()
+
+
 def _run_next_sitecustomize() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
@@ -33,4 +43,5 @@ def _run_next_sitecustomize() -> None:
 
 
 _prefer_installed_pyspark()
+_quiet_closed_worker_pipes()
 _run_next_sitecustomize()
