@@ -55,6 +55,7 @@ import contextlib
 import glob
 import json
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -364,8 +365,6 @@ def main(argv: list[str] | None = None) -> int:
     queries: dict[tuple[str, str], str] = {}
     with broker_or_configured(workdir / "broker") as bootstrap, \
             TempPostgres(max_prepared_transactions=10) as pg:
-        import os
-
         os.environ[vis.DSN_ENV] = pg.dsn
         spark = spark_session(app_name="exactly-bench-trace", kafka=True, conf=conf)
         ctx = vis.Context(spark, bootstrap, pg, workdir, args.interval_ms, 0.01)

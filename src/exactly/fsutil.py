@@ -49,15 +49,17 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _durable_temp(target: Path, data: bytes) -> Path:
-    """A temp file beside ``target`` holding ``data``, fsynced; errors name the target."""
+def _durable_temp(target: Path, data: bytes, durable: bool = True) -> Path:
+    """A temp file beside ``target`` holding ``data``, fsynced unless ``durable`` is False;
+    errors name the target."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     except OSError as exc:  # ENOSPC at flush names no file: name the target
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -106,14 +108,8 @@ def replace_json(path: str | os.PathLike[str], value: Any) -> None:
     a power loss the file may be missing or empty. For records whose durability a later
     fsync of their directory and data provides, or that recovery can do without."""
     target = Path(path)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        tmp.write_bytes(json.dumps(value, sort_keys=True, indent=1).encode())
-        os.replace(tmp, target)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    data = json.dumps(value, sort_keys=True, indent=1).encode()
+    os.replace(_durable_temp(target, data, durable=False), target)
 
 
 def read_json(path: str | os.PathLike[str], repair: str | None = None) -> Any | None:

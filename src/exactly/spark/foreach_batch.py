@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
 from exactly.config import Mode
@@ -45,11 +46,11 @@ from exactly.spark.gc_freeze import freeze_once
 logger = logging.getLogger("exactly.foreach_batch")
 
 
-#: what each task of ``mapInArrow`` returns: its handle (JSON) and its pre-commit time
-_HANDLE_ROWS = pa.schema([("handle", pa.string()), ("pre_commit_ms", pa.float64())])
-#: the same as Spark's type, built once: a DDL string is parsed in the JVM at every epoch
+#: what each task of ``mapInArrow`` returns: its handle (JSON) and its pre-commit time, as
+#: Spark's type built once (a DDL string is parsed in the JVM at every epoch) and as Arrow's
 _HANDLE_TYPE = StructType([StructField("handle", StringType()),
                            StructField("pre_commit_ms", DoubleType())])
+_HANDLE_ROWS = to_arrow_schema(_HANDLE_TYPE)
 
 
 def _partition_writer(sink: TwoPhaseCommitSink, mode: Mode, fault: FaultSpec | None,
@@ -162,8 +163,6 @@ class TwoPhaseForeachBatch:
             self._watching = True
         freeze_once()  # full collections of the driver's loaded modules out of the epochs
         if self.prepare and not self._prepared:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
             # no RDDs on Connect: the sink's checks of the task count are skipped there
             partitions = None if is_connect(batch_df) else batch_df.rdd.getNumPartitions()
             self.sink.prepare_target(to_arrow_schema(batch_df.schema, timezone="UTC"),
