@@ -136,6 +136,29 @@ if path is not None and not path.is_file():
     build()
 "')
 fi
+# the engine-upgrade test's older PySpark (tests/savepoints/test_engine_upgrade.py): a venv
+# of its own with exactly's runtime dependencies (exactly itself from src/ on PYTHONPATH:
+# its pin is the current PySpark); the stamp names the version, so a rerun skips it
+OLD_PYSPARK=4.2.1
+old_spark_env() {
+  local venv=.venv-spark-old stamp=.venv-spark-old/.exactly-installed
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "pyspark==$OLD_PYSPARK" ] && return 0
+  log "creating $venv with PySpark $OLD_PYSPARK (the engine-upgrade test)"
+  rm -rf "$venv" && "$PYTHON" -m venv "$venv"
+  local deps=("pyspark==$OLD_PYSPARK" "pyarrow>=15" "pandas>=2.2,<3" "numpy>=1.26"
+    "click>=8.1" "rich>=13" "protobuf>=4.25" "grpcio>=1.60" "psutil>=5.9" "tenacity>=8.3"
+    "boto3>=1.36" "duckdb>=1.1" "psycopg[binary]>=3.1" "starlette>=0.37" "uvicorn>=0.30"
+    "prometheus-client>=0.20" "deltalake>=1.6" "confluent-kafka>=2.3")
+  if [ -x .venv/bin/uv ]; then
+    .venv/bin/uv pip install -q --compile-bytecode --python "$venv/bin/python" "${deps[@]}"
+  else
+    "$venv/bin/pip" install -q "${deps[@]}"
+  fi
+  echo "pyspark==$OLD_PYSPARK" > "$stamp"
+}
+export -f old_spark_env
+export OLD_PYSPARK
+[ $tests -eq 1 ] && steps+=("PySpark $OLD_PYSPARK (.venv-spark-old)" old_spark_env)
 [ $postgres -eq 1 ] && steps+=("PostgreSQL" "bash scripts/install-postgres.sh")
 [ $kafka -eq 1 ] && steps+=("the Kafka broker's jars" "bash scripts/install-kafka.sh")
 [ $s3 -eq 1 ] && steps+=("S3Proxy's jars" "bash scripts/install-objectstore.sh")

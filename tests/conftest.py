@@ -77,7 +77,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 #: the longest test files (over a minute of the default lane each), longest first: started
 #: first so that two pytest workers end together (a long file started last would leave one
 #: worker alone at the end)
-LONGEST_FIRST = ("connect/test_chaos_on_connect.py", "install/test_wheel_install.py",
+LONGEST_FIRST = ("ops/test_spare_driver.py", "connect/test_chaos_on_connect.py",
+                 "install/test_wheel_install.py", "ops/test_upgrade.py",
                  "ops/test_launcher_where_it_runs.py", "ops/test_ha_failover.py",
                  "chaos/test_nemesis.py", "ops/test_run_remote.py",
                  "contract/test_commit_protocol.py", "chaos/test_cluster_lane.py",

@@ -518,9 +518,18 @@ def restore_offsets(checkpoint: str, sink_log: str | None, sink_path: str | None
               help="How long a stop waits for the epoch in flight before cancelling it.")
 @click.option("-s", "--from-savepoint", "savepoint", default=None, type=PLACE,
               help="Restore this savepoint, or the last completed epoch of this retained "
-                   "checkpoint, into the new checkpoint first.")
+                   "checkpoint (CHECKPOINT@N: its retained epoch N, listed by `exactly "
+                   "checkpoints`), into the new checkpoint first.")
 @click.option("--allow-non-restored-state", is_flag=True,
               help="Drop the savepoint's state of operators the job no longer has.")
+@click.option("--state-backend", type=click.Choice(["rocksdb", "hashmap"]), default=None,
+              help="The state backend, over the job's CheckpointConfig: with -s the restore "
+                   "rewrites the state into it; a checkpoint that holds the other one is "
+                   "refused [default: the job's, else the checkpoint's, else rocksdb].")
+@click.option("--savepoint-dir", default=None, type=PLACE, metavar="PATH",
+              help="Where savepoints go when none is named (`exactly savepoint`, `stop "
+                   "--savepoint`, `upgrade`), over the job's CheckpointConfig(savepoint_dir) "
+                   "[default: <CHECKPOINT>.savepoints].")
 @click.option("--restore-mode", type=click.Choice(["no_claim", "claim"]), default="no_claim",
               help="no_claim: never change or depend on the savepoint; claim: the job takes "
                    "it over (deleted once the restore completed).")
@@ -569,6 +578,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
         strategy_options: tuple[str, ...], master: str | None, remote: str | None,
         spark_ui: bool, shuffle_partitions: int | None, spark_conf: tuple[str, ...],
         stop_timeout: str, savepoint: str | None, allow_non_restored_state: bool,
+        state_backend: str | None, savepoint_dir: str | None,
         restore_mode: str, parallelism: int | None, sink_rollback: str, spare_driver: str,
         ha: bool,
         host_id: str | None, ha_lease_duration: str, ha_renew_interval: str,
@@ -594,7 +604,7 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     from exactly.checkpoint.store import is_remote
     from exactly.config import parse_duration
     from exactly.ops.driver import DriverSpec, refuse_on_connect
-    from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint
+    from exactly.ops.job_savepoints import RestoreRequest, is_checkpoint, retained_epoch
     from exactly.ops.restart import parse_option_pairs
     from exactly.savepoints.manifest import read_manifest
     from exactly.savepoints.restore import RestoreMode
@@ -606,7 +616,11 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
     remote = remote_url(remote)  # --remote, else SPARK_REMOTE; an URL not sc:// fails here
     restore = None
     if savepoint is not None:
-        if not is_checkpoint(savepoint):
+        place, epoch = retained_epoch(savepoint)
+        if not is_checkpoint(place):
+            if epoch is not None:
+                raise click.UsageError(f"-s {savepoint}: @{epoch} names an epoch of a "
+                                       f"retained checkpoint, and {place} is not one")
             # a damaged or incomplete one fails before Spark starts (one on S3 by its sizes
             # here: the driver downloads it and checks every file's SHA-256 before a write)
             read_manifest(savepoint, checksums=not is_remote(savepoint))
@@ -628,7 +642,8 @@ def run(job_file: str, checkpoint_dir: str | None, strategy: str | None,
                       stop_timeout_s=parse_duration(stop_timeout, name="--stop-timeout"),
                       restore=restore, fault_schedule=_fault_schedule(fault, fault_marker,
                                                                       fault_action),
-                      remote=remote, spare_driver=spare_driver)
+                      remote=remote, spare_driver=spare_driver,
+                      checkpoint_settings=_checkpoint_settings(state_backend, savepoint_dir))
     refuse_on_connect(spec, ha=ha)  # before anything starts
     endpoint = None
     if metrics_port is not None:
@@ -686,6 +701,13 @@ def _run(spec: Any, ha: bool, host_id: str | None, ha_lease_duration: str,
     sys.exit(launch_ha(spec, settings))
 
 
+def _checkpoint_settings(state_backend: str | None,
+                         savepoint_dir: str | None) -> dict[str, str]:
+    """The CheckpointConfig settings ``exactly run`` gives over the job's own."""
+    given = {"state_backend": state_backend, "savepoint_dir": savepoint_dir}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _strategy_name(value: str | None) -> str | None:
     """A restart strategy's name as Flink spells it (any of its spellings, any case)."""
     from exactly.ops.restart import STRATEGY_NAMES
@@ -709,12 +731,16 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @main.command(context_settings={"show_default": True})
 @click.argument("checkpoint", required=False, type=CHECKPOINT)
 @click.option("--drain", is_flag=True,
-              help="First process all input available now (a bounded end), then stop.")
+              help="First process all input available now (a bounded end), then run one "
+                   "final epoch with the event-time watermark at the end of time (every "
+                   "window and event-time timer fires and is committed), then stop "
+                   "(Flink's stop --drain).")
 @click.option("--timeout", "wait", default="15min", help="How long to wait for the answer.")
 @click.option("--savepoint", "savepoint_target", is_flag=False, flag_value="", default=None,
               metavar="[TARGET]",
-              help="Take a savepoint after the stop (into TARGET, default "
-                   "<CHECKPOINT>.savepoints): Flink's stop-with-savepoint. "
+              help="Take a savepoint after the stop (into TARGET, default the job's "
+                   "savepoint directory, else <CHECKPOINT>.savepoints): Flink's "
+                   "stop-with-savepoint. "
                    "`stop --savepoint CHECKPOINT` takes it into the default target.")
 @click.option("--savepoint-path", "-p", "savepoint_path", default=None, metavar="TARGET",
               help="Take a savepoint after the stop into TARGET (Flink's --savepointPath).")
@@ -791,6 +817,43 @@ def upgrade(checkpoint: str, job_file: str, parallelism: int | None,
     _control(checkpoint, "upgrade", wait, **request.params())
 
 
+@main.command("checkpoint", context_settings={"show_default": True})
+@click.argument("checkpoint", type=CHECKPOINT)
+@click.option("--timeout", "wait", default="5min", help="How long to wait for the answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as one JSON object.")
+@reports_failure("checkpoint")
+def checkpoint_now(checkpoint: str, wait: str, as_json: bool) -> None:
+    """Trigger a checkpoint of the job running on CHECKPOINT now (Flink's `flink
+    checkpoint`); prints the epoch's number once it committed.
+
+    The answer is the first epoch that starts after the request and commits (an epoch in
+    flight does not count); the min pause is waived for it, Spark's trigger still starts it
+    (at most one trigger interval). With no new input Spark runs no epoch: the answer is
+    then the last committed epoch, marked nothing-new. Exit code 0 when answered, non-zero
+    when no job runs on CHECKPOINT, the job ends first or --timeout passes.
+    """
+    from exactly.checkpoint.control import ControlChannel
+    from exactly.config import parse_duration
+
+    channel = ControlChannel(checkpoint)
+    request = channel.send("checkpoint")
+    answer = channel.wait_answer(request, parse_duration(wait, name="--timeout"))
+    if answer is None:
+        raise TimeoutError(f"no manual checkpoint of the job on {checkpoint} committed "
+                           f"within {wait}; the request stays queued (its epoch is still "
+                           "recorded as manual when it commits); give a longer --timeout")
+    if as_json:
+        click.echo(json.dumps({k: answer.get(k) for k in
+                               ("status", "epoch", "nothing_new", "detail", "id")}))
+    elif answer.get("status") == "done":
+        click.echo(str(answer.get("epoch")) if not answer.get("nothing_new")
+                   else f"{answer.get('epoch')} ({answer.get('detail')})")
+    else:
+        click.echo(f"checkpoint: {answer.get('status')}: {answer.get('detail')}")
+    if answer.get("status") != "done":
+        sys.exit(FAILED)
+
+
 @main.command(context_settings={"show_default": True})
 @click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--timeout", "wait", default="5min", help="How long to wait for the answer.")
@@ -825,10 +888,12 @@ def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None
         _follow_records(checkpoint, terminal.follow_interval(loaded.overview))
         return
     if as_json:
-        click.echo(json.dumps(loaded.overview.to_json()))
+        click.echo(json.dumps({**loaded.overview.to_json(),
+                               "restorable_epochs": _restorable(checkpoint)}))
         return
     if not follow:
         console.print(terminal.render(loaded.overview, rows=rows))
+        _print_restorable(console, checkpoint)
         return
     from rich.live import Live
 
@@ -838,6 +903,27 @@ def checkpoints(checkpoint: str, as_json: bool, follow: bool, rows: int) -> None
             time.sleep(terminal.follow_interval(loaded.overview))
             loaded = overview.load(checkpoint)
             live.update(terminal.render(loaded.overview, rows=rows))
+
+
+def _restorable(checkpoint: str) -> list[int]:
+    """The epochs ``exactly run -s CHECKPOINT@N`` can restore: none for a checkpoint that
+    holds no query yet, or whose files cannot be read (the overview names the damage)."""
+    from exactly.errors import ExactlyError
+    from exactly.savepoints.take import restorable_epochs
+
+    try:
+        return restorable_epochs(checkpoint)
+    except (FileNotFoundError, ExactlyError):
+        return []
+
+
+def _print_restorable(console: Any, checkpoint: str) -> None:
+    from exactly.savepoints.take import spans
+
+    epochs = _restorable(checkpoint)
+    console.print(f"restorable epochs: {spans(epochs)}"
+                  + (f" (exactly run JOB --checkpoint NEW -s {checkpoint}@N)" if epochs
+                     else ""))
 
 
 @main.command(context_settings={"show_default": True})
@@ -895,7 +981,9 @@ def _follow_records(checkpoint: str, interval: float) -> None:
 def savepoint(paths: tuple[str, ...], dispose_path: str | None, inspect_path: str | None,
               as_json: bool, wait: str) -> None:
     """Take a savepoint of the job running on CHECKPOINT (it keeps running) into TARGET
-    [default: <CHECKPOINT>.savepoints]; or --inspect / --dispose one."""
+    [default: the job's savepoint directory (`exactly run --savepoint-dir`,
+    CheckpointConfig(savepoint_dir)), else <CHECKPOINT>.savepoints]; or --inspect /
+    --dispose one."""
     from exactly.savepoints.manifest import dispose
 
     if sum(x is not None for x in (dispose_path, inspect_path)) + bool(paths) != 1:

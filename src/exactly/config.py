@@ -168,6 +168,12 @@ class CheckpointConfig:
     checkpoints_after_tasks_finish:
         A final checkpoint when bounded input ends. Spark always commits the last epoch of
         a bounded (``availableNow``) run, so only ``True`` is accepted.
+    savepoint_dir:
+        Where savepoints go when none is named (Flink's
+        ``execution.checkpointing.savepoint-dir``): ``exactly savepoint CHECKPOINT``,
+        ``exactly stop --savepoint``, ``exactly upgrade``. A local directory or
+        ``s3://bucket/prefix``; ``None`` (the default): ``<storage>.savepoints`` beside the
+        checkpoint. ``exactly run --savepoint-dir`` overrides it.
     history:
         Record every epoch, failure, restart, savepoint and restore in the checkpoint's
         history (``<storage>/exactly-job/history``, bounded): what ``exactly checkpoints``
@@ -196,6 +202,7 @@ class CheckpointConfig:
     checkpoints_after_tasks_finish: bool
     target_epoch_duration: str | float | None
     history: bool
+    savepoint_dir: str | None
     interval_seconds: float = field(init=False, repr=False)
     timeout_seconds: float | None = field(init=False, repr=False)
     min_pause_seconds: float = field(init=False, repr=False)
@@ -216,7 +223,8 @@ class CheckpointConfig:
                  incremental: bool | None = None,
                  checkpoints_after_tasks_finish: bool = True,
                  target_epoch_duration: str | float | None = None,
-                 history: bool = True) -> None:
+                 history: bool = True,
+                 savepoint_dir: str | None = None) -> None:
         # strings are accepted on the way in; the attributes are always the enum members
         set_ = object.__setattr__
         set_(self, "interval", interval)
@@ -240,6 +248,11 @@ class CheckpointConfig:
         if not isinstance(history, bool):
             raise ConfigError(f"history: give True or False, got {history!r}")
         set_(self, "history", history)
+        if savepoint_dir is not None and (not isinstance(savepoint_dir, str)
+                                          or not savepoint_dir.strip()):
+            raise ConfigError("savepoint_dir: give a directory path or s3://bucket/prefix, "
+                              f"or None for <storage>.savepoints (got {savepoint_dir!r})")
+        set_(self, "savepoint_dir", savepoint_dir)
         set_(self, "interval_seconds", parse_duration(interval, name="interval"))
         if self.interval_seconds <= 0:
             raise ConfigError("interval: must be greater than 0, e.g. '1s'")
@@ -384,7 +397,9 @@ class CheckpointConfig:
                 f"cannot restore it into {self.state_backend.value}. Keep "
                 f"state_backend='{pinned.value}' (or None, which follows the checkpoint), "
                 "restore a savepoint into a new checkpoint with the other backend "
-                "(docs/savepoints.md), or start from a new checkpoint."
+                f"(`exactly run JOB --checkpoint NEW -s SAVEPOINT --state-backend "
+                f"{self.state_backend.value}`, docs/savepoints.md), or start from a new "
+                "checkpoint."
             )
         if pinned is StateBackend.HASHMAP and self.incremental:
             raise ConfigError(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from psycopg import sql
 
 from exactly.connectors.datagen import generate
 
@@ -104,6 +105,13 @@ def expected_totals(rows: int) -> pd.DataFrame:
     """Per key: count and sum of amount over ids 0..rows-1, computed in one batch."""
     table = generate(0, rows, KEYS, 0).to_pandas()
     return table.groupby("key").agg(n=("id", "size"), total=("amount", "sum")).sort_index()
+
+
+def table_totals(conn, table: str) -> pd.DataFrame:
+    """The aggregation job's PostgreSQL table: key, n, total per row."""
+    rows = conn.execute(sql.SQL("SELECT key, n, total FROM {}").format(
+        sql.Identifier(table))).fetchall()
+    return pd.DataFrame(rows, columns=["key", "n", "total"])
 
 
 def assert_totals(found: pd.DataFrame, rows: int) -> None:

@@ -21,8 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from psycopg import sql
-from savepoint_jobs import KEYS, StatefulJob, expected_totals
+from savepoint_jobs import KEYS, StatefulJob, expected_totals, table_totals
 
 from exactly.audit import audit_ids, data_files, file_ids
 from exactly.cli import main
@@ -52,12 +51,6 @@ RESTORES: dict[str, dict[int, tuple[str, int | None]]] = {
                           3: ("hashmap", 3)},
 }
 SLOW = pytest.mark.slow
-
-
-def table_totals(conn, table: str) -> pd.DataFrame:
-    rows = conn.execute(sql.SQL("SELECT key, n, total FROM {}").format(
-        sql.Identifier(table))).fetchall()
-    return pd.DataFrame(rows, columns=["key", "n", "total"])
 
 
 def assert_totals_of(found: pd.DataFrame, rows: int) -> None:

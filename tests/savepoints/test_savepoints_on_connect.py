@@ -18,10 +18,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from psycopg import sql
-from savepoint_jobs import StatefulJob, assert_totals
+from savepoint_jobs import StatefulJob, assert_totals, table_totals
 
 from exactly.savepoints.manifest import read_manifest
 from exactly.savepoints.operators import explained_operators
@@ -30,12 +28,6 @@ pytestmark = pytest.mark.server
 
 CLIENT = Path(__file__).parent / "connect_client.py"
 STEP = 1000
-
-
-def table_totals(conn, table: str) -> pd.DataFrame:
-    rows = conn.execute(sql.SQL("SELECT key, n, total FROM {}").format(
-        sql.Identifier(table))).fetchall()
-    return pd.DataFrame(rows, columns=["key", "n", "total"])
 
 
 def on_connect(server, request: dict) -> dict:

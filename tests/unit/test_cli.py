@@ -211,3 +211,9 @@ def test_doctor_on_a_checkpoint_whose_query_has_not_started_yet_reports_no_error
     assert code == 0
     assert not [f for f in findings if f["severity"] == "error"]
     assert any("no query has run on it yet" in f["problem"] for f in findings)
+
+
+def test_checkpoint_of_a_checkpoint_without_a_running_job_says_so(tmp_path):
+    result = _run_cli("checkpoint", str(tmp_path / "ck"))
+    assert result.exit_code == 3
+    assert "NoRunningJob: no running job on checkpoint" in result.output

@@ -70,7 +70,8 @@ def test_the_overview_counts_and_summarises_what_the_history_holds(checkpoint):
     view = load(checkpoint).overview
     assert view.job_id == "q" and view.name == "orders" and view.status == "stopped"
     assert view.counts == {"triggered": 5, "in_progress": 0, "completed": 4, "failed": 1,
-                           "restored": 2, "restarts": 0, "savepoints": 1}
+                           "restored": 2, "restarts": 0, "savepoints": 1,
+                           "manual": 0}
     assert [(r.epoch, r.status) for r in view.history] == [
         (3, "completed"), (2, "completed"), (2, "failed"), (1, "completed"), (0, "completed")]
     assert [r.epoch for r in view.history if r.restored] == [2]
@@ -159,3 +160,25 @@ def test_follow_json_prints_every_record_then_the_new_ones(checkpoint):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_an_epoch_of_a_manual_checkpoint_shows_as_manual_in_every_view(checkpoint):
+    """A ``manual_checkpoint`` record (``exactly checkpoint``) marks its epoch ``manual`` in
+    the overview (JSON and REST), the epoch's details and the terminal's table; the other
+    epochs stay ``periodic``."""
+    HistoryStore(history_dir(checkpoint)).append(
+        {"kind": "manual_checkpoint", "at": 106.0, "epoch": 3, "request": "r",
+         "requested_at": 105.5, "trigger": "manual"})
+    loaded = load(checkpoint)
+    triggers = {row.epoch: row.trigger for row in loaded.overview.history
+                if row.status == "completed"}
+    assert triggers[3] == "manual" and {t for e, t in triggers.items() if e != 3} == {"periodic"}
+    assert loaded.overview.to_json()["counts"]["manual"] == 1
+    assert loaded.details(3)["trigger"] == "manual" and loaded.details(1)["trigger"] == "periodic"
+    from rich.console import Console
+
+    from exactly.monitoring.terminal import render
+
+    console = Console(width=200, record=True)
+    console.print(render(loaded.overview, rows=10))
+    assert "(manual)" in console.export_text()

@@ -83,10 +83,23 @@ def test_a_removed_operator_is_refused_unless_its_state_may_be_dropped():
     assert [o.uid for o in result.dropped] == ["dedup"]
 
 
-def test_a_changed_value_schema_is_refused_showing_both():
-    with pytest.raises(SavepointError, match=r"value schema changed from struct<count:bigint> "
-                                             r"\(savepoint\) to struct<count:bigint,max:double>"):
-        plan(savepoint(agg(0)), [job_agg(0, value=VALUE2)])
+def test_a_new_nullable_aggregate_buffer_field_is_carried_by_a_rewrite():
+    result = plan(savepoint(agg(0)), [job_agg(0, value=VALUE2)])
+    assert [m.method for m in result.moves] == [Method.REWRITE]
+
+
+def test_a_removed_or_non_nullable_value_field_is_refused_showing_both():
+    removed = OperatorInfo(0, "stateStoreSave", 2, "counts",
+                           [StoreInfo("default", KEY, VALUE2, 10, 1)], 1)
+    with pytest.raises(SavepointError, match=r"value schema changed from "
+                                             r"struct<count:bigint,max:double> \(savepoint\) "
+                                             r"to struct<count:bigint> \(job\)"):
+        plan(savepoint(removed), [job_agg(0)])
+    strict = VALUE2.replace('"max","type":"double","nullable":true',
+                            '"n","type":"long","nullable":false')
+    with pytest.raises(SavepointError, match=r"to struct<count:bigint,n:bigint> \(job\); the "
+                                             r"new buffer field\(s\) n are non-nullable"):
+        plan(savepoint(agg(0)), [job_agg(0, value=strict)])
 
 
 def test_only_aggregations_and_deduplications_start_empty():

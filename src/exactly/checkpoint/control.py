@@ -37,7 +37,7 @@ from exactly.checkpoint.status import DELETING_DETAIL, ENDED, JobStatus, running
 from exactly.checkpoint.store import is_remote
 from exactly.errors import ConfigError, ExactlyError
 
-ACTIONS = ("stop", "cancel", "savepoint", "upgrade")
+ACTIONS = ("stop", "cancel", "savepoint", "checkpoint", "upgrade")
 #: actions the launcher carries out, not the driver (:mod:`exactly.ops.upgrade`): a driver
 #: neither acts on them nor answers them
 LAUNCHER_ACTIONS = ("upgrade",)
@@ -72,7 +72,8 @@ class Request:
     def needs_driver(self) -> bool:
         """A request only a live driver can carry out: a savepoint (or a stop with one) and
         a drain (the input present now runs through the job before it stops)."""
-        return self.wants_savepoint or (self.action == "stop" and bool(self.params.get("drain")))
+        return self.wants_savepoint or self.action == "checkpoint" or (
+            self.action == "stop" and bool(self.params.get("drain")))
 
 
 def late_answer(request: Request, outcome: str, last_epoch: int | None) -> tuple[str, str]:
@@ -82,6 +83,9 @@ def late_answer(request: Request, outcome: str, last_epoch: int | None) -> tuple
     after = f"after epoch {last_epoch}" if last_epoch is not None else "before its first epoch"
     if request.action in LAUNCHER_ACTIONS:
         return "refused", f"the job {outcome} ({after}) before the {request.action} began"
+    if request.action == "checkpoint":
+        return "refused", (f"the job {outcome} ({after}) before a manual checkpoint could "
+                           "start; nothing new was checkpointed")
     if request.wants_savepoint:
         return "refused", (f"the job {outcome} ({after}) before it could take the savepoint; "
                            "nothing was written")

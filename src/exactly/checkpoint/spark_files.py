@@ -422,3 +422,51 @@ def restore_offsets(location: str, epoch: int, text: str) -> str:
     store.write(f"offsets/{epoch}", text.encode("utf-8"))
     store.delete(f"offsets/.{epoch}.crc")
     return store.describe(f"offsets/{epoch}")
+
+
+END_OF_TIME_MS = 253402300799999
+"""The event-time watermark of a drained job's final epoch: 9999-12-31T23:59:59.999Z in ms.
+
+Spark multiplies watermark milliseconds by 1000 (microseconds) in comparisons; this value
+stays far from ``Long.MAX_VALUE`` after that conversion, so nothing overflows."""
+
+
+def append_end_of_time_epoch(location: str) -> int | None:
+    """Log one more epoch that reads nothing and carries the watermark at the end of time.
+
+    After a drained run ended with last committed epoch N (query stopped), this writes
+    ``offsets/N+1`` with the source offsets of ``offsets/N`` (start = end: no input) and
+    ``batchWatermarkMs`` = :data:`END_OF_TIME_MS`. The next start replays N+1 as an
+    uncommitted batch (Spark's normal recovery) with that watermark, so every window and
+    every event-time timer still waiting fires, and the sink commits the output as N+1.
+
+    Returns N+1, or ``None`` when there is nothing to do: no committed epoch yet, or the
+    last one already carries the end-of-time watermark. Idempotent: a crash after the write
+    leaves ``offsets/N+1`` uncommitted, and the restarted query replays it with the same
+    watermark. Raises :class:`CorruptCheckpointFileError` if ``offsets/N`` is unreadable,
+    and ``RuntimeError`` if an uncommitted epoch is already logged (the query must have
+    been stopped after a clean commit; restart it to finish that epoch first).
+    """
+    pending = uncommitted_epoch(location)
+    last = last_committed_epoch(location)
+    if pending is not None:
+        entry = read_offsets(location, pending)
+        if entry is not None and entry.metadata.get("batchWatermarkMs") == END_OF_TIME_MS:
+            return pending  # already written before a crash: the replay will commit it
+        raise RuntimeError(
+            f"cannot advance the watermark of {location}: epoch {pending} is logged but not "
+            "committed; restart the job to finish it, then drain again")
+    if last is None:
+        return None
+    entry = read_offsets(location, last)
+    if entry is None:
+        raise CorruptCheckpointFileError(
+            _where(location, f"offsets/{last}"), "is missing for a committed epoch",
+            _repair_hint("offsets/"))
+    if entry.metadata.get("batchWatermarkMs") == END_OF_TIME_MS:
+        return None
+    lines = entry.text.split("\n")
+    metadata = dict(entry.metadata, batchWatermarkMs=END_OF_TIME_MS)
+    lines[1] = json.dumps(metadata, separators=(",", ":"))
+    restore_offsets(location, last + 1, "\n".join(lines))
+    return last + 1

@@ -54,6 +54,9 @@ class EpochRow:
     cause: str | None = None
     failure: str | None = None  # query | checkpoint-timeout | process
     restored: bool = False  # the first epoch after a restore or a restart
+    #: ``periodic`` (Spark's trigger) or ``manual`` (``exactly checkpoint``: the epoch that
+    #: answered it, from its ``manual_checkpoint`` record)
+    trigger: str = "periodic"
 
 
 @dataclass
@@ -132,7 +135,10 @@ class Loaded:
             row = next((r for r in self.overview.history if r.epoch == epoch), None)
             return {"epoch": epoch, "status": row.status, "record": asdict(row)} if row else None
         final = attempts[-1]
+        manual = any(r.get("kind") == "manual_checkpoint" and r.get("epoch") == epoch
+                     for r in self.records)
         return {"epoch": epoch, "status": final.get("status", "failed"), "record": final,
+                "trigger": "manual" if manual else "periodic",
                 "failed_attempts": [r for r in attempts[:-1] if r["kind"] == "epoch_failed"]}
 
 
@@ -188,6 +194,10 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                                    "epoch": r.get("epoch"), "path": r.get("path"),
                                    "after_failure": None})
 
+    manual = {r["epoch"] for r in records
+              if r["kind"] == "manual_checkpoint" and isinstance(r.get("epoch"), int)}
+    for epoch in manual & rows.keys():
+        rows[epoch].trigger = "manual"
     in_progress = None
     job = JobStatus.read(job_store(directory))
     status = _status(directory, records, job)
@@ -223,7 +233,8 @@ def load(checkpoint: str | os.PathLike[str], *, history_rows: int = HISTORY_ROWS
                 "failed": len(failed_rows), "restored": len(restore_events),
                 "restarts": sum(1 for e in restarts if e.get("event") == "failure"
                                 and e.get("action") in ("restart", "tolerated")),
-                "savepoints": len(savepoints)},
+                "savepoints": len(savepoints),
+                "manual": len(manual & rows.keys())},
         latest={"completed": asdict(latest_completed) if latest_completed else None,
                 "failed": asdict(latest_failed) if latest_failed else None,
                 "savepoint": savepoints[-1] if savepoints else None,

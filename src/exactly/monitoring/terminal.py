@@ -173,8 +173,9 @@ def render(view: Overview, *, rows: int = 10) -> Group:
     for row in shown:
         style = {"failed": "red", "in_progress": "yellow"}.get(row.status)
         status = row.status.replace("_", " ") + (" *" if row.restored else "")
+        trigger = when(row.trigger_at) + (" (manual)" if row.trigger == "manual" else "")
         history.add_row(str(row.epoch), status,
-                        when(row.trigger_at), millis(row.duration_ms), size(row.new_bytes),
+                        trigger, millis(row.duration_ms), size(row.new_bytes),
                         size(row.full_bytes), number(row.rows_in), number(row.rows_out),
                         *((row.cause or "",) if causes else ()), style=style)
     parts.append(history)

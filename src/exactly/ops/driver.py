@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,6 +106,9 @@ class DriverSpec:
     #: checks that the running job's checkpoint restores into its job as this
     #: :class:`~exactly.ops.job_savepoints.RestoreRequest` (as JSON, savepoint aside) says
     upgrade_check: dict[str, Any] | None = None
+    #: ``exactly run --state-backend`` / ``--savepoint-dir``: CheckpointConfig settings
+    #: over the job's own (constructor arguments)
+    checkpoint_settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -190,21 +193,23 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
               checkpoint: str | None, strategy: RestartStrategy | None, run_id: str,
               stop_timeout_s: float = 600.0, where: str = "build(spark)",
               restore: RestoreRequest | None = None, fault: FaultSpec | None = None,
-              ha: bool = False) -> Outcome:
+              ha: bool = False, settings: Mapping[str, Any] | None = None) -> Outcome:
     """Build the job in ``spark`` and run it under a :class:`Supervisor` (SIGTERM and
     Ctrl-C stop it gracefully; a second Ctrl-C cancels). With ``restore``, the savepoint is
-    restored into the (new) checkpoint first. ``ha``: run by an ``exactly run --ha`` leader
-    (a FencedError is restarted, see :class:`Supervisor`). ``fault`` arms a crash point in the job's
-    exactly sink and at the savepoint and restore points. Raises JobFailedError /
+    restored into the (new) checkpoint first. ``settings``: CheckpointConfig settings over
+    the job's own (``exactly run --state-backend``, ``--savepoint-dir``). ``ha``: run by an
+    ``exactly run --ha`` leader (a FencedError is restarted, see :class:`Supervisor`).
+    ``fault`` arms a crash point in the job's exactly sink and at the savepoint and restore
+    points. Raises JobFailedError /
     DriverLostError as the supervisor does, SavepointError when the savepoint cannot be
     restored."""
     from exactly.ops.job_savepoints import restore_job
     from exactly.ops.pacing import Pacer
-    from exactly.savepoints.operators import job_operators, record_operators
+    from exactly.savepoints.operators import job_operators, job_sources, record_operators
     from exactly.spark.connect import is_connect, refuse
 
     try:
-        job: Job = check_job(_built(build, spark, where), where)
+        job: Job = with_settings(check_job(_built(build, spark, where), where), settings)
     except (JobBuildError, ConfigError) as exc:
         if checkpoint:
             _record_start_failure(job_store(checkpoint), run_id, "build", exc)
@@ -223,6 +228,11 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                      "--remote (and SPARK_REMOTE) to run the job with a Spark driver of its "
                      "own")
     operators = job_operators(job.df)
+    try:
+        refuse_backend_of(job, operators)
+    except ConfigError as exc:
+        _record_start_failure(job_store(job.checkpoint.storage), run_id, "build", exc)
+        raise
     if restore is None:
         _refuse_unfinished_restore(job.checkpoint.storage)
     else:
@@ -236,7 +246,8 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
                       epoch=done.get("epoch"), restored=done.get("restored"),
                       dropped=done.get("dropped"), new=done.get("new"))
     directory = job_store(job.checkpoint.storage)
-    record_operators(directory, operators)  # the uids a later `-s CHECKPOINT` maps state by
+    # the uids a later `-s CHECKPOINT` maps state and source positions by
+    record_operators(directory, operators, job_sources(job.df))
     chosen = strategy or job.restart_strategy or default_strategy()
     # tell the launcher which strategy counts process restarts, and who the driver is
     update_status(directory, run_id=run_id, strategy=strategy_to_json(chosen),
@@ -267,6 +278,33 @@ def supervise(spark: SparkSession, build: Callable[[SparkSession], Any], *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         pacer.remove()
+
+
+def with_settings(job: Job, settings: Mapping[str, Any] | None) -> Job:
+    """``job`` with ``settings`` (CheckpointConfig constructor arguments given at launch)
+    over its own checkpoint settings, checked like the job's own (ConfigError naming the
+    setting)."""
+    if not settings:
+        return job
+    return replace(job, checkpoint=job.checkpoint.replace(**settings))
+
+
+def refuse_backend_of(job: Job, operators: Sequence[Any]) -> None:
+    """Raise ConfigError when the job's state backend cannot hold one of its stateful
+    steps: Spark keeps transformWithState state in RocksDB only (its query would fail at
+    every start, restarted forever)."""
+    from exactly.config import StateBackend
+
+    if job.checkpoint.state_backend is not StateBackend.HASHMAP:
+        return
+    steps = [op.uid or op.logical for op in operators
+             if op.logical.startswith("TransformWithState")]
+    if steps:
+        raise ConfigError(
+            f"state_backend='hashmap' cannot hold the state of {', '.join(steps)}: Spark keeps "
+            "transformWithState state in RocksDB only (HDFSBackedStateStoreProvider is not "
+            "supported by TransformWithState). Drop --state-backend hashmap (or "
+            "CheckpointConfig(state_backend='hashmap')), or give rocksdb")
 
 
 def _refuse_unfinished_restore(checkpoint: str) -> None:
@@ -481,7 +519,8 @@ def _check_upgrade(job: Job, spec: DriverSpec, spark_conf: Mapping[str, str]) ->
     request = _restore_request(replace(spec, restore={**(spec.upgrade_check or {}),
                                                       "savepoint": ""}), spark_conf)
     assert request is not None
-    plan = check_upgrade(job.with_checkpoint_dir(spec.checkpoint), request,
+    plan = check_upgrade(with_settings(job.with_checkpoint_dir(spec.checkpoint),
+                                       spec.checkpoint_settings), request,
                          job_operators(job.df))
     log_event(logger, "upgrade_checked", restored=plan.get("restored"),
               dropped=plan.get("dropped"), new=plan.get("new"),
@@ -519,7 +558,7 @@ def _drive(spec: DriverSpec, run_id: str, session: list[SparkSession],
                             strategy=strategy, run_id=run_id,
                             stop_timeout_s=spec.stop_timeout_s, where=str(job_file.path),
                             restore=_restore_request(spec, job_file.spark_conf),
-                            fault=spec.fault, ha=spec.ha)
+                            fault=spec.fault, ha=spec.ha, settings=spec.checkpoint_settings)
         print(f"exactly run: job {outcome.value}", file=sys.stderr, flush=True)
         return 0
     except DriverLostError as exc:

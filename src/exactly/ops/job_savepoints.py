@@ -8,6 +8,7 @@ The supervisor calls :func:`take_job_savepoint` for ``exactly savepoint`` and ``
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from exactly.savepoints.restore import (
     restore_into,
 )
 from exactly.savepoints.sinks import SinkRollback, decide, hand_over, precheck, sink_info
+from exactly.savepoints.sources import SourceMap, SourceRef, map_sources, saved_sources
 from exactly.savepoints.take import take_savepoint
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
 #: where a restore from a retained checkpoint stages its savepoint (in the new checkpoint's
 #: job directory, for a local checkpoint)
 RETAINED_DIR = layout.RETAINED_DIR
+#: ``-s CHECKPOINT@N``: epoch N of a retained checkpoint
+_AT_EPOCH = re.compile(r"^(.+)@(\d+)$")
 
 
 def default_target(checkpoint: str) -> str:
@@ -61,13 +65,25 @@ def default_target(checkpoint: str) -> str:
     return str(path.parent / f"{path.name}.savepoints")
 
 
-def _job_info(job: Job, checkpoint: str) -> dict[str, Any]:
-    """What a manifest records of the job a savepoint is taken from."""
+def _job_info(job: Job, checkpoint: str, *, own: bool = True) -> dict[str, Any]:
+    """What a manifest records of the job a savepoint is taken from. ``own``: ``job`` is
+    the one running on ``checkpoint`` (its sources and their uids are the checkpoint's);
+    False for a checkpoint another job version wrote (a retained checkpoint, the running
+    job an ``exactly upgrade`` checks): its sources are then the ones the last ``exactly
+    run`` on it recorded, or with no record ``job``'s names without uids (matched by
+    number)."""
     from exactly.ops.query import source_names
+    from exactly.savepoints.operators import job_sources, recorded_sources
 
-    return {"checkpoint": checkpoint_uri(checkpoint),
-            "query_name": job.query_name, "sink_format": job.sink_format,
-            "output_mode": job.output_mode, "sources": source_names(job.df)}
+    sources = job_sources(job.df) if own else recorded_sources(job_store(checkpoint))
+    info: dict[str, Any] = {"checkpoint": checkpoint_uri(checkpoint),
+                            "query_name": job.query_name, "sink_format": job.sink_format,
+                            "output_mode": job.output_mode,
+                            "sources": [name for name, _ in sources] if sources is not None
+                            else source_names(job.df)}
+    if sources is not None:
+        info["source_uids"] = [uid for _, uid in sources]
+    return info
 
 
 def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
@@ -82,6 +98,16 @@ def take_job_savepoint(job: Job, target: str | Path, *, trigger: str,
                           job=_job_info(job, checkpoint), fault=fault)
 
 
+def retained_epoch(place: str) -> tuple[str, int | None]:
+    """``CHECKPOINT@N`` (``exactly run -s``: epoch N of a retained checkpoint) as
+    ``(CHECKPOINT, N)``; any other place as ``(place, None)``. A local path that exists as
+    written is taken as it is, even if it ends in ``@<digits>``."""
+    match = _AT_EPOCH.match(str(place))
+    if match is None or (not is_remote(place) and Path(place).exists()):
+        return str(place), None
+    return match.group(1), int(match.group(2))
+
+
 def is_checkpoint(path: str | Path) -> bool:
     """True for a Spark checkpoint (``metadata`` and ``offsets/``, no manifest), local or on
     S3: ``-s`` restores a retained checkpoint as well as a savepoint."""
@@ -92,8 +118,10 @@ def is_checkpoint(path: str | Path) -> bool:
 
 
 def savepoint_of_checkpoint(job: Job, retained: str, checkpoint: str, mode: RestoreMode,
-                            staging: Path, fault: FaultSpec | None = None) -> Path:
-    """A savepoint of the retained checkpoint's last completed epoch (local or on S3),
+                            staging: Path, fault: FaultSpec | None = None,
+                            epoch: int | None = None) -> Path:
+    """A savepoint of the retained checkpoint's last completed epoch, or of its retained
+    ``epoch`` (``-s CHECKPOINT@N``), local or on S3,
     staged in the local directory ``staging``, which the restore then takes over. The
     retained checkpoint is only read. Its operators get the uids the last ``exactly run`` on
     it recorded (else Spark's numbers map them). Refused: ``claim`` mode, restoring a
@@ -116,7 +144,9 @@ def savepoint_of_checkpoint(job: Job, retained: str, checkpoint: str, mode: Rest
     staged = take_savepoint(job.df.sparkSession, retained, staging,
                             operators=recorded_operators(job_store(retained)),
                             sinks=[sink_info(job, retained)], trigger="checkpoint",
-                            job=_job_info(job, retained), record=False, fault=fault)
+                            job=_job_info(job, retained, own=False),
+                            record=False, fault=fault,
+                            epoch=epoch)
     assert isinstance(staged, Path)  # a local staging directory
     return staged
 
@@ -189,13 +219,18 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
     query_id = (previous.get("query_id") if previous is not None else None) or \
         str(uuid.uuid4())
     mode = request.mode
-    retained = is_checkpoint(request.savepoint)
+    place, epoch = retained_epoch(request.savepoint)
+    retained = is_checkpoint(place)
+    if epoch is not None and not retained:
+        raise SavepointError(f"{request.savepoint}: @{epoch} names an epoch of a retained "
+                             f"checkpoint, and {place} is not a checkpoint (a savepoint holds "
+                             f"one epoch: give -s {place})")
     with staging_dir(checkpoint, "restore-source") as scratch:
         if retained:
             staging = (scratch / RETAINED_DIR if is_remote(checkpoint)
                        else job_dir(checkpoint) / RETAINED_DIR)
-            path = savepoint_of_checkpoint(job, request.savepoint, checkpoint, mode, staging,
-                                           fault)
+            path = savepoint_of_checkpoint(job, place, checkpoint, mode, staging, fault,
+                                           epoch=epoch)
             mode = RestoreMode.CLAIM  # the staged copy is taken over; the checkpoint only read
         elif is_remote(request.savepoint):
             path = download_savepoint(request.savepoint, scratch)
@@ -205,8 +240,9 @@ def restore_job(job: Job, request: RestoreRequest, operators: list[JobOperator],
         spark = job.df.sparkSession
         plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
                             backend=restore_backend(job.checkpoint, manifest),
-                            allow_non_restored_state=request.allow_non_restored_state)
-        _check_sources(manifest, job)
+                            allow_non_restored_state=request.allow_non_restored_state,
+                            spark_version=spark.version)
+        plan.sources = _check_sources(manifest, job, request.allow_non_restored_state)
         state = decide(job, manifest, request.sink_rollback, query_id)
         done = restore_into(spark, plan, checkpoint, mode=mode, query_id=query_id,
                             origin=request.savepoint,
@@ -237,13 +273,14 @@ def check_upgrade(job: Job, request: RestoreRequest,
         path = take_savepoint(job.df.sparkSession, checkpoint, scratch,
                               operators=recorded_operators(job_store(checkpoint)),
                               sinks=[sink_info(job, checkpoint)], trigger="upgrade-check",
-                              job=_job_info(job, checkpoint), record=False)
+                              job=_job_info(job, checkpoint, own=False), record=False)
         assert isinstance(path, Path)  # a local scratch directory
         manifest = read_manifest(path, checksums=False)  # copied a moment ago
         plan = plan_restore(manifest, path, operators, partitions=request.parallelism,
                             backend=restore_backend(job.checkpoint, manifest),
-                            allow_non_restored_state=request.allow_non_restored_state)
-        _check_sources(manifest, job)
+                            allow_non_restored_state=request.allow_non_restored_state,
+                            spark_version=job.df.sparkSession.version)
+        plan.sources = _check_sources(manifest, job, request.allow_non_restored_state)
         precheck(job, manifest, request.sink_rollback)
         return plan.describe()
 
@@ -253,18 +290,19 @@ def restore_backend(config: CheckpointConfig, manifest: Manifest) -> str:
     return config.state_backend.value if config.state_backend else manifest.state_backend
 
 
-def _check_sources(manifest: Manifest, job: Job) -> None:
-    """A savepoint of another job has other sources: its offsets cannot resume this one."""
-    from exactly.ops.query import source_names
+def _check_sources(manifest: Manifest, job: Job,
+                   allow_non_restored_state: bool) -> SourceMap:
+    """Which savepoint position each of ``job``'s sources resumes from: by source uid,
+    unnamed sources by number and format (:func:`~exactly.savepoints.sources.map_sources`).
+    A savepoint of another job has other sources: refused (SavepointError), as is a source
+    the job dropped unless ``allow_non_restored_state``."""
+    from exactly.savepoints.operators import job_sources
 
-    names = source_names(job.df)
-    if len(names) != len(manifest.sources):
-        raise SavepointError(
-            f"the savepoint {manifest.savepoint_id} is of a job with {len(manifest.sources)} "
-            f"source(s), this job reads {len(names)} ({', '.join(names)}): it was taken from "
-            "another job (its source positions cannot resume this one)")
     recorded = manifest.job.get("sources")
-    if recorded and list(recorded) != list(names):
-        raise SavepointError(
-            f"the savepoint was taken from a job reading {', '.join(recorded)}; this job reads "
-            f"{', '.join(names)}: it is another job's savepoint")
+    saved = saved_sources(manifest.sources, list(recorded) if recorded else None)
+    ours = [SourceRef(i, name, uid) for i, (name, uid) in enumerate(job_sources(job.df))]
+    try:
+        return map_sources(saved, ours, allow_non_restored_state=allow_non_restored_state)
+    except SavepointError as e:
+        raise SavepointError(f"the savepoint {manifest.savepoint_id} does not resume this "
+                             f"job's sources: {e}") from None

@@ -183,6 +183,7 @@ class Pacer:
         self.sizer = EpochSizer(target_s) if target_s is not None else None
         self.warmup_epochs = warmup_epochs
         self._closed = False
+        self._pause_waived = False
         self._last_batch: int | None = None
         self._seen_epochs = 0
         self._written: Admission | None = None
@@ -190,7 +191,8 @@ class Pacer:
     @property
     def admission(self) -> Admission:
         """The admission this pacer wants in force now."""
-        return Admission(checkpoint=self.checkpoint_dir, min_pause_s=self.min_pause_s,
+        pause = 0.0 if self._pause_waived else self.min_pause_s
+        return Admission(checkpoint=self.checkpoint_dir, min_pause_s=pause,
                          max_rows=self.sizer.budget() if self.sizer else None,
                          closed=self._closed)
 
@@ -232,6 +234,14 @@ class Pacer:
     def reopen(self) -> None:
         """Admit again after :meth:`close_admission`."""
         self._closed = False
+        self._write()
+
+    def waive_pause(self, waived: bool) -> None:
+        """Waive the min pause (a manual checkpoint: ``exactly checkpoint``) or restore it;
+        rewrites the admission file only when that changes it. ``closed`` still wins."""
+        if waived == self._pause_waived:
+            return
+        self._pause_waived = waived
         self._write()
 
     def remove(self) -> None:

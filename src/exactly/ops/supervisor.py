@@ -19,6 +19,9 @@ watches it every ``poll_s``:
   SIGTERM and Ctrl-C. A stop closes admission, lets the epoch in flight commit, then stops
   the query; ``drain`` then runs the job with ``availableNow`` until the input present now is done.
   A cancel stops at once and applies ``externalized_cleanup``.
+* **manual checkpoints**: a ``checkpoint`` request (``exactly checkpoint``) is answered with
+  the first epoch that starts after it and commits (:class:`_Manual`), without blocking the
+  loop; the min pause is waived until that epoch starts.
 * **savepoints**: a ``savepoint`` request copies the last completed epoch while the query
   keeps running; a stop with ``savepoint`` takes one after the query stopped (Flink's
   stop-with-savepoint). The answer names the savepoint's directory
@@ -85,6 +88,23 @@ class JobFailedError(ExactlyError):
 class DriverLostError(ExactlyError):
     """The driver's JVM (on Spark Connect: the server) is gone or unresponsive: only a new
     driver process can go on (on Connect: it reconnects, once the server is back)."""
+
+
+#: seconds past one trigger interval after which a manual checkpoint that saw no epoch start
+#: (and the query idle, no data available) is answered as "nothing new arrived"
+NOTHING_NEW_SLACK_S = 1.0
+
+
+@dataclass
+class _Manual:
+    """A manual checkpoint being waited for: the answer is the first epoch newer than
+    ``boundary`` (the newest epoch Spark had logged offsets for when the request was taken,
+    committed or in flight: an epoch in flight does not count) that commits."""
+
+    request: Request
+    boundary: int
+    #: monotonic time since which no epoch was in flight (None: one is)
+    settled_at: float | None = None
 
 
 @dataclass
@@ -190,6 +210,7 @@ class Supervisor:
         #: run by an ``exactly run --ha`` leader: a FencedError is the previous leader's
         #: driver still holding a sink's lease (a failover), restarted as the strategy says
         self.ha = ha
+        self._manual: list[_Manual] = []  # manual checkpoints not answered yet
 
     # -- public ---------------------------------------------------------------------------
     def request_stop(self, *, cancel: bool = False) -> None:
@@ -205,13 +226,16 @@ class Supervisor:
         process).
         """
         self._status("running")
-        drain = False
+        drain = end_of_time = False
         while True:
             request = self._next_request()
             if request is not None and request.action == "cancel":
                 return self._cancelled(request, None)
             if request is not None and request.action == "savepoint":
                 self._savepoint(request, stopping=False)
+                request = None
+            if request is not None and request.action == "checkpoint":
+                self._begin_manual(request)
                 request = None
             if request is not None:  # a stop before the query runs: nothing in flight
                 if not request.params.get("drain"):
@@ -236,12 +260,32 @@ class Supervisor:
                 drain = True
                 continue
             if watch.kind == "finished":
+                if drain and not end_of_time:
+                    end_of_time = True
+                    if self._advance_watermark_to_end():
+                        continue  # replay the logged final epoch: every window fires
                 if drain:
-                    self._stopped(self._handled,
-                                  f"drained; stopped after epoch {self.last_epoch}")
+                    detail = ("drained, watermark advanced to the end of time; stopped "
+                              f"after epoch {self.last_epoch}")
+                    self._end_detail = self._end_detail or detail  # job.json says so too
+                    self._stopped(self._handled, detail)
                     return self._ended(Outcome.DRAINED)
                 return self._ended(Outcome.FINISHED)
             self._failure(watch.kind, watch.cause, epoch_in_flight=watch.epoch_in_flight)
+
+    def _advance_watermark_to_end(self) -> bool:
+        """Log the drain's final epoch (no input, watermark at the end of time) after the
+        drained run stopped; True when the query must start once more to replay it.
+
+        Raises what :func:`append_end_of_time_epoch` raises (a corrupt or busy offset log):
+        the drain then fails loudly instead of stopping with windows never emitted."""
+        from exactly.checkpoint.spark_files import append_end_of_time_epoch
+
+        epoch = append_end_of_time_epoch(self.config.storage)
+        if epoch is None:
+            return False
+        log_event(logger, "drain_end_of_time", run=self.run_id, epoch=epoch)
+        return True
 
     # -- starting and watching ------------------------------------------------------------
     def _start(self, *, available_now: bool):
@@ -271,6 +315,11 @@ class Supervisor:
                 if request is not None and request.action == "savepoint":
                     self._savepoint(request, stopping=False)
                     request = None
+                if request is not None and request.action == "checkpoint":
+                    self._begin_manual(request)
+                    request = None
+                if self._manual:
+                    self._check_manual(query)
                 if request is not None:
                     self._handled = request
                     if request.action == "cancel":
@@ -451,6 +500,95 @@ class Supervisor:
                 return request
         return None
 
+    # -- manual checkpoints ---------------------------------------------------------------
+    def _begin_manual(self, request: Request) -> None:
+        """Take a ``checkpoint`` request: its boundary is the newest epoch with offsets now
+        (an epoch in flight does not count); the min pause is waived until an epoch past
+        the boundary starts. Answered later by :meth:`_check_manual`."""
+        from exactly.checkpoint.spark_files import batch_numbers
+
+        offsets = batch_numbers(self.config.storage, "offsets")
+        boundary = offsets[-1] if offsets else -1
+        self._manual.append(_Manual(request, boundary))
+        if self.pacer is not None:
+            self.pacer.waive_pause(True)
+        log_event(logger, "manual_checkpoint_requested", request=request.id,
+                  after_epoch=boundary)
+
+    def _check_manual(self, query: Any) -> None:
+        """Answer the manual checkpoints whose epoch committed (``done`` with ``epoch``), or
+        that saw no epoch start for one trigger interval (+ :data:`NOTHING_NEW_SLACK_S`)
+        after the query settled with no data available (``done``, ``nothing_new``: the last
+        committed epoch already holds the state). Restores the min pause once every one of
+        them has its epoch started. Never blocks."""
+        from exactly.checkpoint.spark_files import batch_numbers
+
+        location = self.config.storage
+        offsets = batch_numbers(location, "offsets")
+        commits = batch_numbers(location, "commits")
+        now = time.monotonic()
+        waiting: list[_Manual] = []
+        for manual in self._manual:
+            done = [c for c in commits if c > manual.boundary]
+            if done:
+                self._answer_manual(manual, done[0])
+                continue
+            started = bool(offsets) and offsets[-1] > manual.boundary
+            settled = not started and offsets[-1:] == commits[-1:]
+            if not settled:
+                manual.settled_at = None
+            elif manual.settled_at is None:
+                manual.settled_at = now
+            status = query.status if manual.settled_at is not None else {}
+            if (manual.settled_at is not None
+                    and now - manual.settled_at > self.config.interval_seconds
+                    + NOTHING_NEW_SLACK_S
+                    and not status.get("isTriggerActive")
+                    and not status.get("isDataAvailable")):
+                self._answer_manual(manual, commits[-1] if commits else None,
+                                    nothing_new=True)
+                continue
+            waiting.append(manual)
+        self._manual = waiting
+        if self.pacer is not None:
+            newest = offsets[-1] if offsets else -1
+            self.pacer.waive_pause(any(m.boundary >= newest for m in waiting))
+
+    def _answer_manual(self, manual: _Manual, epoch: int | None, *,
+                       nothing_new: bool = False) -> None:
+        """Answer one manual checkpoint; a committed epoch of its own is recorded in the
+        history as ``manual_checkpoint`` (the views mark that epoch ``trigger: manual``)."""
+        request = manual.request
+        if nothing_new:
+            after = f"epoch {epoch}" if epoch is not None else "the start (no epoch yet)"
+            detail = (f"nothing new arrived since {after}: no epoch ran, the state is "
+                      "already checkpointed")
+        else:
+            detail = f"manual checkpoint: epoch {epoch} committed"
+            append_now(self.config.storage, {
+                "kind": "manual_checkpoint", "epoch": epoch, "request": request.id,
+                "requested_at": request.requested_at, "trigger": "manual"})
+        self._answer(request, "done", detail, epoch=epoch, nothing_new=nothing_new,
+                     last_epoch=self.last_epoch)
+        log_event(logger, "manual_checkpoint", request=request.id, epoch=epoch,
+                  nothing_new=nothing_new)
+
+    def _end_manual(self, outcome: str) -> None:
+        """Answer the manual checkpoints still waiting when the job ends: ``done`` when
+        their epoch committed meanwhile, else ``refused``."""
+        from exactly.checkpoint.spark_files import batch_numbers
+
+        commits = batch_numbers(self.config.storage, "commits")
+        for manual in self._manual:
+            done = [c for c in commits if c > manual.boundary]
+            if done:
+                self._answer_manual(manual, done[0])
+            else:
+                self._answer(manual.request, *late_answer(manual.request, outcome,
+                                                          self.last_epoch),
+                             last_epoch=self.last_epoch)
+        self._manual = []
+
     # -- savepoints -----------------------------------------------------------------------
     def _stopped(self, request: Request | None, detail: str) -> None:
         """Answer a stop (and take its savepoint when it asked for one)."""
@@ -469,7 +607,7 @@ class Supervisor:
         from exactly.ops.job_savepoints import default_target, take_job_savepoint
 
         target = request.params.get("savepoint") or request.params.get("target") or \
-            str(default_target(self.config.storage))
+            self.config.savepoint_dir or str(default_target(self.config.storage))
         prefix = f"{detail}; " if detail else ""
         try:
             path = take_job_savepoint(self.job, target,
@@ -562,7 +700,10 @@ class Supervisor:
 
     # -- requests and status --------------------------------------------------------------
     def _peek_request(self) -> bool:
-        return self._local is not None or bool(self._open_requests())
+        """A stop, cancel or savepoint waiting (a manual checkpoint does not cut a restart's
+        wait short: it waits for the restarted query's first epoch)."""
+        return self._local is not None or any(
+            r.action != "checkpoint" for r in self._open_requests())
 
     def _next_request(self) -> Request | None:
         if self._local is not None:
@@ -655,6 +796,7 @@ class Supervisor:
 
     def _answer_late_requests(self, outcome: str) -> None:
         """Answer what arrived after the job began to end, so no command waits in vain."""
+        self._end_manual(outcome)
         for request in self.control.pending():
             if request.id not in self._taken:
                 self.control.answer(request, *late_answer(request, outcome, self.last_epoch),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from exactly.checkpoint.spark_files import (
+    EpochInput,
     batch_numbers,
     describe_positions,
     read_metadata,
@@ -92,6 +93,7 @@ def check_checkpoint_against_log(checkpoint: str, log_directory: Path | str) -> 
     if not completed or not _same_query(checkpoint, log_directory):
         return
     last_planned = _last_offsets_epoch(checkpoint)
+    restored = _restored_source_order(checkpoint)
     for epoch in completed:
         recorded = (log.completion(epoch) or {}).get("input")
         if not recorded:
@@ -103,9 +105,43 @@ def check_checkpoint_against_log(checkpoint: str, log_directory: Path | str) -> 
                                       log_directory, checkpoint)
             continue  # purged by Spark below its retained window: never planned again
         current = entry.input.to_json()
-        if same_input(recorded, current) is False:
+        if same_input(recorded, current) is False and not _reordered_by_restore(
+                recorded, current, epoch, restored):
             raise replanned_error(epoch, recorded, current, log.completion_path(epoch),
                                   log_directory, checkpoint)
+
+
+def _restored_source_order(checkpoint: str) -> tuple[int, list[int | None]] | None:
+    """``(N, order)`` when the checkpoint was restored from a savepoint at epoch N whose
+    source positions the restore put in another order (the restore marker's
+    ``source_positions_from``: for each source now, the savepoint's source number it
+    resumes, None for a new one); None otherwise (also for an unreadable marker: the
+    check then compares as it always does)."""
+    from exactly.checkpoint.location import job_store
+    from exactly.checkpoint.restore_marker import read_restore_marker
+
+    try:
+        marker = read_restore_marker(job_store(checkpoint))
+    except Exception:  # a damaged marker is reported where the restore reads it
+        return None
+    if not marker or marker.get("state") != "done" or "source_positions_from" not in marker:
+        return None
+    return int(marker["epoch"]), list(marker["source_positions_from"])
+
+
+def _reordered_by_restore(recorded: dict[str, Any], current: dict[str, Any], epoch: int,
+                          restored: tuple[int, list[int | None]] | None) -> bool:
+    """Whether epoch ``epoch`` (at or before the restored epoch N) has the recorded input,
+    once the restore's new source order is applied to the record: the same epoch, with
+    sources that moved, new (no offset) or dropped by the restore, not a re-planned one."""
+    if restored is None or epoch > restored[0] or not isinstance(
+            recorded.get("sources"), list):
+        return False
+    sources = recorded["sources"]
+    if any(j is not None and not 0 <= j < len(sources) for j in restored[1]):
+        return False
+    mapped = [sources[j] if j is not None else None for j in restored[1]]
+    return EpochInput.of(epoch, mapped).digest == current.get("digest")
 
 
 def _same_query(checkpoint: str, log_directory: Path | str) -> bool:

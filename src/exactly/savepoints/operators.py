@@ -106,12 +106,17 @@ def _logical_stateful(node: Any, out: list[Any]) -> list[Any]:
 
 
 def _schemas(node: Any) -> tuple[str | None, str | None]:
-    """(key, value) schema JSON of an aggregation's state, from its physical node."""
-    if node.nodeName() != "StateStoreSave":
+    """(key, value) schema JSON of an aggregation's state, from its physical node; for a
+    deduplication the key (its columns) and no value (Spark stores a fixed one: a dummy, or
+    the expiry of ``dropDuplicatesWithinWatermark``)."""
+    if node.nodeName() not in ("StateStoreSave", "StreamingDeduplicate",
+                               "StreamingDeduplicateWithinWatermark"):
         return None, None
     try:
         keys = [{"name": a.name(), "type": json.loads(a.dataType().json()), "nullable": True,
                  "metadata": {}} for a in _seq(node.keyExpressions())]
+        if node.nodeName() != "StateStoreSave":
+            return json.dumps({"type": "struct", "fields": keys}), None
         value = str(node.stateManager().getStateValueSchema().json())
     except Exception:  # another Spark version: Spark's own check at start remains
         return None, None
@@ -139,8 +144,14 @@ def uid(name: str, df: DataFrame) -> DataFrame:
     """Name the stateful step that produces ``df`` (the first stateful operator found
     walking down from ``df``'s last step) and return ``df`` unchanged.
 
+    When ``df`` is a streaming source itself (``spark.readStream...load()``, nothing
+    applied to it), the uid names that source instead: a savepoint records the source's
+    position under it, and a restore resumes it by uid wherever it sits among the job's
+    sources (:func:`job_sources`).
+
     The uid is how savepoints find this step's state in a new version of the job. Raises
-    ConfigError for an empty name or a DataFrame without a stateful step.
+    ConfigError for an empty name, a DataFrame without a stateful step, or a step or source
+    named twice with different names.
     """
     if not isinstance(name, str) or not name.strip():
         raise ConfigError("exactly.uid: give a non-empty name")
@@ -149,19 +160,56 @@ def uid(name: str, df: DataFrame) -> DataFrame:
     if is_connect(df):
         return _connect_uid(name, df)
     plan = df._jdf.logicalPlan()
+    if _is_source(plan):
+        return _tagged(name, df, plan, "source")
     found = _logical_stateful(plan, [])
     if not found:
         raise ConfigError(f"exactly.uid({name!r}, df): df has no stateful step (an "
                           "aggregation, dropDuplicates, transformWithState, a stream-stream "
                           "join ...); name the DataFrame that a stateful step returns")
+    return _tagged(name, df, found[0], "step")
+
+
+def _tagged(name: str, df: DataFrame, node: Any, what: str) -> DataFrame:
+    """Tag ``node`` (a plan node of ``df``) with the uid ``name``; ConfigError when it
+    already has another."""
     tag = _tag(df.sparkSession._jvm)
-    node = found[0]
     old = node.getTagValue(tag)
     if old.isDefined() and old.get() != name:
-        raise ConfigError(f"exactly.uid({name!r}, df): this step is already named "
-                          f"{old.get()!r}; a step has one uid")
+        raise ConfigError(f"exactly.uid({name!r}, df): this {what} is already named "
+                          f"{old.get()!r}; a {what} has one uid")
     node.setTagValue(tag, name)
     return df
+
+
+def _is_source(node: Any) -> bool:
+    """Whether a logical plan node is a streaming source (V1 or V2) read by the query."""
+    return "StreamingRelation" in node.getClass().getSimpleName()
+
+
+def source_name(node: Any) -> str:
+    """The name of a streaming source node as the savepoint manifest records it."""
+    return str(node.toString()).split("[")[0].strip()
+
+
+def job_sources(df: DataFrame) -> list[tuple[str, str | None]]:
+    """``(name, uid)`` of every streaming source of ``df``, in the order of Spark's offset
+    log (the analyzed plan's leaves in pre-order, as Spark collects its sources); the uid
+    is the one :func:`uid` gave the source, None for an unnamed one. On Spark Connect the
+    sources have no uids (their names only)."""
+    if is_connect(df):
+        from exactly.spark.connect import streaming_sources
+
+        return [(fmt, None) for fmt, _ in streaming_sources(df)]
+    tag = _tag(df.sparkSession._jvm)
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    found: list[tuple[str, str | None]] = []
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if _is_source(leaf):
+            value = leaf.getTagValue(tag)
+            found.append((source_name(leaf), value.get() if value.isDefined() else None))
+    return found
 
 
 def job_operators(df: DataFrame) -> list[JobOperator]:
@@ -277,6 +325,11 @@ def _connect_stateful(node: Any, out: list[tuple[str, Any]]) -> list[tuple[str, 
 
 def _connect_uid(name: str, df: DataFrame) -> DataFrame:
     found = _connect_stateful(df._plan, [])
+    if not found and getattr(df._plan, "_is_streaming", None):
+        raise ConfigError(f"exactly.uid({name!r}, df): naming a streaming source is not "
+                          "supported on Spark Connect (the client's plan reaches the server "
+                          "without it); run the job on a classic session, or keep its "
+                          "sources and their order unchanged across restores")
     if not found:
         raise ConfigError(f"exactly.uid({name!r}, df): df has no stateful step (an "
                           "aggregation, dropDuplicates, transformWithState, a stream-stream "
@@ -325,10 +378,29 @@ def _connect_operators(df: DataFrame) -> list[JobOperator]:
 RECORD = "operators.json"
 
 
-def record_operators(directory: LogStore | Path, operators: list[JobOperator]) -> None:
-    """Keep ``operators`` in the job directory of a checkpoint (written at every start)."""
-    as_store(directory).write(RECORD, json.dumps(
-        {"operators": [asdict(op) for op in operators]}, sort_keys=True, indent=1).encode())
+def record_operators(directory: LogStore | Path, operators: list[JobOperator],
+                     sources: list[tuple[str, str | None]] | None = None) -> None:
+    """Keep ``operators`` (and the job's ``sources``, :func:`job_sources`) in the job
+    directory of a checkpoint (written at every start)."""
+    data: dict[str, Any] = {"operators": [asdict(op) for op in operators]}
+    if sources is not None:
+        data["sources"] = [{"name": name, "uid": uid} for name, uid in sources]
+    as_store(directory).write(RECORD, json.dumps(data, sort_keys=True, indent=1).encode())
+
+
+def recorded_sources(directory: LogStore | Path) -> list[tuple[str, str | None]] | None:
+    """The sources (name, uid) :func:`record_operators` kept, in Spark's order, or None
+    when there is no readable record of them (a checkpoint written by an older exactly or
+    without ``exactly run``: its sources are then matched by number)."""
+    store = as_store(directory)
+    raw = store.read(RECORD)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return [(str(s["name"]), s.get("uid")) for s in data["sources"]]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def recorded_operators(directory: LogStore | Path) -> list[JobOperator] | None:

@@ -57,14 +57,16 @@ from exactly.checkpoint.transfer import delete_tree, upload_tree
 from exactly.errors import SavepointError
 from exactly.logs import log_event
 from exactly.protocol.faults import FaultSpec, maybe_crash, register_point
+from exactly.savepoints.engine import engine_change
 from exactly.savepoints.manifest import CHECKPOINT_DIR, Manifest, OperatorInfo
 from exactly.savepoints.metadata_files import edit_meta, relocate_schemas, renumber_v2
 from exactly.savepoints.operators import JobOperator
 from exactly.savepoints.places import staging_dir
+from exactly.savepoints.sources import SourceMap, remap_offsets
 from exactly.savepoints.take import PROVIDER_KEY, SHUFFLE_KEY
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 logger = logging.getLogger("exactly.savepoints")
 
@@ -124,6 +126,10 @@ class RestorePlan:
     moves: list[Move] = field(default_factory=list)
     dropped: list[OperatorInfo] = field(default_factory=list)
     new: list[JobOperator] = field(default_factory=list)
+    #: which savepoint position each job source resumes (None: copied as they are)
+    sources: SourceMap | None = None
+    #: what the restore converts from the savepoint's older Spark (None: the same Spark)
+    engine: str | None = None
 
     @property
     def spark_repartition(self) -> bool:
@@ -136,7 +142,9 @@ class RestorePlan:
                 "restored": [f"{m.old.label}: #{m.old.operator_id}->#{m.new.operator_id} "
                              f"({m.method.value})" for m in self.moves],
                 "dropped": [o.label for o in self.dropped],
-                "new": [o.uid or f"#{o.operator_id}" for o in self.new]}
+                "new": [o.uid or f"#{o.operator_id}" for o in self.new],
+                **(self.sources.describe() if self.sources is not None else {}),
+                **({"engine": self.engine} if self.engine else {})}
 
 
 def _kind(op: JobOperator) -> str:
@@ -186,32 +194,95 @@ def _shown(schema_json: str) -> str:
     return StructType.fromJson(json.loads(schema_json)).simpleString()
 
 
+def added_value_fields(old: OperatorInfo, new: JobOperator) -> list[dict[str, Any]]:
+    """The value fields a named aggregation's state gains in the job (Spark JSON fields),
+    or ``[]`` when its value schema is unchanged or unknown.
+
+    Guarantee: a non-empty answer means the savepoint's value fields are, by position and
+    type, the first fields of the job's, and every added field is nullable, so every old
+    row is carried by appending nulls (:func:`evolve_values`). Raises SavepointError, with
+    both schemas and what would make the restore possible, for any other change: a removed,
+    reordered or retyped field, or an added non-nullable field (a ``count``'s buffer)."""
+    store = old.stores[0] if len(old.stores) == 1 else None
+    if store is None or not store.value_schema or not new.value_schema:
+        return []
+    before = json.loads(store.value_schema)["fields"]
+    after = json.loads(new.value_schema)["fields"]
+    if _types(store.value_schema) == _types(new.value_schema):
+        return []
+    shown = (f"from {_shown(store.value_schema)} (savepoint) to {_shown(new.value_schema)} "
+             "(job)")
+    if old.name != "stateStoreSave" or len(after) <= len(before) or \
+            _types(store.value_schema) != _types(new.value_schema)[:len(before)]:
+        raise SavepointError(
+            f"operator {old.label}: its state value schema changed {shown}; only new "
+            "aggregate columns added after the existing ones can be carried (with nullable "
+            "buffers: max, min, sum, first, last...). Keep the existing aggregates in their "
+            "order and types, or give the changed step a new uid (it then starts empty; "
+            "restore with --allow-non-restored-state to drop the old one)")
+    strict = [f["name"] for f in after[len(before):] if not f.get("nullable", True)]
+    if strict:
+        raise SavepointError(
+            f"operator {old.label}: its state value schema changed {shown}; the new buffer "
+            f"field(s) {', '.join(strict)} are non-nullable (a count's buffer is a non-null "
+            "long), so the old rows have no value for them: Spark's initial value would count "
+            "from the restore, not from the start. Add an aggregate with a nullable buffer "
+            "(e.g. sum(F.lit(1)) instead of count), or give the changed step a new uid")
+    return after[len(before):]
+
+
+def evolve_values(rows: DataFrame, new_value_schema: str) -> DataFrame:
+    """``rows`` (key, value as ``format("statestore")`` reads them) with their value in
+    ``new_value_schema``: the old fields in place (renamed to the new names) and every
+    added field null. Only call it after :func:`added_value_fields` accepted the change."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType
+
+    target = StructType.fromJson(json.loads(new_value_schema))
+    value_type = rows.schema["value"].dataType
+    assert isinstance(value_type, StructType)
+    # by position: two aggregates of one kind share a buffer name (sum, sum)
+    count = len(value_type.fields)
+    numbered = StructType([StructField(f"_{i}", f.dataType) for i, f in
+                           enumerate(value_type.fields)])
+    rows = rows.select("key", F.col("value").cast(numbered).alias("value"))
+    fields = [F.col(f"value._{i}").cast(f.dataType).alias(f.name)
+              for i, f in enumerate(target.fields[:count])]
+    fields += [F.lit(None).cast(f.dataType).alias(f.name) for f in target.fields[count:]]
+    return rows.select("key", F.struct(*fields).alias("value"))
+
+
 def _check_schemas(old: OperatorInfo, new: JobOperator) -> None:
-    """Refuse a named step whose state key or value schema changed (as Spark would at its
-    first epoch), before anything is written, showing both schemas."""
+    """Refuse a named step whose state key schema changed, or whose value schema changed
+    in a way :func:`added_value_fields` cannot carry (as Spark would at its first epoch),
+    before anything is written, showing both schemas."""
     if len(old.stores) != 1:
         return
     store = old.stores[0]
-    for what, before, after in (("key", store.key_schema, new.key_schema),
-                                ("value", store.value_schema, new.value_schema)):
-        if before and after and _types(before) != _types(after):
-            raise SavepointError(
-                f"operator {old.label}: its state {what} schema changed from "
-                f"{_shown(before)} (savepoint) to {_shown(after)} (job); Spark cannot read "
-                "the old state with the new schema. Keep the step's state as it was, or give "
-                "the changed step a new uid (it then starts empty; restore with "
-                "--allow-non-restored-state to drop the old one)")
+    before, after = store.key_schema, new.key_schema
+    if before and after and _types(before) != _types(after):
+        raise SavepointError(
+            f"operator {old.label}: its state key schema changed from "
+            f"{_shown(before)} (savepoint) to {_shown(after)} (job); Spark cannot read "
+            "the old state with the new schema. Keep the step's state as it was, or give "
+            "the changed step a new uid (it then starts empty; restore with "
+            "--allow-non-restored-state to drop the old one)")
+    added_value_fields(old, new)
 
 
 def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator], *,
                  partitions: int | None, backend: str,
-                 allow_non_restored_state: bool = False) -> RestorePlan:
+                 allow_non_restored_state: bool = False,
+                 spark_version: str | None = None) -> RestorePlan:
     """Decide every operator's fate (module docstring); raises SavepointError on what
-    cannot be restored, naming the operator and the way out."""
+    cannot be restored, naming the operator and the way out. ``spark_version``, the running
+    Spark's, is checked against the savepoint's (exactly.savepoints.engine)."""
     if backend not in PROVIDERS:
         raise SavepointError(f"unknown state backend {backend!r}: hashmap | rocksdb")
     target = partitions or manifest.shuffle_partitions
     plan = RestorePlan(savepoint, manifest, target, backend)
+    if spark_version is not None:
+        plan.engine = engine_change(manifest.spark_version, spark_version)
     pairs, unmatched, plan.new = _match(manifest, job_ops)
     if unmatched and not allow_non_restored_state:
         names = ", ".join(o.label for o in unmatched)
@@ -230,7 +301,8 @@ def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator]
     rescale = target != manifest.shuffle_partitions
     switch = backend != manifest.state_backend
     for old, new in pairs:
-        if not rescale and not switch:
+        evolved = bool(added_value_fields(old, new))
+        if not rescale and not switch and not evolved:
             method = Method.COPY
         elif old.metadata_version == 1 and len(old.stores) == 1:
             method = Method.REWRITE
@@ -241,7 +313,18 @@ def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator]
                 f"operator {old.label} ({old.name}) cannot be restored into the "
                 f"{backend} state backend from {manifest.state_backend}: only RocksDB holds "
                 "its kind of state (transformWithState needs RocksDB; joins switch no backend)")
+        if evolved and method is not Method.REWRITE:
+            raise SavepointError(
+                f"operator {old.label}: its new aggregate columns can only be carried by "
+                "exactly's state writer, which this restore cannot use for it; restore "
+                "without the new columns first, or with the same partitions and backend")
         plan.moves.append(Move(old, new, method))
+    if plan.spark_repartition and any(
+            added_value_fields(m.old, m.new) for m in plan.moves):
+        raise SavepointError(
+            "this restore rescales transformWithState state with Spark's repartition, which "
+            "rewrites every operator as it was: it cannot add aggregate columns in the same "
+            "restore. Restore with the old job version first (rescaled), then add the columns")
     if plan.spark_repartition:
         # Spark's repartition rewrites every operator of the checkpoint at once
         plan.moves = [Move(m.old, m.new, Method.REPARTITION) for m in plan.moves]
@@ -383,6 +466,7 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
                                 query_id, upgrade)
     with _staging(target) as dest:
         _write(spark, plan, dest, query_id)
+        _remap_sources(plan, dest)
         if is_remote(target):
             relocate_schemas(dest, checkpoint_uri(target))
             upload_tree(dest, open_store(target), last=["metadata"])
@@ -404,6 +488,26 @@ def restore_into(spark: SparkSession, plan: RestorePlan, checkpoint: str | Path,
         shutil.rmtree(plan.savepoint, ignore_errors=True)
     log_event(logger, "savepoint_restored", checkpoint=target, **plan.describe())
     return done
+
+
+def _remap_sources(plan: RestorePlan, dest: Path) -> None:
+    """Put the written checkpoint ``dest``'s source positions in the job's order
+    (``plan.sources``): offsets N-1 and N get one line per job source (``-`` for a new
+    one, which Spark then starts from its configured start) and ``sources/<i>`` holds the
+    metadata of the savepoint source job source ``i`` resumes; a dropped source's is left
+    out. Nothing changes when every source keeps its number."""
+    if plan.sources is None or plan.sources.identity:
+        return
+    for n in (plan.manifest.epoch - 1, plan.manifest.epoch):
+        path = dest / "offsets" / str(n)
+        if path.is_file():
+            path.write_text(remap_offsets(path.read_text(), plan.sources))
+            (dest / "offsets" / f".{n}.crc").unlink(missing_ok=True)
+    saved = plan.savepoint / CHECKPOINT_DIR / "sources"
+    shutil.rmtree(dest / "sources", ignore_errors=True)
+    for i, j in enumerate(plan.sources.resumed_from):
+        if j is not None and (saved / str(j)).is_dir():
+            shutil.copytree(saved / str(j), dest / "sources" / str(i))
 
 
 def _json(value: dict[str, Any]) -> bytes:
@@ -466,6 +570,10 @@ def write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
         rows = (spark.read.format("statestore").option("batchId", epoch)
                 .option("operatorId", move.old.operator_id).option("storeName", store)
                 .load(str(source)))
+        evolved = bool(added_value_fields(move.old, move.new))
+        if evolved:
+            assert move.new.value_schema is not None
+            rows = evolve_values(rows, move.new.value_schema)
         written = state_writer.write_store(
             spark, state_writer.with_partitions(rows, plan.partitions),
             f"{new_root}/state", move.new.operator_id, store, epoch + 1, plan.partitions,
@@ -477,7 +585,7 @@ def write_checkpoint(spark: SparkSession, plan: RestorePlan, dest: Path,
         (dst_op / "_metadata" / "metadata").write_text(_v1_metadata(
             move.new.operator_id, move.old.name, [store], plan.partitions))
         schema = src_op / "0" / "_metadata" / "schema"
-        if schema.is_file():
+        if schema.is_file() and not evolved:  # evolved: Spark writes the new one at start
             (dst_op / "0" / "_metadata").mkdir(parents=True, exist_ok=True)
             shutil.copyfile(schema, dst_op / "0" / "_metadata" / "schema")
     version = epoch + 1

@@ -101,6 +101,65 @@ class _StateFileMissing(SavepointError):
     """A file a state version needs is not (or no longer) there."""
 
 
+def restorable_epochs(checkpoint: str | os.PathLike[str]) -> list[int]:
+    """The completed epochs of ``checkpoint`` (local or on S3) that a restore can still
+    start from (``exactly run -s CHECKPOINT@N``), oldest first: those whose ``offsets`` and
+    ``commits`` entries are there and whose every state version loads from the files still
+    present. Spark keeps the logs and state files of the last ``minBatchesToRetain`` epochs
+    (100 by default) and deletes older ones in its maintenance, so this is a moving window;
+    the list is read once and may be one epoch stale by the time a restore copies it (the
+    copy then names the file that vanished)."""
+    store = open_store(os.fspath(checkpoint))
+    folders = _listing(store)
+    completed = sorted({int(n) for n in folders.get("commits", ()) if n.isdigit()}
+                       & {int(n) for n in folders.get("offsets", ()) if n.isdigit()})
+    if not completed:
+        return []
+    entry = read_offsets(os.fspath(checkpoint), completed[-1])
+    conf = entry.metadata.get("conf", {}) if entry is not None else {}
+    partitions = int(conf.get(SHUFFLE_KEY, "200"))
+    found = []
+    for epoch in completed:
+        try:
+            epoch_files(folders, epoch, partitions)
+        except _StateFileMissing:
+            continue
+        found.append(epoch)
+    return found
+
+
+def spans(epochs: list[int]) -> str:
+    """``3..7, 9`` for [3, 4, 5, 6, 7, 9] (``none`` for no epoch)."""
+    if not epochs:
+        return "none"
+    parts, start = [], epochs[0]
+    for prev, cur in zip(epochs, [*epochs[1:], None], strict=True):
+        if cur is None or cur != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}..{prev}")
+            start = cur if cur is not None else start
+    return ", ".join(parts)
+
+
+def _pick_epoch(checkpoint: str, epoch: int | None) -> int:
+    """``epoch`` when it is a completed epoch of ``checkpoint`` still retained there, or
+    with None the last completed one; raises SavepointError naming the epochs that are."""
+    last = last_completed_epoch(checkpoint)
+    if last is None:
+        raise SavepointError(f"the job on {checkpoint} has not completed an epoch yet: a "
+                             "savepoint holds a completed epoch; try again after the first")
+    if epoch is None:
+        return last
+    restorable = restorable_epochs(checkpoint)
+    if epoch not in restorable:
+        why = ("it has not completed" if epoch > last else
+               "it is no longer retained (Spark keeps the last minBatchesToRetain epochs, "
+               "100 by default)")
+        raise SavepointError(f"epoch {epoch} of {checkpoint} cannot be restored: {why}; the "
+                             f"epochs that can: {spans(restorable)} (`exactly checkpoints "
+                             f"{checkpoint}` lists them)")
+    return epoch
+
+
 def _is_data(name: str) -> bool:
     """Not a checksum or a temporary file (their names start with a dot)."""
     return not name.rsplit("/", 1)[-1].startswith(".") and not name.endswith(".crc")
@@ -193,8 +252,7 @@ def epoch_files(folders: dict[str, set[str]], epoch: int, partitions: int) -> li
     for log in ("offsets", "commits"):
         wanted += [f"{log}/{n}" for n in (epoch - 1, epoch)
                    if n >= 0 and str(n) in folders.get(log, ())]
-    wanted += [n for n in _below(folders, "sources")
-               if not n.rsplit("/", 1)[-1].isdigit() or int(n.rsplit("/", 1)[-1]) <= epoch]
+    wanted += [n for n in _below(folders, "sources") if _source_file_upto(n, epoch)]
     version = epoch + 1
     for op in (o for o in _subfolders(folders, "state") if o.isdigit()):
         op_dir = f"state/{op}"
@@ -211,6 +269,20 @@ def epoch_files(folders: dict[str, set[str]], epoch: int, partitions: int) -> li
             for store in _store_dirs(folders, f"{op_dir}/{part}"):
                 wanted += _needed_files(folders, store, version)
     return wanted
+
+
+def _source_uid(job: dict[str, Any] | None, index: int) -> str | None:
+    """The uid the job gave its source number ``index`` (``job["source_uids"]``, recorded
+    by the caller), None for an unnamed source or when the job's uids are not known."""
+    uids = (job or {}).get("source_uids") or []
+    return uids[index] if index < len(uids) else None
+
+
+def _source_file_upto(name: str, epoch: int) -> bool:
+    """A source's log file (``sources/<i>/<n>`` or ``<n>.compact``) written at ``epoch`` or
+    before it, or a file of no epoch: a retained epoch is cut before the later ones."""
+    number = name.rsplit("/", 1)[-1].split(".", 1)[0]
+    return not number.isdigit() or int(number) <= epoch
 
 
 def _sst_files(dest: Path, zip_name: str, folders: dict[str, set[str]]) -> list[str]:
@@ -352,8 +424,9 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
                    operators: list[JobOperator] | None = None,
                    sinks: list[SinkInfo] | None = None, trigger: str = "savepoint",
                    job: dict[str, Any] | None = None, record: bool = True,
-                   fault: FaultSpec | None = None) -> Path | str:
-    """Take a savepoint of ``checkpoint``'s last completed epoch under ``target``; returns
+                   fault: FaultSpec | None = None, epoch: int | None = None) -> Path | str:
+    """Take a savepoint of ``checkpoint``'s last completed epoch (or of the retained
+    ``epoch``: :func:`restorable_epochs`) under ``target``; returns
     where it is: ``target/savepoint-<epoch>-<id>``, a directory for a local ``target``, an
     ``s3://`` URI for a target on S3. The checkpoint may be local or on S3 (``s3a://``).
     ``record`` adds a ``savepoint`` record to the checkpoint's history (off where the
@@ -372,10 +445,7 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
         if local is None or not local.is_dir():
             raise SavepointError(f"no checkpoint at {checkpoint}: the directory does not "
                                  "exist")
-    epoch = last_completed_epoch(checkpoint)
-    if epoch is None:
-        raise SavepointError(f"the job on {checkpoint} has not completed an epoch yet: a "
-                             "savepoint holds a completed epoch; try again after the first")
+    epoch = _pick_epoch(checkpoint, epoch)
     entry = read_offsets(checkpoint, epoch)
     if entry is None:
         raise SavepointError(f"offsets/{epoch} of {checkpoint} vanished while taking the "
@@ -410,7 +480,8 @@ def take_savepoint(spark: SparkSession, checkpoint: str, target: str | os.PathLi
             query_id=query_id, trigger=trigger, spark_version=spark.version,
             shuffle_partitions=int(conf.get(SHUFFLE_KEY, "200")),
             state_backend=StateBackend.of_provider(provider).value, sql_conf=conf,
-            sources=[{"index": i, "offset": s} for i, s in enumerate(entry.input.sources)],
+            sources=[{"index": i, "offset": s, "uid": _source_uid(job, i)}
+                     for i, s in enumerate(entry.input.sources)],
             operators=infos, sinks=list(sinks or []), job=dict(job or {}))
         write_manifest(work, manifest)
         if remote:

@@ -11,12 +11,16 @@
 ``JOB_SINK=delta`` writes them to the Delta table ``JOB_OUT`` (a directory or ``s3://``
 URI; ``JOB_STORAGE``: its storage options as JSON).
 ``JOB_VERSION``: ``v1``; ``v2`` adds a stateful step before the old one (``dropDuplicates``
-on id, uid ``dedup``). ``JOB_BACKEND``: hashmap | rocksdb | unset (the default: RocksDB with
-changelog checkpointing for a new checkpoint); ``JOB_INCREMENTAL``: 1 | 0 | unset (RocksDB
+on id, uid ``dedup``; ``JOB_DEDUP_KEY``: its columns, comma-separated, default ``id``).
+``JOB_BACKEND``: hashmap | rocksdb | unset (the default: RocksDB with changelog
+checkpointing for a new checkpoint); ``JOB_INCREMENTAL``: 1 | 0 | unset (RocksDB
 changelog checkpointing on, off, or as the backend decides). Input: exactly.datagen with
 ``JOB_ROWS`` rows (``JOB_RATE`` per second, 0 = at once; ``JOB_MAX_ROWS`` per epoch) over
 ``JOB_KEYS`` keys. ``JOB_CHANGED_VALUE=1`` adds a max to the aggregation (a changed value
-schema for the same uid).
+schema for the same uid: a new nullable buffer field); ``JOB_ADDED_COUNT=1`` adds a
+``count(amount)`` (a new non-nullable buffer field). ``JOB_TWS_ADDED=1`` gives the ``tws``
+state a new nullable field ``biggest`` (the largest amount since it appeared), written out
+as a column of that name.
 """
 
 from __future__ import annotations
@@ -35,6 +39,35 @@ from exactly import CheckpointConfig, Job
 SPARK_CONF = {"spark.sql.shuffle.partitions": os.environ.get("JOB_PARTITIONS", "2")}
 TWS_OUT = StructType([StructField("id", LongType()), StructField("key", StringType()),
                       StructField("n", LongType()), StructField("total", DoubleType())])
+TWS_ADDED_OUT = StructType([*TWS_OUT.fields, StructField("biggest", DoubleType())])
+
+
+class RunningTotalsAdded(StatefulProcessor):
+    """:class:`RunningTotals` whose state gained a nullable field ``biggest``: the largest
+    amount of the rows seen since the field was added (None in state restored from before)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.acc = handle.getValueState("acc", StructType([
+            StructField("n", LongType()), StructField("total", DoubleType()),
+            StructField("biggest", DoubleType(), True)]))
+
+    def handleInputRows(self, key, rows, timerValues):
+        state = self.acc.get()
+        n, total = (state[0], state[1]) if state is not None else (0, 0.0)
+        biggest = state[2] if state is not None and len(state) > 2 else None
+        out = []
+        for pdf in rows:
+            for i, amount in zip(pdf["id"].tolist(), pdf["amount"].tolist(), strict=True):
+                n += 1
+                total += amount
+                biggest = amount if biggest is None else max(biggest, amount)
+                out.append((i, key[0], n, total, biggest))
+        self.acc.update((n, total, biggest))
+        if out:
+            yield pd.DataFrame(out, columns=["id", "key", "n", "total", "biggest"])
+
+    def close(self) -> None:
+        pass
 
 
 class RunningTotals(StatefulProcessor):
@@ -69,7 +102,8 @@ def events(spark):
         reader = reader.option("maxRowsPerTrigger", os.environ["JOB_MAX_ROWS"])
     rows = reader.load()
     if os.environ.get("JOB_VERSION", "v1") == "v2":
-        rows = exactly.uid("dedup", rows.dropDuplicates(["id"]))
+        columns = os.environ.get("JOB_DEDUP_KEY", "id").split(",")
+        rows = exactly.uid("dedup", rows.dropDuplicates(columns))
     return rows
 
 
@@ -77,12 +111,17 @@ def stateful(spark):
     rows = events(spark)
     if os.environ.get("JOB_KIND", "agg") == "rows":
         return rows.select("id", "key", "amount")
+    if os.environ.get("JOB_KIND", "agg") == "tws" and os.environ.get("JOB_TWS_ADDED"):
+        return exactly.uid("running", rows.groupBy("key").transformWithStateInPandas(
+            RunningTotalsAdded(), TWS_ADDED_OUT, "Update", "None"))
     if os.environ.get("JOB_KIND", "agg") == "tws":
         return exactly.uid("running", rows.groupBy("key").transformWithStateInPandas(
             RunningTotals(), TWS_OUT, "Update", "None"))
     aggregates = [F.count("*").alias("n"), F.sum("amount").alias("total")]
     if os.environ.get("JOB_CHANGED_VALUE"):
         aggregates.append(F.max("amount").alias("biggest"))
+    if os.environ.get("JOB_ADDED_COUNT"):
+        aggregates.append(F.count("amount").alias("amounts"))
     return exactly.uid("counts", rows.groupBy("key").agg(*aggregates))
 
 

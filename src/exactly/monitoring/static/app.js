@@ -159,10 +159,12 @@ function renderLatest(latest) {
 function renderHistory(history) {
   $("history-count").textContent = `(${history.length} shown, newest first)`;
   $("history").tBodies[0].replaceChildren(...history.map((row) => {
-    const tr = el("tr", { class: row.status, "data-epoch": String(row.epoch), "data-status": row.status },
+    const tr = el("tr", { class: row.status, "data-epoch": String(row.epoch), "data-status": row.status,
+      "data-trigger": row.trigger || "periodic" },
       el("td", { class: "num" }, String(row.epoch)),
       el("td", {}, row.status.replace("_", " ") + (row.restored ? " (after restore)" : "")),
-      el("td", {}, when(row.trigger_at)), el("td", { class: "num" }, ms(row.duration_ms)),
+      el("td", {}, when(row.trigger_at) + (row.trigger === "manual" ? " (manual)" : "")),
+      el("td", { class: "num" }, ms(row.duration_ms)),
       el("td", { class: "num" }, bytes(row.new_bytes)), el("td", { class: "num" }, bytes(row.full_bytes)),
       el("td", { class: "num" }, num(row.rows_in)), el("td", { class: "num" }, num(row.rows_out)),
       el("td", { class: "cause" }, row.cause || ""));
