@@ -121,16 +121,11 @@ class ExactlyQuery:
 
 
 def source_names(df: DataFrame) -> list[str]:
-    """Names of the streaming sources a DataFrame reads (``socket``, ``kafka``, ...)."""
-    if is_connect(df):
-        return [fmt for fmt, _ in streaming_sources(df)]
-    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
-    names = []
-    for i in range(leaves.size()):
-        leaf = leaves.apply(i)
-        if "StreamingRelation" in leaf.getClass().getSimpleName():
-            names.append(str(leaf.toString()).split("[")[0].strip())
-    return names
+    """Names of the streaming sources a DataFrame reads (``socket``, ``kafka``, ...), in the
+    order of Spark's offset log."""
+    from exactly.savepoints.operators import job_sources
+
+    return [name for name, _ in job_sources(df)]
 
 
 def source_options(df: DataFrame) -> list[tuple[str, dict[str, str]]]:

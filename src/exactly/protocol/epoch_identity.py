@@ -32,7 +32,7 @@ from exactly.checkpoint.spark_files import (
     read_offsets,
 )
 from exactly.checkpoint.store import open_log_store
-from exactly.errors import CorruptCheckpointFileError, ReplannedEpochError
+from exactly.errors import CorruptCheckpointFileError, CorruptFileError, ReplannedEpochError
 from exactly.fsutil import parse_json
 from exactly.protocol.commitlog import CommitLog
 
@@ -122,11 +122,14 @@ def _restored_source_order(checkpoint: str) -> tuple[int, list[int | None]] | No
 
     try:
         marker = read_restore_marker(job_store(checkpoint))
-    except Exception:  # a damaged marker is reported where the restore reads it
+    except CorruptFileError:  # reported where the restore reads it
         return None
-    if not marker or marker.get("state") != "done" or "source_positions_from" not in marker:
+    if not marker or marker.get("state") != "done":
         return None
-    return int(marker["epoch"]), list(marker["source_positions_from"])
+    epoch, order = marker.get("epoch"), marker.get("source_positions_from")
+    if not isinstance(epoch, int) or not isinstance(order, list):
+        return None
+    return epoch, order
 
 
 def _reordered_by_restore(recorded: dict[str, Any], current: dict[str, Any], epoch: int,

@@ -187,8 +187,9 @@ def _is_source(node: Any) -> bool:
     return "StreamingRelation" in node.getClass().getSimpleName()
 
 
-def source_name(node: Any) -> str:
-    """The name of a streaming source node as the savepoint manifest records it."""
+def _source_name(node: Any) -> str:
+    """The name of a streaming source node (``kafka``, ``exactly.datagen`` ...) as the
+    savepoint manifest records it."""
     return str(node.toString()).split("[")[0].strip()
 
 
@@ -208,7 +209,7 @@ def job_sources(df: DataFrame) -> list[tuple[str, str | None]]:
         leaf = leaves.apply(i)
         if _is_source(leaf):
             value = leaf.getTagValue(tag)
-            found.append((source_name(leaf), value.get() if value.isDefined() else None))
+            found.append((_source_name(leaf), value.get() if value.isDefined() else None))
     return found
 
 

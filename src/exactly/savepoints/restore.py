@@ -300,8 +300,10 @@ def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator]
                 "fresh checkpoint")
     rescale = target != manifest.shuffle_partitions
     switch = backend != manifest.state_backend
+    any_evolved = False
     for old, new in pairs:
         evolved = bool(added_value_fields(old, new))
+        any_evolved = any_evolved or evolved
         if not rescale and not switch and not evolved:
             method = Method.COPY
         elif old.metadata_version == 1 and len(old.stores) == 1:
@@ -319,8 +321,7 @@ def plan_restore(manifest: Manifest, savepoint: Path, job_ops: list[JobOperator]
                 "exactly's state writer, which this restore cannot use for it; restore "
                 "without the new columns first, or with the same partitions and backend")
         plan.moves.append(Move(old, new, method))
-    if plan.spark_repartition and any(
-            added_value_fields(m.old, m.new) for m in plan.moves):
+    if plan.spark_repartition and any_evolved:
         raise SavepointError(
             "this restore rescales transformWithState state with Spark's repartition, which "
             "rewrites every operator as it was: it cannot add aggregate columns in the same "

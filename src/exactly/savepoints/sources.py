@@ -100,10 +100,9 @@ def map_sources(saved: list[SourceRef], job: list[SourceRef], *,
     for i, src in enumerate(job):
         if src.uid is not None and src.uid in by_uid:
             resumed[i] = by_uid[src.uid].index
-    for i, src in enumerate(job):
-        if resumed[i] is not None or (src.uid is not None and src.uid in by_uid):
-            continue
-        if i < len(saved) and saved[i].uid is None and i not in set(resumed):
+    for i in range(len(job)):
+        if resumed[i] is None and i < len(saved) and saved[i].uid is None \
+                and i not in resumed:
             resumed[i] = i
     for i, src in enumerate(job):
         j = resumed[i]
