@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness as h
 
 #: in the order they run; each takes --workdir
-BENCHES = ("file_sink", "postgres_sink", "kafka_sink", "delta_sink", "visibility",
-           "epoch_cost", "reference", "state_snapshots", "history_overhead",
+BENCHES = ("file_sink", "postgres_sink", "kafka_sink", "delta_sink", "iceberg_sink",
+           "visibility", "epoch_cost", "reference", "state_snapshots", "history_overhead",
            "checkpoint_store", "audit", "connect_cost", "epoch_cpu")
 
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Object storage for exactly's tests. Idempotent, cached:
 #   - S3Proxy (org.gaul:s3proxy), the S3-compatible server of the tests  -> $CACHE/s3proxy/jars/
+#   - Apache Iceberg's REST catalog server (iceberg-open-api's test fixtures, Iceberg 1.10,
+#     exactly.testing.iceberg_rest)                                       -> $CACHE/iceberg-rest/jars/
 # CACHE is the per-user cache ${XDG_CACHE_HOME:-~/.cache}/exactly, where
-# exactly.testing.s3_server looks (EXACTLY_S3PROXY_JARS names another directory instead); it
+# exactly.testing.s3_server and exactly.testing.iceberg_rest look (EXACTLY_S3PROXY_JARS and
+# EXACTLY_ICEBERG_REST_JARS name other directories instead); it
 # does not depend on where exactly is installed from. Spark's S3A file system is not fetched
 # here: spark_session(s3a=True) asks Spark for it (spark.jars.packages), and
 # `exactly packages --s3a --download DIR` fills an offline directory (EXACTLY_S3A_JARS). Jars come from Maven Central through scripts/<kind>/pom.xml and are fetched
@@ -46,3 +49,4 @@ fetch() {  # fetch KIND: the runtime jars of scripts/KIND/pom.xml into $cache_ho
 }
 
 fetch s3proxy
+fetch iceberg-rest

@@ -7,7 +7,8 @@
 #   scripts/setup.sh PART...    that plus each PART:
 #     postgres   PostgreSQL's server binaries (Debian) for throw-away servers, and the test kit
 #     kafka      the Kafka broker's jars (Maven Central, ~/.cache/exactly/kafka), the test kit
-#     s3         S3Proxy's jars (Maven Central, ~/.cache/exactly/s3proxy), the test kit
+#     s3         S3Proxy's jars and the Iceberg REST catalog server's (Maven Central,
+#                ~/.cache/exactly/{s3proxy,iceberg-rest}), the test kit
 #     browser    chromium and chromium-driver (the dashboard's browser tests)
 #     dev        the test tools (pytest, ruff, mypy): what the fast lane needs
 #     tests      everything the test suite needs: dev, postgres, kafka, s3 and browser, and
@@ -72,7 +73,8 @@ if [ $postgres -eq 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1;
   debs+=(postgresql)
 fi
 [ $bench -eq 1 ] && debs+=(libpostgresql-jdbc-java)
-# Maven fetches the broker's and S3Proxy's jars; only when one is missing (install-*.sh check)
+# Maven fetches the broker's, S3Proxy's and the Iceberg REST server's jars; only when one is
+# missing (install-*.sh check)
 if { [ $kafka -eq 1 ] || [ $s3 -eq 1 ]; } && ! command -v mvn >/dev/null 2>&1; then
   debs+=(maven)
 fi
@@ -161,7 +163,8 @@ export OLD_PYSPARK
 [ $tests -eq 1 ] && steps+=("PySpark $OLD_PYSPARK (.venv-spark-old)" old_spark_env)
 [ $postgres -eq 1 ] && steps+=("PostgreSQL" "bash scripts/install-postgres.sh")
 [ $kafka -eq 1 ] && steps+=("the Kafka broker's jars" "bash scripts/install-kafka.sh")
-[ $s3 -eq 1 ] && steps+=("S3Proxy's jars" "bash scripts/install-objectstore.sh")
+[ $s3 -eq 1 ] && steps+=("S3Proxy's and the Iceberg REST server's jars" \
+  "bash scripts/install-objectstore.sh")
 if [ ${#steps[@]} -gt 0 ]; then run_all "${steps[@]}"; fi
 # the bytecode of exactly and of every installed package, compiled here for the processes
 # that cannot write it (Python writes none where PYTHONDONTWRITEBYTECODE is set, as on CI

@@ -220,6 +220,17 @@ def _no_lease_heartbeat_outlives_its_test(request):
     stop_heartbeats(keep=before)
 
 
+def _process_pools() -> set[threading.Thread]:
+    """Threads of pools a library keeps for the life of the process by design: pyiceberg's
+    one executor (``ExecutorFactory``, its manifest reads and writes), which grows a thread
+    at a time up to its size; none of them belongs to the test that started it."""
+    import sys
+
+    concurrent = sys.modules.get("pyiceberg.utils.concurrent")
+    pool = getattr(getattr(concurrent, "ExecutorFactory", None), "_instance", None)
+    return set(getattr(pool, "_threads", ()))
+
+
 @pytest.fixture(autouse=True)
 def _fast_test_leaves_nothing_behind(request):
     """A fast test shares its process with hundreds of others, run in any order: what it
@@ -253,7 +264,7 @@ def _fast_test_leaves_nothing_behind(request):
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(children, timeout=10)
-    for thread in set(threading.enumerate()) - threads:
+    for thread in set(threading.enumerate()) - threads - _process_pools():
         thread.join(2.0)
         if thread.is_alive():
             left.append(f"thread {thread.name}")

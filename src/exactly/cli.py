@@ -8,6 +8,7 @@ full traceback above it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -236,7 +237,9 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
               file_okay=False), help="Directory of JSON-lines events.")
 @click.option("--output", "output_dir", required=True, type=click.Path(file_okay=False),
               help="Output directory of the 2PC file sink; with --sink delta the table "
-                   "(a directory or an s3:// URI).")
+                   "(a directory or an s3:// URI); with --sink iceberg the table's address, "
+                   "iceberg:CATALOG?table=NS.NAME (CATALOG: a warehouse directory, "
+                   "sqlite:///..., postgresql://..., http://... for REST).")
 @click.option("--checkpoint", "checkpoint_dir", required=True, type=click.Path(file_okay=False),
               help="Checkpoint directory (Spark's offset and commit logs), or s3a://bucket/"
                    "prefix (S3 settings: AWS_* environment variables).")
@@ -247,8 +250,10 @@ def demo(events: int, crashes: int, seed: int, workdir: Path, output_format: str
 @click.option("--max-files-per-epoch", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--dead-letter", "dead_letter_dir", default=None,
               type=click.Path(file_okay=False), help="Route malformed rows here and go on.")
-@click.option("--sink", default="files", show_default=True, type=click.Choice(["files", "delta"]),
-              help="exactly.files or exactly.delta (S3 settings: AWS_* environment variables).")
+@click.option("--sink", default="files", show_default=True,
+              type=click.Choice(["files", "delta", "iceberg"]),
+              help="exactly.files, exactly.delta or exactly.iceberg (S3 settings: AWS_* "
+                   "environment variables).")
 @click.option("--writer", default="start_query", show_default=True,
               type=click.Choice(["start_query", "datasource"]),
               help="start_query: the sink commits in the driver (foreachBatch); datasource: "
@@ -261,7 +266,7 @@ def pipeline(input_dir: str, output_dir: str, checkpoint_dir: str, mode: str,
              sink: str, writer: str, fault: str | None, fault_marker: str | None,
              fault_action: str | None) -> None:
     """Drain an input directory through the demo pipeline into the file sink (or a Delta
-    table with --sink delta), then stop.
+    table with --sink delta, an Iceberg table with --sink iceberg), then stop.
 
     Fault injection (tests and drills): --fault POINT[@EPOCH] (see `exactly faults`). Spark's
     own log is off unless --verbose (or EXACTLY_SPARK_LOG_LEVEL) asks for it.
@@ -433,9 +438,12 @@ def packages(kafka: bool, s3a: bool, submit: bool, download: Path | None) -> Non
                    "when it exists).")
 @click.option("--sink-path", default=None, type=click.Path(file_okay=False),
               help="Output directory of the file sink (its log is OUTPUT/_exactly).")
+@click.option("--table", default=None, metavar="iceberg:CATALOG?table=NS.NAME",
+              help="The Iceberg table the job writes: its epochs, pending attempts and stray "
+                   "data files are checked against the sink log.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @reports_failure("doctor")
-def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
+def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None, table: str | None,
            as_json: bool) -> None:
     """Check a checkpoint and an exactly sink's log offline; changes nothing.
 
@@ -445,24 +453,78 @@ def doctor(checkpoint: str, sink_log: str | None, sink_path: str | None,
     """
     from exactly.ops.doctor import diagnose
 
-    report = diagnose(checkpoint, sink_log, sink_path)
+    report = diagnose(checkpoint, sink_log, sink_path, table)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:
-        table = Table(title=f"doctor: {checkpoint}" + (f" + {report.sink_log}"
+        shown = Table(title=f"doctor: {checkpoint}" + (f" + {report.sink_log}"
                                                        if report.sink_log else ""))
         for column in ("severity", "file", "finding", "safe repair"):
-            table.add_column(column, overflow="fold")
+            shown.add_column(column, overflow="fold")
         colours = {"error": "red", "warning": "yellow", "info": "cyan"}
         for f in sorted(report.findings, key=lambda f: ("error", "warning", "info")
                         .index(f.severity)):
-            table.add_row(f"[{colours[f.severity]}]{f.severity}[/]", f.path, f.problem,
+            shown.add_row(f"[{colours[f.severity]}]{f.severity}[/]", f.path, f.problem,
                           f.repair)
         console = report_console(min_width=160)
-        console.print(table)
+        console.print(shown)
         errors = sum(f.severity == "error" for f in report.findings)
         console.print("clean: no errors" if report.ok else f"{errors} error(s)")
     sys.exit(0 if report.ok else 1)
+
+
+@main.command(context_settings={"show_default": True})
+@click.argument("table")
+@click.option("--target-file-mb", type=click.IntRange(1), default=None,
+              help="Largest compacted file, MiB (default: Delta 128, Iceberg 512).")
+@click.option("--min-files", type=click.IntRange(2), default=2,
+              help="Write a compacted file only when it replaces at least this many.")
+@click.option("--keep-newest-epochs", type=click.IntRange(0), default=0,
+              help="Leave each query's newest N epochs as they are.")
+@click.option("--split-after", type=click.IntRange(0), multiple=True,
+              help="An epoch no compacted file goes past (a savepoint's: a retract to it "
+                   "stays possible). Repeatable.")
+@click.option("--dry-run", is_flag=True, help="Print what would be compacted; write nothing.")
+@click.option("--every", "every", type=click.FloatRange(min=0.1), default=None,
+              metavar="SECONDS", help="Compact every SECONDS until stopped (Ctrl-C, SIGTERM).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@reports_failure("compact")
+def compact(table: str, target_file_mb: int | None, min_files: int, keep_newest_epochs: int,
+            split_after: tuple[int, ...], dry_run: bool, every: float | None,
+            as_json: bool) -> None:
+    """Compact the small files an exactly Delta or Iceberg sink wrote into TABLE, in one
+    commit that changes no row and never makes the job's epoch commits fail.
+
+    TABLE: iceberg:CATALOG?table=NS.NAME, or a Delta table (delta:PATH, or a directory /
+    s3:// prefix holding _delta_log/). Safe while the job runs. Exit code 0 done (also
+    when there was nothing to compact), 2 bad input, 3 a failure (nothing changed).
+    """
+    import signal
+    import threading
+
+    from exactly.errors import ConfigError
+    from exactly.ops.compaction import CompactionPlan, check_table, compact_every, compact_once
+
+    try:
+        check_table(table)  # a bad TABLE fails before anything runs
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="TABLE") from None
+    plan = CompactionPlan(table, None if target_file_mb is None else target_file_mb << 20,
+                          min_files, keep_newest_epochs, tuple(split_after), dry_run)
+    if every is None:
+        result = compact_once(plan)
+        if as_json:
+            click.echo(json.dumps(result, indent=1))
+        else:
+            done = "would rewrite" if dry_run else "rewrote"
+            click.echo(f"{table}: {done} {result['rewritten_files']} file(s) into "
+                       f"{result['written_files']}; live files {result['files_before']} -> "
+                       f"{result['files_after']}")
+        return
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        compact_every(plan, every, click.echo, stop, failures=(Exception,))
 
 
 @main.command("restore-offsets")

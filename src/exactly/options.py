@@ -39,6 +39,11 @@ DEAD_LETTER_PATH = "deadLetterPath"
 # -- Delta Lake (exactly.delta) ------------------------------------------------------------
 STORAGE_PREFIX = "storage."  #: storage.<KEY> -> deltalake's storage options (and the files')
 
+# -- Apache Iceberg (exactly.iceberg) ------------------------------------------------------
+WAREHOUSE = "warehouse"  #: where new tables go; the embedded SQLite catalog's directory
+CATALOG_PREFIX = "catalog."  #: catalog.<KEY> -> pyiceberg's catalog properties
+PARTITION_BY = "partitionBy"  #: the partition spec of a table the sink creates
+
 # -- generator (exactly.datagen) and table source (exactly.postgres read side) ------------
 ROWS_PER_SECOND = "rowsPerSecond"
 TOTAL_ROWS = "totalRows"
@@ -145,11 +150,13 @@ SINK_OPTIONS: dict[str, tuple[str, ...]] = {
                       KAFKA_TRANSACTION_TIMEOUT_MS, KAFKA_MARKER_TOPIC,
                       KAFKA_PUBLISH_TIMEOUT_MS, KAFKA_CALL_TIMEOUT_MS),
     "exactly.delta": (*SINK_COMMON, PATH, COMPRESSION),
+    "exactly.iceberg": (*SINK_COMMON, PATH, TABLE, WAREHOUSE, PARTITION_BY, COMPRESSION),
 }
 #: name prefixes a format passes on to a client library whole (``kafka.<client option>``)
 SOURCE_PREFIXES: dict[str, tuple[str, ...]] = {"exactly.kafka": (KAFKA_PREFIX,)}
 SINK_PREFIXES: dict[str, tuple[str, ...]] = {"exactly.kafka": (KAFKA_PREFIX,),
-                                             "exactly.delta": (STORAGE_PREFIX,)}
+                                             "exactly.delta": (STORAGE_PREFIX,),
+                                             "exactly.iceberg": (CATALOG_PREFIX,)}
 
 
 def known_options(fmt: str, side: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

@@ -16,8 +16,10 @@ The fault log goes with every failure (in the message, and
 Default lane: one short run per sink (each kind of fault once, a few more at random; no kill:
 every sink is already SIGKILLed at every protocol point in the default lane -- docs/
 reliability.md, "Kill coverage" -- and a restart costs a new driver JVM); the write-ahead
-sink's is a slow proof. Soaks (marked ``soak``: ``scripts/soak --nemesis``,
-``./scripts/test --slow``): one long run per sink,
+sink's and the Iceberg sink's are slow proofs. The Iceberg run has two servers behind
+proxies -- its SQL catalog on PostgreSQL and its files on S3Proxy -- so its network faults
+name the server they hit (``net.cut@catalog``, ``net.answer@s3``). Soaks (marked
+``soak``: ``scripts/soak --nemesis``, ``./scripts/test --slow``): one long run per sink,
 ``EXACTLY_NEMESIS_FAULTS`` faults (default 200), kills included, with
 ``EXACTLY_NEMESIS_REPORT`` naming a JSON-lines file for the summary table.
 Clock jumps are not in these runs: the job's leases take their clock in-process only, so they
@@ -30,6 +32,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,13 +50,20 @@ from exactly.testing.nemesis.faultlog import FaultLog
 from exactly.testing.nemesis.observers import (
     DeltaObserver,
     FileOutputObserver,
+    IcebergObserver,
     KafkaObserver,
     Observer,
     PostgresObserver,
     json_row,
 )
 from exactly.testing.nemesis.processes import driver_pids, executor_pids, tree_pids
-from exactly.testing.nemesis.proxy import FaultProxy, contains, http_request, kafka_request
+from exactly.testing.nemesis.proxy import (
+    FaultProxy,
+    after,
+    contains,
+    http_request,
+    kafka_request,
+)
 from exactly.testing.nemesis.schedule import Action, FaultSchedule, Nemesis
 from exactly.testing.supervised import SupervisedRun
 
@@ -146,13 +156,22 @@ class Target:
     location: str = ""
 
 
+#: the durations of the kinds of fault that do not last the default range
+DURATIONS = {actions.KILL: (0.0, 0.0), "net.cut": (0.0, 0.0), actions.ANSWER: (2.0, 4.0)}
+
+
+def base_kind(kind: str) -> str:
+    """A kind without the server it targets: ``net.cut@catalog`` -> ``net.cut`` (a run with
+    two servers behind proxies names each server's faults apart)."""
+    return kind.split("@", 1)[0]
+
+
 def schedule_for(kinds: list[str], length: Length) -> FaultSchedule:
     """The short run: each kind once and a few more; the soak: its faults."""
     count = length.faults or len(kinds) + EXTRA_FAULTS
     return FaultSchedule.random(SEED, kinds, count, gap=length.gap, duration=length.duration,
-                                durations={actions.KILL: (0.0, 0.0),
-                                           "net.cut": (0.0, 0.0),
-                                           actions.ANSWER: (2.0, 4.0)})
+                                durations={k: DURATIONS[base_kind(k)] for k in kinds
+                                           if base_kind(k) in DURATIONS})
 
 
 def epochs_of_input(checkpoint: Path) -> dict[int, int]:
@@ -263,12 +282,17 @@ def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary
     summary.anomalies = {k.label: n for k, n in report.counts.items() if n}
     summary.leftovers = target.leftovers()
     summary.record()
-    print(f"fault log: {tmp_path / 'faults.jsonl'}")
+    print(f"{report.render()}\nfault log: {tmp_path / 'faults.jsonl'}")
     assert report.ok, f"{report.render()}\nfault log:\n{log.text()}"
     assert summary.leftovers == 0
     assert set(summary.faults) == set(kinds), "a kind of fault never ran"
     if actions.ANSWER in kinds:
         assert summary.answer_faults_fired >= 1, "no commit request met an answer fault"
+    for kind in kinds:  # an answer fault of a named server: one of its requests met it
+        if "@" in kind and base_kind(kind) == actions.ANSWER:
+            server = kind.split("@", 1)[1]
+            assert any(e["kind"] == "net.answer_fault" and e["target"] == server
+                       for e in log.entries), f"no commit request to {server} met {kind}"
     return summary
 
 
@@ -473,3 +497,86 @@ class _Message:
 
     def value(self) -> bytes | None:
         return self._value
+
+
+# -- Iceberg: the SQL catalog on PostgreSQL, the files on S3 ----------------------------------
+@pytest.fixture
+def catalog_proxy(pg):
+    with FaultProxy("127.0.0.1", pg.port, name="catalog") as proxy:
+        yield proxy
+
+
+# CI budget: the Iceberg sink's default-lane proofs are its kills at every protocol point in
+# process (tests/contract: the iceberg case of test_commit_protocol.py); this run of a whole
+# driver under two servers' faults (~60-90 s) is a slow proof, as its kills of whole drivers
+# are (tests/chaos/test_iceberg_chaos.py)
+@pytest.mark.slow
+def test_the_iceberg_sink_under_the_nemesis_commits_every_row_once_and_readers_see_no_anomaly(
+        tmp_path, pg, s3_server, s3_bucket, catalog_proxy, s3_proxy):
+    iceberg_under_the_nemesis(tmp_path, pg, s3_server, s3_bucket, catalog_proxy, s3_proxy,
+                              SHORT)
+
+
+@pytest.mark.soak
+def test_the_iceberg_sink_soaks_under_the_nemesis_with_kills(tmp_path, pg, s3_server,
+                                                             s3_bucket, catalog_proxy,
+                                                             s3_proxy):
+    iceberg_under_the_nemesis(tmp_path, pg, s3_server, s3_bucket, catalog_proxy, s3_proxy,
+                              soak())
+
+
+def _at(server: str, kinds: dict[str, Action]) -> dict[str, Action]:
+    return {f"{kind}@{server}": action for kind, action in kinds.items()}
+
+
+def iceberg_under_the_nemesis(tmp_path: Path, pg: Any, s3_server: Any, s3_bucket: str,
+                              catalog_proxy: FaultProxy, s3_proxy: FaultProxy,
+                              length: Length) -> None:
+    """The SQL catalog on the test kit's PostgreSQL, reached by the job through
+    ``catalog_proxy``; the table's files (data, manifests, metadata) on S3Proxy through
+    ``s3_proxy``. The readers (the observer, the final read, ``exactly verify``) reach both
+    directly. Answer faults: the ``COMMIT`` of the catalog's swap of the metadata pointer
+    (the commit of an epoch), and the PUT of a new ``.metadata.json``."""
+    from exactly.testing.iceberg_output import leftovers as iceberg_leftovers
+
+    table = f"nemesis_{uuid.uuid4().hex[:8]}.events"  # one PostgreSQL for the session
+    warehouse = f"s3://{s3_bucket}/lake"
+    address = f"iceberg:{pg.dsn}?table={table}&warehouse={warehouse}"
+    proxied = pg.dsn.replace(f":{pg.port}/", f":{catalog_proxy.port}/")
+    final = IcebergObserver(History(), address, name="final")
+    final.address.catalog.load()  # the catalog's own tables exist before two clients race
+
+    def final_rows() -> list[Row]:
+        try:
+            return final.current_rows()
+        except Exception:  # a read while the job creates the table
+            final.reset()
+            return []
+
+    def server(log: FaultLog) -> dict[str, Action]:
+        catalog_proxy.log = log
+        s3_proxy.log = log
+        return {
+            **_at("catalog", actions.network_actions(
+                catalog_proxy, after(b"UPDATE iceberg_tables", b"COMMIT"))),
+            f"{actions.SERVER_PAUSE}@catalog": actions.pause_action(
+                lambda: tree_pids(pg.pid or 0), "postgres", log),
+            **_at("s3", actions.network_actions(
+                s3_proxy, http_request("PUT", b".metadata.json"))),
+            f"{actions.SERVER_PAUSE}@s3": actions.pause_action(
+                lambda: tree_pids(s3_server.proc.pid), "s3proxy", log)}
+
+    env = {"JOB_SINK": "iceberg",
+           "JOB_ICEBERG": f"iceberg:{proxied}?table={table}&warehouse={warehouse}",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_proxy.port}"}
+    target = Target("iceberg", env, 3000, final_rows,
+                    lambda h: [IcebergObserver(h, address, poll_seconds=length.poll_s)],
+                    {"iceberg"}, server, lambda: len(iceberg_leftovers(address)),
+                    location=address)
+    try:
+        summary = run_under_nemesis(tmp_path, target, length)
+    finally:
+        final.reset()
+    assert summary.faults.keys() >= {"net.answer@catalog", "net.blackhole@catalog",
+                                     "pause.server@catalog", "net.drop@s3", "pause.driver",
+                                     "disk.full"}

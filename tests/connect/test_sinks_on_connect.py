@@ -120,6 +120,19 @@ def kafka(spark, tmp: str, bootstrap: str, topic: str) -> None:
     assert_every_epoch_committed(ck / "exactly-sink")
 
 
+def iceberg(spark, tmp: str) -> None:
+    from pyiceberg.catalog import load_catalog
+
+    ck, lake = Path(tmp) / "ck", Path(tmp) / "lake"
+    drain(datagen(spark).select("id", "key"), ck, sink_format="exactly.iceberg",
+          path="db.events", options={"warehouse": str(lake)})
+    table = load_catalog("exactly", type="sql", uri=f"sqlite:///{lake}/catalog.db") \
+        .load_table("db.events")
+    assert_every_id_once(np.array(table.scan(selected_fields=("id",)).to_arrow()["id"]))
+    assert len(table.metadata.snapshots) == EPOCHS  # one snapshot an epoch
+    assert_every_epoch_committed(ck / "exactly-sink")
+
+
 def object_storage_refused(spark, tmp: str) -> None:
     """Refused in the client, naming why, before the server starts anything: no query runs
     and nothing is written."""
@@ -163,6 +176,12 @@ def test_upsert_sink_in_update_mode_on_connect_ends_with_the_inputs_counts_and_i
 def test_kafka_sink_on_connect_writes_every_row_once_for_read_committed_consumers(
         in_client, broker, topic, tmp_path):
     in_client(MODULE, "kafka", tmp=str(tmp_path), bootstrap=broker.bootstrap, topic=topic)
+
+
+@pytest.mark.slow  # CI budget: the Iceberg sink's protocol runs in process in the default lane
+def test_iceberg_sink_on_connect_writes_every_row_once_in_one_snapshot_per_epoch(
+        in_client, tmp_path):
+    in_client(MODULE, "iceberg", tmp=str(tmp_path))
 
 
 def test_an_object_storage_checkpoint_is_refused_on_connect_before_the_query_starts(

@@ -260,6 +260,78 @@ class DeltaCase(SinkCase):
         return sorted(table.to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
 
+class IcebergCase(SinkCase):
+    """An Iceberg table in the embedded SQLite catalog of a local warehouse; visible = what
+    pyiceberg reads from the table's current snapshot."""
+
+    name = "iceberg"
+    already_committed_between_commits = 0  # the epoch becomes visible in one snapshot
+    table_name = "db.events"
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode, log_dir=str(self.tmp / "log"))
+
+    def catalog_options(self) -> tuple[dict[str, str], str | None]:
+        return {}, str(self.tmp / "warehouse")
+
+    def build(self, settings: SinkSettings) -> TwoPhaseCommitSink:
+        from exactly.connectors.iceberg.catalog import CatalogSpec
+        from exactly.connectors.iceberg.sink import IcebergSink
+
+        options, warehouse = self.catalog_options()
+        self.catalog = CatalogSpec.from_options(options, warehouse)
+        sink = IcebergSink(self.table_name, settings.require_log_location("iceberg"),
+                           catalog=self.catalog)
+        sink.prepare_target(ID_KEY)
+        return sink
+
+    def visible(self) -> list[int]:
+        table = self.catalog.load().load_table(self.table_name)
+        return sorted(table.scan(selected_fields=("id",)).to_arrow()["id"].to_pylist())
+
+
+class IcebergRestCase(IcebergCase):
+    """The Iceberg sink through a REST catalog (the test kit's server), the table's files in
+    its local warehouse; each test a namespace of its own."""
+
+    name = "iceberg_rest"
+    server = True
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.rest: Any = request.getfixturevalue("iceberg_rest")
+        self.table_name = f"t_{tmp_path.name[-24:].lower().replace('-', '_')}.events"
+
+    def catalog_options(self) -> tuple[dict[str, str], str | None]:
+        props = self.rest.catalog_properties()
+        return {k: v for k, v in props.items() if k != "warehouse"}, props.get("warehouse")
+
+
+class IcebergPostgresS3Case(IcebergCase):
+    """The Iceberg sink with the SQL catalog on PostgreSQL and the table's files, the commit
+    log and the lease on S3Proxy (the store in the ``AWS_*`` environment)."""
+
+    name = "iceberg_pg_s3"
+    server = True
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.pg: Any = request.getfixturevalue("pg")
+        s3: Any = request.getfixturevalue("s3_server")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for key, value in s3.env().items():
+            monkeypatch.setenv(key, value)
+        self.bucket = f"contract-{tmp_path.name.lower().replace('_', '-')[-40:]}".strip("-")
+        s3.create_bucket(self.bucket)
+        self.table_name = f"t_{tmp_path.name[-24:].lower().replace('-', '_')}.events"
+
+    def settings(self, mode: Mode) -> SinkSettings:
+        return SinkSettings(mode=mode, log_dir=f"s3://{self.bucket}/log")
+
+    def catalog_options(self) -> tuple[dict[str, str], str | None]:
+        return {"uri": self.pg.dsn}, f"s3://{self.bucket}/lake"
+
+
 class _OnS3:
     """A case with its sink's commit log, lease and staging under ``s3://<bucket>/log`` on
     an S3-compatible object store (S3Proxy), the store in the ``AWS_*`` environment."""
@@ -315,7 +387,8 @@ class KafkaS3Case(_OnS3, KafkaCase):
 
 CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, SqliteWalS3Case,
                                      Postgres2pcCase, PostgresWalCase, PostgresUpsertCase,
-                                     KafkaCase, KafkaS3Case, DeltaCase, DeltaS3Case)
+                                     KafkaCase, KafkaS3Case, DeltaCase, DeltaS3Case, IcebergCase,
+                                     IcebergRestCase, IcebergPostgresS3Case)
 BY_NAME = {c.name: c for c in CASES}
 
 

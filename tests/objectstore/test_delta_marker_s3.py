@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from exactly.connectors.delta import sink as delta_sink
+from exactly.connectors import lake_files
 from exactly.connectors.delta.sink import DeltaSink
 from exactly.protocol.contract import TaskInfo
 
@@ -27,14 +27,14 @@ def test_on_s3_the_marker_put_overlaps_the_rows_and_precedes_the_data_object(
     data = f"{base}/{sink._data_name(task)}"
     release = threading.Event()
     seen: list[pafs.FileType] = []
-    original = delta_sink._put
+    original = lake_files.put_object
 
     def held_put(fs_: pafs.FileSystem, path: str, body: bytes) -> None:
         release.wait(10)
         seen.append(fs.get_file_info(data).type)  # the data object, as the marker lands
         original(fs_, path, body)
 
-    monkeypatch.setattr(delta_sink, "_put", held_put)
+    monkeypatch.setattr(lake_files, "put_object", held_put)
     txn = sink.begin_transaction(task)
     sink.write(txn, pa.record_batch({"id": [1, 2, 3]}, schema=SCHEMA))
     marker = f"{base}/{sink._marker_name(task)}"

@@ -229,7 +229,10 @@ def test_the_spare_takes_over_after_a_kill_at_every_driver_protocol_point(sink, 
     rows = 100 * (SPACING * len(POINTS) + 10)
     env, ids = _sink_env(sink, tmp_path, request)
     env.update({"JOB_ROWS": str(rows), "JOB_RATE": "100", "JOB_INTERVAL": "1s"})
-    schedule = ",".join(f"{point}@{4 + i * SPACING}" for i, point in enumerate(POINTS))
+    # the first kill waits SPACING epochs too: the first driver's first epochs catch up the
+    # rows generated while it started (seconds on a loaded machine) and go by in about a
+    # second, before its spare (started once it committed an epoch) exists
+    schedule = ",".join(f"{point}@{(i + 1) * SPACING}" for i, point in enumerate(POINTS))
     marker = tmp_path / "fired.json"
     markers = [tmp_path / f"fired-{i}.json" for i in range(1, len(POINTS) + 1)]
     run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--fault", schedule,

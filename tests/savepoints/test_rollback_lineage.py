@@ -215,9 +215,58 @@ def delta_ids(uri: str, storage: dict[str, str]) -> list[int]:
     return sorted(table.to_pyarrow_table(columns=["id"])["id"].to_pylist())
 
 
+class Iceberg(Target):
+    """An Iceberg table in the embedded SQLite catalog of a local warehouse."""
+
+    name = "iceberg"
+    sink_format = "exactly.iceberg"
+    retracts = True
+
+    def options(self) -> dict[str, str]:
+        return {"table": "db.events", "warehouse": str(self.tmp / "lake")}
+
+    def table(self):
+        from exactly.connectors.iceberg.catalog import CatalogSpec
+
+        catalog = {k[len("catalog."):]: v for k, v in self.options().items()
+                   if k.startswith("catalog.")}
+        spec = CatalogSpec.from_options(catalog, self.options().get("warehouse"))
+        return spec.load().load_table("db.events")
+
+    def visible(self) -> list[int]:
+        return sorted(self.table().scan(selected_fields=("id",)).to_arrow()["id"].to_pylist())
+
+
+class IcebergPostgresS3(Iceberg):
+    """The SQL catalog on PostgreSQL, the table's files on S3Proxy."""
+
+    name = "iceberg_pg_s3"
+
+    def __init__(self, request: pytest.FixtureRequest, tmp: Path) -> None:
+        super().__init__(request, tmp)
+        self.pg = request.getfixturevalue("pg")
+        s3 = request.getfixturevalue("s3_server")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        for key, value in s3.env().items():
+            monkeypatch.setenv(key, value)
+        self.bucket = f"lineage-{uuid.uuid4().hex[:12]}"
+        s3.create_bucket(self.bucket)
+        self.namespace = f"lineage_{uuid.uuid4().hex[:8]}"
+
+    def options(self) -> dict[str, str]:
+        return {"table": f"{self.namespace}.events", "catalog.uri": self.pg.dsn,
+                "warehouse": f"s3://{self.bucket}/lake"}
+
+    def table(self):
+        from exactly.connectors.iceberg.catalog import CatalogSpec
+
+        spec = CatalogSpec.from_options({"uri": self.pg.dsn}, f"s3://{self.bucket}/lake")
+        return spec.load().load_table(f"{self.namespace}.events")
+
+
 TARGETS = {t.name: t for t in (FilesTarget, Postgres2pcAppend, Postgres2pcUpsert, Upsert,
-                               SqliteWal, Kafka, Delta, DeltaS3)}
-SERVERLESS = ("files", "wal", "delta")
+                               SqliteWal, Kafka, Delta, DeltaS3, Iceberg, IcebergPostgresS3)}
+SERVERLESS = ("files", "wal", "delta", "iceberg")
 
 
 def over(*names: str) -> pytest.MarkDecorator:
@@ -330,7 +379,7 @@ def test_a_rollback_across_a_restore_lineage_with_each_sink_rollback_value(targe
     assert target.visible() == sorted(truth(*range(8)) + kept)
 
 
-@over("files", "pg_2pc_append", "wal", "delta")
+@over("files", "pg_2pc_append", "wal", "delta", "iceberg")
 def test_a_savepoint_newer_than_where_the_lineage_left_its_query_is_refused(target):
     """A ran 0..3 (savepoints at 1 and 3); B was restored from A@1 over epochs 2..3
     (retract where the target can, else keep) and ran 2..3; A@3 is of another branch."""
@@ -396,7 +445,7 @@ def test_delta_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrit
     assert target.visible() == sorted([*truth(0, 1, 2, 3), 9001, 9002])
 
 
-@over("files", "pg_2pc_append", "wal", "kafka", "delta")
+@over("files", "pg_2pc_append", "wal", "kafka", "delta", "iceberg")
 def test_a_savepoint_of_a_branch_a_later_restore_replaced_is_refused(target):
     """A ran 0..3; B, restored from A@3, ran 4..5; then C was restored from A's older
     savepoint at 1 (a rollback, kept) and ran 2..3. The target's line of A is C's now, so
@@ -553,7 +602,8 @@ def test_delta_retract_takes_back_the_lines_files_only_not_rows_an_earlier_keep_
     assert target.visible() == sorted(truth(*range(6)) + truth(2, 3))
 
 
-@over("files", "pg_2pc_append", "wal", "kafka", "delta", "delta_s3")
+@over("files", "pg_2pc_append", "wal", "kafka", "delta", "delta_s3", "iceberg",
+      "iceberg_pg_s3")
 def test_a_fork_records_its_lineage_so_an_older_savepoint_restored_into_it_is_a_rollback(
         target):
     """A's savepoint at 3 is restored as B into a fresh target (a fork: A's own output is
@@ -598,3 +648,48 @@ def test_a_kafka_fork_into_a_topic_not_made_yet_is_restored_and_says_no_lineage_
         done = hand_over(job, savepoint, state, SinkRollback.REFUSE, "b")
     assert done == {"fenced": [], "lineage_recorded": f"no: topic {topic} does not exist yet"}
     assert any("kafka_fork_lineage_not_recorded" in r.getMessage() for r in caplog.records)
+
+
+@over("iceberg")
+def test_iceberg_retract_keeps_other_writers_appends_and_is_refused_after_a_rewrite(target):
+    """The retract snapshot removes only the line's files: rows another writer appended
+    after the savepoint stay. Once another writer overwrote rows (a pyiceberg overwrite
+    rewrites the table's files), the line's rows cannot be told apart: retract is refused
+    naming the snapshot; keep still works."""
+    line = Lineage(target)
+    a, c = str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 4))
+    target.table().append(pa.Table.from_batches([target.batch([9001, 9002])]))
+    done = line.restore(a, 1, c, SinkRollback.RETRACT)
+    assert done["retracted_epochs"] == [2, 3]
+    assert target.visible() == sorted([*truth(0, 1), 9001, 9002])
+    summary = target.table().current_snapshot().summary.additional_properties
+    assert summary["exactly.retractedAfter"] == "1"
+
+    line.run(c, range(2, 4))
+    table = target.table()
+    table.overwrite(table.scan().to_arrow())  # another engine rewrote every file
+    with pytest.raises(SavepointError) as refused:
+        line.restore(c, 2, str(uuid.uuid4()), SinkRollback.RETRACT)
+    message = str(refused.value)
+    assert "the table was rewritten" in message and "delete" in message, message
+    assert "--sink-rollback keep" in message, message
+    assert target.visible() == sorted([*truth(0, 1, 2, 3), 9001, 9002])
+
+
+@over("iceberg")
+def test_iceberg_retract_takes_back_the_lines_files_only_not_rows_an_earlier_keep_left(
+        target):
+    """As for Delta: A ran 0..5; C, restored from A@1 keeping A's epochs 2..5, ran 2..6;
+    retracting after C's epoch 3 takes back C's epochs 4..6 only, and a restored query
+    then commits epoch 4 again (the progress went back with the files)."""
+    line = Lineage(target)
+    a, c, d = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    line.run(a, range(0, 6))
+    line.restore(a, 1, c, SinkRollback.KEEP)
+    line.run(c, range(2, 7))
+    done = line.restore(c, 3, d, SinkRollback.RETRACT)
+    assert done["retracted_epochs"] == [4, 5, 6]
+    assert target.visible() == sorted(truth(*range(6)) + truth(2, 3))
+    line.run(d, range(4, 5))
+    assert target.visible() == sorted(truth(*range(6)) + truth(2, 3, 4))

@@ -19,7 +19,10 @@ from pathlib import Path
 from source_tree import SRC, files, tree
 
 #: modules every connector may share (not a target of their own)
-SHARED_CONNECTOR_MODULES = {"exactly.connectors.sql", "exactly.connectors.admission"}
+#: connector modules of no one target: SQL helpers, admission control, and the records the
+#: table-format sinks (Delta, Iceberg) keep beside a table's data files
+SHARED_CONNECTOR_MODULES = {"exactly.connectors.sql", "exactly.connectors.admission",
+                            "exactly.connectors.lake_files"}
 
 
 def module_name(path: Path) -> str:

@@ -197,6 +197,27 @@ def test_a_committed_record_gone_from_a_later_snapshot_has_vanished():
     assert report.anomalies[Anomaly.VANISHED] == ["pg-table: id 2 seen in snapshot #0, gone in #1"]
 
 
+def test_a_progress_record_off_the_commits_read_with_it_or_going_back_is_an_epoch_record():
+    """An Iceberg table's ``exactly.epoch.<query>``: read with the snapshots it describes, it
+    must name their newest epoch of the query, and never go back; repeated reads are kept
+    once."""
+    h = History()
+    h.snapshot("iceberg", RC, FINAL)
+    h.epoch_record("iceberg", "q", 0, 0, at="snapshot 1")
+    h.epoch_record("iceberg", "q", 0, 0, at="snapshot 1")  # the same read again: not kept
+    h.epoch_record("iceberg", "q", 1, 1, at="snapshot 2")
+    assert check(h, expected_ids=EXPECTED, final_rows=FINAL, whole_epochs=True).ok
+    assert len(h.epoch_records()) == 2
+    h.epoch_record("iceberg", "q", 2, 1, at="snapshot 3")  # ahead of the table's snapshots
+    h.epoch_record("iceberg", "q", 0, 0, at="snapshot 4")  # back from 2
+    report = check(h, expected_ids=EXPECTED, final_rows=FINAL, whole_epochs=True)
+    assert kinds(report) == {Anomaly.EPOCH_RECORD}
+    assert report.counts[Anomaly.EPOCH_RECORD] == 2
+    ahead, back = report.anomalies[Anomaly.EPOCH_RECORD]
+    assert "records epoch 2 of query q as its newest, its commits' newest is 1" in ahead
+    assert "went back from epoch 2 to 0 (snapshot 4)" in back
+
+
 def test_an_id_the_input_never_held_in_the_final_output_is_unexpected():
     report = check(History(), expected_ids=EXPECTED, final_rows=[*FINAL, (5, 1)],
                    whole_epochs=False)

@@ -16,6 +16,7 @@ from exactly.testing.nemesis.proxy import (
     Answer,
     Direction,
     FaultProxy,
+    after,
     contains,
     http_request,
     kafka_request,
@@ -211,6 +212,21 @@ def test_the_http_matcher_sees_request_lines_only():
     again = http_request("PUT", b"_delta_log/")()
     again(b"PUT /b/t/_delta_log/0000.js")
     assert again(b"on HTTP/1.1\r\n")
+
+
+def test_the_after_matcher_sees_a_commit_only_after_the_statement_it_follows():
+    """A SQL catalog's metadata swap: the COMMIT after its UPDATE, not the commits of other
+    transactions; either pattern may be split across chunks."""
+    match = after(b"UPDATE iceberg_tables", b"COMMIT")()
+    assert not match(b"BEGIN; INSERT INTO t VALUES (1); COMMIT")
+    assert not match(b"BEGIN; UPDATE iceberg_ta")
+    assert not match(b"bles SET metadata_location = $1; COM")
+    assert match(b"MIT")
+    assert not match(b"COMMIT")  # the next transaction's: no UPDATE before it
+    assert match(b"UPDATE iceberg_tables SET x = 1; COMMIT")
+    again = after(b"UPDATE iceberg_tables", b"COMMIT")()
+    assert not again(b"COMMIT; UPDATE iceberg_tables SET x = 1")
+    assert again(b"; COMMIT")
 
 
 def test_a_schedule_is_drawn_from_its_seed_holds_every_kind_and_replays_from_its_log(tmp_path):

@@ -3,8 +3,8 @@ duplicated.
 
 :func:`verify` (locations as strings) and :func:`run_audit` (an :class:`AuditSpec`) compare
 the rows a job should have produced (its input, filtered or transformed by a SQL query)
-with what a sink made visible: the file sink's directory (local or on S3), a Delta table, a
-PostgreSQL or SQLite table, a Kafka topic. See docs/verify.md.
+with what a sink made visible: the file sink's directory (local or on S3), a Delta table, an
+Iceberg table, a PostgreSQL or SQLite table, a Kafka topic. See docs/verify.md.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from exactly.auditor.engine import AuditSpec, run_audit
 from exactly.auditor.locations import (
     DeltaLocation,
     FilesLocation,
+    IcebergLocation,
     KafkaLocation,
     Location,
     ObjectFilesLocation,
@@ -38,6 +39,20 @@ def verify(input: str | Path | None, output: str | Path, key: str | tuple[str, .
         keys=keys, **options))
 
 
-__all__ = ["AuditSpec", "DeltaLocation", "EpochLine", "FilesLocation", "Finding", "KafkaLocation",
-           "Location", "ObjectFilesLocation", "PostgresLocation", "SqliteLocation",
-           "VerifyReport", "parse_location", "run_audit", "verify"]
+__all__ = [
+    "AuditSpec",
+    "DeltaLocation",
+    "EpochLine",
+    "FilesLocation",
+    "Finding",
+    "IcebergLocation",
+    "KafkaLocation",
+    "Location",
+    "ObjectFilesLocation",
+    "PostgresLocation",
+    "SqliteLocation",
+    "VerifyReport",
+    "parse_location",
+    "run_audit",
+    "verify",
+]

@@ -19,6 +19,7 @@ from typing import Any
 from exactly.auditor.locations import (
     DeltaLocation,
     FilesLocation,
+    IcebergLocation,
     KafkaLocation,
     Location,
     ObjectFilesLocation,
@@ -94,6 +95,9 @@ def attach(con, name: str, location: Location, spec: AuditSpec,
     if isinstance(location, DeltaLocation):
         from exactly.auditor.delta import attach_delta
         return attach_delta(con, name, location, columns)
+    if isinstance(location, IcebergLocation):
+        from exactly.auditor.iceberg import attach_iceberg
+        return attach_iceberg(con, name, location, columns)
     if isinstance(location, PostgresLocation):
         from exactly.auditor.postgres import attach_postgres
         return attach_postgres(con, name, location, spec.epoch_column, columns)

@@ -1,4 +1,4 @@
-"""Where ``exactly verify`` reads rows: a location string parsed into one of six kinds.
+"""Where ``exactly verify`` reads rows: a location string parsed into one of seven kinds.
 
 * a path: a file or a directory of JSON-lines, Parquet or CSV files (the file sink's output,
   the file source's input);
@@ -7,6 +7,9 @@
 * a Delta table: a directory or an ``s3://`` prefix holding ``_delta_log/`` is one
   (found automatically); ``delta:LOCATION`` says so explicitly and fails when there is no
   log; ``?version=N`` at the end reads version N instead of the newest;
+* an Iceberg table: ``iceberg:CATALOG?table=namespace.name`` (CATALOG a warehouse directory
+  holding the embedded catalog.db, ``sqlite:///...``, ``postgresql://...`` or ``http://...``
+  for a REST catalog; ``&snapshot=ID`` reads an older snapshot);
 * ``postgresql://user@host:port/db?table=schema.table`` (or ``postgres://``): a table or view;
   the password may be in the URL or in ``PGPASSWORD``/``~/.pgpass`` and is never printed;
 * ``kafka://host:port/topic``: every record of a topic, JSON values;
@@ -25,6 +28,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from exactly.auditor.objects import SCHEMES, has_delta_log, is_object_uri, open_store, probe
+from exactly.connectors.iceberg.catalog import IcebergAddress
 from exactly.connectors.sql import TableName, redact_dsn
 from exactly.errors import AuditInputError, ConfigError
 
@@ -95,10 +99,23 @@ class DeltaLocation:
                                             else f" version {self.version}")
 
 
+@dataclass(frozen=True)
+class IcebergLocation:
+    """An Iceberg table in a catalog, at ``address.snapshot`` (None: the current one)."""
+
+    address: IcebergAddress
+
+    def describe(self) -> str:
+        shown = self.address.describe()
+        snapshot = self.address.snapshot
+        return shown if snapshot is None else f"{shown} snapshot {snapshot}"
+
+
 Location = (FilesLocation | ObjectFilesLocation | DeltaLocation | PostgresLocation
-            | KafkaLocation | SqliteLocation)
+            | KafkaLocation | SqliteLocation | IcebergLocation)
 
 _DELTA_PREFIX = "delta:"
+_ICEBERG_PREFIX = "iceberg:"
 _VERSION = re.compile(r"\?version=(\d+)$")
 
 
@@ -115,6 +132,11 @@ def parse_location(text: str | None, *, table: str | None = None,
         raise AuditInputError(f"{what}: missing; give a directory, s3://bucket/prefix, "
                               "postgresql://...?table=..., kafka://host:port/topic or "
                               "sqlite:///file.db?table=...")
+    if text[:len(_ICEBERG_PREFIX)].lower() == _ICEBERG_PREFIX:
+        try:
+            return IcebergLocation(IcebergAddress.parse(text))
+        except ConfigError as exc:
+            raise AuditInputError(f"{what}: {exc}") from None
     if text[:len(_DELTA_PREFIX)].lower() == _DELTA_PREFIX:
         return _files_or_delta(text[len(_DELTA_PREFIX):], what, explicit=True)
     scheme = text.split(":", 1)[0].lower() if "://" in text else ""

@@ -1,6 +1,8 @@
 """The demo pipeline: a directory of JSON-lines events -> a transformation -> an exactly sink:
-the 2PC file sink (``sink="files"``) or the Delta Lake sink (``sink="delta"``, the output a
-table path or ``s3://`` URI; S3 settings from the ``AWS_*`` environment variables).
+the 2PC file sink (``sink="files"``), the Delta Lake sink (``sink="delta"``, the output a
+table path or ``s3://`` URI) or the Iceberg sink (``sink="iceberg"``, the output an
+``iceberg:CATALOG?table=NS.NAME`` address: :data:`exactly.connectors.iceberg.catalog.ADDRESS_FORM`);
+S3 settings from the ``AWS_*`` environment variables.
 
 Every input event becomes exactly one output row with the same ``id``. It runs in
 ``availableNow`` mode: it drains what the input directory holds, in epochs of
@@ -38,7 +40,7 @@ class PipelineSpec:
     output_format: str = "parquet"
     max_files_per_epoch: int = 2
     dead_letter_dir: str | None = None
-    sink: str = "files"  #: files | delta
+    sink: str = "files"  #: files | delta | iceberg
     writer: str = "start_query"  #: start_query | datasource
     fault: FaultSpec | None = None
 
@@ -67,6 +69,12 @@ def run(spark: SparkSession, spec: PipelineSpec, out=sys.stdout) -> None:
     """Drain the input into the sink, printing progress; raises if the query fails."""
     config = CheckpointConfig(mode=spec.mode, storage=spec.checkpoint_dir)
     options = {opt.FORMAT: spec.output_format} if spec.sink == "files" else {}
+    path: str | None = spec.output_dir
+    if spec.sink == "iceberg":  # the output is a table in a catalog, not a path
+        from exactly.connectors.iceberg.catalog import IcebergAddress
+
+        options.update(IcebergAddress.parse(spec.output_dir).sink_options())
+        path = None
     if spec.fault is not None:
         options.update(spec.fault.options())
     sink_format = f"exactly.{spec.sink}"
@@ -77,9 +85,9 @@ def run(spark: SparkSession, spec: PipelineSpec, out=sys.stdout) -> None:
                  .option(opt.CHECKPOINT_LOCATION, spec.checkpoint_dir)
                  .option(opt.MODE, spec.mode)
                  .options(**with_sink_log_dir(spec.checkpoint_dir, options))
-                 .trigger(availableNow=True).start(spec.output_dir))
+                 .trigger(availableNow=True).start(path))
     else:
         query = start_query(build(spark, spec), sink_format=sink_format,
-                            path=spec.output_dir, options=options, checkpoint=config,
+                            path=path, options=options, checkpoint=config,
                             available_now=True).query
     report_progress(query, out)

@@ -105,7 +105,7 @@ class Report:
 
 
 def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
-             sink_path: str | Path | None = None) -> Report:
+             sink_path: str | Path | None = None, table: str | None = None) -> Report:
     """Check ``checkpoint`` and the sink's commit log; changes nothing.
 
     A directory without any of :data:`SPARK_CHECKPOINT_ENTRIES` is an error (not a
@@ -115,9 +115,34 @@ def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
     (:mod:`exactly.checkpoint.mirror`); the findings name the S3 objects.
     """
     if is_remote(checkpoint) or (sink_log is not None and is_remote(sink_log)):
-        return _diagnose_remote(str(checkpoint), str(sink_log) if sink_log else None,
-                                sink_path)
-    return _diagnose(checkpoint, sink_log, sink_path)
+        report = _diagnose_remote(str(checkpoint), str(sink_log) if sink_log else None,
+                                  sink_path)
+    else:
+        report = _diagnose(checkpoint, sink_log, sink_path)
+    if table is not None:
+        _check_table(report, table)
+    return report
+
+
+def _check_table(report: Report, table: str) -> None:
+    """The findings of the sink's table (``table``: an ``iceberg:`` address) about the sink
+    log's query and the epochs the log completed."""
+    from exactly.connectors.iceberg.catalog import IcebergAddress
+    from exactly.connectors.iceberg.health import table_findings
+
+    try:
+        address = IcebergAddress.parse(table)
+    except ExactlyError as exc:
+        report.add("error", table, str(exc), "give the table as iceberg:CATALOG?table=NS.NAME")
+        return
+    completed: list[int] = []
+    if report.sink_log is not None and not is_remote(report.sink_log):
+        folder = Path(report.sink_log) / "complete"
+        if folder.is_dir():
+            completed = [int(m.group(1)) for p in folder.iterdir()
+                         if (m := _LOG_FILE.match(p.name))]
+    for finding in table_findings(address, report.sink_query_id, completed):
+        report.add(finding.severity, finding.path, finding.problem, finding.repair)
 
 
 def _diagnose_remote(checkpoint: str, sink_log: str | None,

@@ -11,6 +11,8 @@
                       (:mod:`exactly.connectors.kafka.reader`)
 ``exactly.delta``     write: Delta Lake sink, one Delta commit per epoch, on local disk or
                       object storage (:mod:`exactly.connectors.delta.sink`)
+``exactly.iceberg``   write: Iceberg sink, one snapshot per epoch, SQL or REST catalog, files
+                      on local disk or object storage (:mod:`exactly.connectors.iceberg.sink`)
 
 A data source only turns options into a sink or reader of :mod:`exactly.connectors` and
 hands sinks to :class:`~exactly.spark.writer.TwoPhaseStreamWriter`. Sinks are built in one
@@ -229,8 +231,20 @@ class DeltaDataSource(DataSource):
         return stream_writer(self.name(), self.options, schema)
 
 
+class IcebergDataSource(DataSource):
+    """``format("exactly.iceberg")``: exactly-once appends to an Iceberg table (options:
+    :mod:`exactly.connectors.iceberg.sink`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "exactly.iceberg"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> TwoPhaseStreamWriter:
+        return stream_writer(self.name(), self.options, schema)
+
+
 DATA_SOURCES = (FilesDataSource, DatagenDataSource, PostgresDataSource, WalDataSource,
-                UpsertDataSource, KafkaDataSource, DeltaDataSource)
+                UpsertDataSource, KafkaDataSource, DeltaDataSource, IcebergDataSource)
 
 
 def register(spark: SparkSession) -> None:
@@ -323,6 +337,21 @@ def _delta_sink(options: Mapping[str, str], settings: SinkSettings,
                      compression=options.get(opt.COMPRESSION, opt.DEFAULT_COMPRESSION))
 
 
+def _iceberg_sink(options: Mapping[str, str], settings: SinkSettings,
+                  schema: StructType | None) -> TwoPhaseCommitSink:
+    from exactly.connectors.iceberg.catalog import CatalogSpec
+    from exactly.connectors.iceberg.sink import IcebergSink
+
+    prefix = opt.CATALOG_PREFIX
+    catalog = {key[len(prefix):]: value for key, value in options.items()
+               if key.lower().startswith(prefix)}
+    return IcebergSink(options.get(opt.TABLE) or options.get(opt.PATH, ""),
+                       settings.require_log_location("exactly.iceberg"),
+                       catalog=CatalogSpec.from_options(catalog, options.get(opt.WAREHOUSE)),
+                       partition_by=options.get(opt.PARTITION_BY, ""),
+                       compression=options.get(opt.COMPRESSION) or None)
+
+
 #: format -> how its sink is built from options (no connection to the target)
 SINK_BUILDERS: dict[str, SinkBuilder] = {
     "exactly.files": _files_sink,
@@ -331,6 +360,7 @@ SINK_BUILDERS: dict[str, SinkBuilder] = {
     "exactly.upsert": _upsert_sink,
     "exactly.kafka": _kafka_sink,
     "exactly.delta": _delta_sink,
+    "exactly.iceberg": _iceberg_sink,
 }
 
 #: sinks that change a key's row in place, as output mode ``update`` needs; for

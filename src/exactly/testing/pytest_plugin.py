@@ -1,5 +1,5 @@
-"""pytest fixtures for throw-away servers: a PostgreSQL server, a Kafka broker and an
-S3-compatible server.
+"""pytest fixtures for throw-away servers: a PostgreSQL server, a Kafka broker, an
+S3-compatible server and an Iceberg REST catalog.
 
 Register the plugin in a root ``conftest.py``::
 
@@ -9,7 +9,8 @@ Servers start on first use, once per test session, on 127.0.0.1 with ports and
 directories of their own, and are removed at the end. A missing server binary is a
 failure, not a skip: a test that silently skips proves nothing. ``scripts/setup.sh``
 installs PostgreSQL (Debian's ``postgresql`` package), the Kafka jars
-(``scripts/install-kafka.sh``) and the S3Proxy jars (``scripts/install-objectstore.sh``).
+(``scripts/install-kafka.sh``), and the S3Proxy and Iceberg REST catalog jars
+(``scripts/install-objectstore.sh``).
 
 Fixtures
 --------
@@ -36,6 +37,12 @@ Fixtures
                 ``AWS_ENDPOINT_URL`` names it (set after ``s3_bucket``'s)
 ``s3_refusing_conditions``
                 the same, answering ``501 NotImplemented`` to a request with those headers
+``iceberg_rest``
+                session: a started :class:`~exactly.testing.iceberg_rest.IcebergRestServer`
+                (Iceberg's REST catalog on a JdbcCatalog, SQLite) with a local warehouse;
+                tests share it, so each uses namespaces of its own
+``iceberg_rest_s3``
+                session: the same with its warehouse on ``s3_server``, in a bucket of its own
 ``connect_server``
                 session: a started :class:`~exactly.testing.connect_server.ConnectServer`
                 (Spark Connect on ``local[2]``, from the installed PySpark); a test that kills
@@ -189,6 +196,36 @@ def _without_conditions(s3_server: Any, conditions: str,
     with S3WithoutConditions(s3_server, Conditions(conditions)) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         yield proxy
+
+
+# -- Iceberg REST catalog -----------------------------------------------------------------
+@pytest.fixture(scope="session")
+def iceberg_rest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Iceberg REST catalog server for the session, its warehouse a local directory;
+    fails naming the installer when its jars are missing."""
+    from exactly.testing.iceberg_rest import IcebergRestServer
+
+    yield from _iceberg_rest(IcebergRestServer(tmp_path_factory.mktemp("iceberg-rest")))
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest_s3(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Iceberg REST catalog server for the session, its warehouse on ``s3_server``
+    (``s3://<bucket>/warehouse``, a bucket of its own)."""
+    from exactly.testing.iceberg_rest import IcebergRestServer
+
+    yield from _iceberg_rest(IcebergRestServer(tmp_path_factory.mktemp("iceberg-rest-s3"),
+                                               s3=s3_server))
+
+
+def _iceberg_rest(server: Any) -> Iterator[Any]:
+    try:
+        server.start()
+    except ConfigError as exc:
+        server.close()
+        pytest.fail(f"{exc}", pytrace=False)
+    yield server
+    server.close()
 
 
 # -- Spark Connect ------------------------------------------------------------------------

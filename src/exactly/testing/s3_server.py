@@ -60,7 +60,7 @@ from typing import Any
 from exactly.cache import configured_dir, missing_jars, user_cache
 from exactly.errors import ConfigError, ExactlyError
 from exactly.testing.ports import free_port
-from exactly.testing.server_process import ServerProcess
+from exactly.testing.server_process import ServerProcess, log_tail
 
 JARS_ENV = "EXACTLY_S3PROXY_JARS"
 MAIN_CLASS = "org.gaul.s3proxy.Main"
@@ -104,14 +104,6 @@ def _check_xattrs(directory: Path) -> None:
     finally:
         with contextlib.suppress(OSError):
             probe.unlink()
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"({path} is missing)"
-    return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
 
 
 class S3Server(ServerProcess):
@@ -273,7 +265,7 @@ class S3Server(ServerProcess):
                 raise ExactlyError(
                     f"the S3 server (S3Proxy) exited with {self.proc.returncode} at start; see "
                     f"{self.workdir / 's3proxy.out'} and {self.log_file}. Its output ends:\n"
-                    f"{_tail(self.workdir / 's3proxy.out')}")
+                    f"{log_tail(self.workdir / 's3proxy.out')}")
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
             try:
                 conn.request("GET", "/")
@@ -287,7 +279,7 @@ class S3Server(ServerProcess):
                 raise ExactlyError(
                     f"the S3 server on {self.endpoint} did not answer within {timeout:.0f}s "
                     f"({last}); see {self.workdir / 's3proxy.out'} and {self.log_file}. Its "
-                    f"output ends:\n{_tail(self.workdir / 's3proxy.out')}")
+                    f"output ends:\n{log_tail(self.workdir / 's3proxy.out')}")
             time.sleep(0.05)
 
     def __enter__(self) -> S3Server:

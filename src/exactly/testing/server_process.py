@@ -11,6 +11,15 @@ import subprocess
 from pathlib import Path
 
 
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a server's log, for an error message."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"({path} is missing)"
+    return "\n".join(text.splitlines()[-lines:]) or f"({path} is empty)"
+
+
 class ServerProcess:
     """Stop, kill and close for a server whose process (``proc``) leads its own process
     group and whose data lives in ``workdir`` (removed by :meth:`close` when ``_own_dir``)."""

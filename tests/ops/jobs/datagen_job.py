@@ -5,8 +5,10 @@ reader instead of the generator. ``JOB_SINK`` picks the sink: ``files`` (default
 ``JOB_OUT``), ``postgres`` (the 2PC sink; ``JOB_DSN``, ``JOB_TABLE``), ``wal`` (the
 write-ahead sink into PostgreSQL; ``JOB_DSN``, ``JOB_TABLE``), ``kafka`` (``JOB_BOOTSTRAP``,
 ``JOB_TOPIC``; JSON values; ``JOB_KAFKA_CALL_TIMEOUT_MS``: its
-``exactly.kafka.callTimeoutMs``) or ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
-URI; S3 settings from the ``AWS_*`` environment).
+``exactly.kafka.callTimeoutMs``), ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
+URI; S3 settings from the ``AWS_*`` environment) or ``iceberg`` (``JOB_ICEBERG``: the table's
+address, ``iceberg:CATALOG?table=NS.NAME[&warehouse=...]`` as ``exactly pipeline --output``
+takes it; S3 settings from the ``AWS_*`` environment).
 
 Configured by environment variables (the test sets them for ``exactly run``):
 ``JOB_OUT`` output directory, ``JOB_ROWS`` total rows, ``JOB_RATE`` rows per second (0: all
@@ -104,6 +106,11 @@ def build(spark):
     if sink == "delta":
         return Job(out, sink_format="exactly.delta", path=_env("JOB_DELTA_PATH"),
                    checkpoint=checkpoint)
+    if sink == "iceberg":
+        from exactly.connectors.iceberg.catalog import IcebergAddress
+
+        return Job(out, sink_format="exactly.iceberg", checkpoint=checkpoint,
+                   options=IcebergAddress.parse(_env("JOB_ICEBERG") or "").sink_options())
     if sink == "kafka":
         values = out.select(F.to_json(F.struct("id", "key", "amount")).alias("value"))
         return Job(values, sink_format="exactly.kafka", checkpoint=checkpoint,

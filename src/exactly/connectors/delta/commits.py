@@ -13,20 +13,34 @@ commit by another writer (an ``OPTIMIZE``, a ``DELETE``, a plain append) has no 
 file whose commit the log no longer holds (Delta removes commit files older than its log
 retention, 30 days by default, once a checkpoint covers them) gets version -1, older than
 every commit the log still holds, and no epoch.
+
+A compaction commit (:mod:`exactly.connectors.delta.compaction`) adds files holding rows of
+several epochs: they have no epoch, and their version is the version of the newest commit
+whose rows went into them (the commit info records it per file), not the compaction's: the
+order of the versions stays the order in which the rows were committed (``exactly verify
+--latest-by-key`` and ``--monotonic`` order rows by it); rows of one compacted file share
+one version.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 import pyarrow.fs as pafs
 
-from exactly.connectors.delta.sink import app_id
+
+def app_id(query_id: str) -> str:
+    """The Delta application id under which a query's epochs are recorded in the table."""
+    return f"exactly-{query_id}"
+
+
+#: the commit info key of a compaction commit (:mod:`exactly.connectors.delta.compaction`)
+COMPACTION_KEY = "exactly.compaction"
 
 #: the application ids under which exactly's queries record their epochs
 EXACTLY_APP_PREFIX = app_id("")
@@ -50,11 +64,17 @@ class FileOrigin:
 @dataclass(frozen=True)
 class Commit:
     """One commit file: its version, its epoch, and the paths it added (relative to the
-    table, decoded)."""
+    table, decoded); for a compaction commit, the version each added file's rows were
+    first committed in (its origin; the compaction's own version for files not named)."""
 
     version: int
     epoch: int | None
     added: tuple[str, ...]
+    origins: Mapping[str, int] = field(default_factory=dict)
+
+    def origin(self, path: str) -> int:
+        """The version ``path``'s rows were committed in: its origin, else this version."""
+        return self.origins.get(path, self.version)
 
 
 def commit_versions(fs: pafs.FileSystem, table: str, newest: int) -> list[int]:
@@ -77,6 +97,7 @@ def read_commit(fs: pafs.FileSystem, table: str, version: int) -> Commit:
     added: list[str] = []
     epochs: set[int] = set()
     recorded: str | None = None
+    origins: dict[str, int] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -88,9 +109,23 @@ def read_commit(fs: pafs.FileSystem, table: str, version: int) -> Commit:
             epochs.add(int(action["txn"]["version"]))
         elif "commitInfo" in action:
             recorded = action["commitInfo"].get("exactly.epoch")
+            origins = compacted_origins(action["commitInfo"].get(COMPACTION_KEY))
     if not epochs and recorded is not None and str(recorded).isdigit():
         epochs.add(int(recorded))
-    return Commit(version, epochs.pop() if len(epochs) == 1 else None, tuple(added))
+    return Commit(version, epochs.pop() if len(epochs) == 1 else None, tuple(added), origins)
+
+
+def compacted_origins(recorded: object) -> dict[str, int]:
+    """The origin version of each file of a compaction commit's record (commit info
+    ``exactly.compaction``: JSON ``{file: [query, first epoch, last epoch, origin]}``);
+    empty for a record that is not one."""
+    try:
+        files = json.loads(recorded) if isinstance(recorded, str) else recorded
+        if not isinstance(files, dict):
+            return {}
+        return {str(path): int(entry[3]) for path, entry in files.items()}
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+        return {}
 
 
 def file_origins(fs: pafs.FileSystem, table: str, files: Iterable[str],
@@ -110,7 +145,7 @@ def file_origins(fs: pafs.FileSystem, table: str, files: Iterable[str],
                 for path in commit.added:  # newest first: a path added again keeps its newest
                     if path in wanted:
                         wanted.discard(path)
-                        found[path] = FileOrigin(commit.version, commit.epoch)
+                        found[path] = FileOrigin(commit.origin(path), commit.epoch)
     for path in wanted:
         found[path] = FileOrigin(BEFORE_LOG, None)
     return found

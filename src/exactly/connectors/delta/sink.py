@@ -43,6 +43,13 @@ first retracted epoch may have rewritten that epoch's rows into files of other n
 (OPTIMIZE, DELETE, UPDATE, MERGE, RESTORE, an overwrite: anything but an append or a
 metadata change). ``keep`` commits those epochs again (the table then holds them twice).
 
+Compaction (:mod:`exactly.connectors.delta.compaction`) merges a query's files of contiguous
+epochs into files named ``part-<first>-<last>-c<token>-<query>[.<codec>].parquet``
+(:func:`data_file` reads both kinds of name), so a retract still knows each row's epochs: a
+compacted file wholly after the savepoint is removed, one wholly at or before it stays, and
+one spanning it refuses the retract. Its commits rewrite no rows and are no rewrite for the
+rule above.
+
 Options: ``path`` (the table), ``storage.<KEY>`` (storage options for ``deltalake`` and the
 data files, e.g. ``storage.AWS_ENDPOINT_URL``; ``AWS_*`` environment variables are used
 for keys not given), ``compression`` (Parquet codec, default snappy). The table is created
@@ -54,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
+import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -66,16 +73,16 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from exactly.connectors import lake_files
+from exactly.connectors.delta.commits import COMPACTION_KEY, app_id, read_commit
 from exactly.connectors.delta.stats import file_stats
 from exactly.errors import (
     ConfigError,
-    CorruptFileError,
     DataLossError,
-    ExactlyError,
     FencedError,
     SavepointError,
 )
-from exactly.fsutil import atomic_write_bytes, fsync_file
+from exactly.fsutil import fsync_file
 from exactly.logs import log_event
 from exactly.objectstore import Location
 from exactly.protocol.contract import (
@@ -89,12 +96,12 @@ from exactly.protocol.contract import (
     TaskInfo,
     TwoPhaseCommitSink,
 )
-from exactly.protocol.target_state import LineageRecordError, line_state
+from exactly.protocol.target_state import line_state
 
 logger = logging.getLogger("exactly.delta")
 
-PENDING = "_exactly/pending"
-LINEAGE = "_exactly/lineage"
+PENDING = lake_files.PENDING
+LINEAGE = lake_files.LINEAGE
 #: commits of other writers that add no rows and rewrite none (a retract may follow them)
 HARMLESS_OPERATIONS = frozenset({"CREATE TABLE", "SET TBLPROPERTIES", "VACUUM START",
                                  "VACUUM END", "UPGRADE PROTOCOL", "ADD COLUMNS",
@@ -106,11 +113,11 @@ COMMIT_RETRIES = 15
 ROW_GROUP_ROWS = 1024 * 1024
 #: a row group is written once its buffered batches hold this many bytes, however few rows
 ROW_GROUP_BYTES = 128 * 1024 * 1024
-
-
-def app_id(query_id: str) -> str:
-    """The Delta application id under which a query's epochs are recorded in the table."""
-    return f"exactly-{query_id}"
+#: names of the data files: a task's (one epoch) and a compaction's (epochs first..last)
+_TASK_FILE = re.compile(r"^part-(\d{12})-\d{5,}-[^-]*-\d+-(.+)\.parquet$")
+_COMPACTED_FILE = re.compile(r"^part-(\d{12})-(\d{12})-c[0-9a-f]{8}-(.+)\.parquet$")
+#: Parquet codecs PyArrow writes: the name's suffix between the query id and ``.parquet``
+_CODECS = frozenset({"snappy", "gzip", "brotli", "zstd", "lz4", "lz4_raw"})
 
 
 @dataclass(frozen=True)
@@ -197,11 +204,11 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     @staticmethod
     def _marker_name(task: TaskInfo) -> str:
-        return f"{PENDING}/{task.query_id}/{task.epoch:012d}/{task.attempt_key}.json"
+        return lake_files.marker_name(task.query_id, task.epoch, task.attempt_key)
 
     def _data_name(self, task: TaskInfo) -> str:
-        codec = "" if self.compression == "none" else f".{self.compression}"
-        return f"part-{task.epoch:012d}-{task.attempt_key}-{task.query_id}{codec}.parquet"
+        return (f"part-{task.epoch:012d}-{task.attempt_key}-{task.query_id}"
+                f"{_codec_suffix(self.compression)}.parquet")
 
     # -- the table -------------------------------------------------------------------
     def _delta(self, *, fresh: bool = True):
@@ -251,11 +258,12 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                 "epoch": txn.task.epoch, "partition": txn.task.partition,
                 "attempt": txn.task.attempt, "file": txn.file}).encode())
             if self.location.is_local:
-                _put(*marker)  # the data file exists once opened: its marker first
+                lake_files.put_object(*marker)  # the data file exists once opened: marker first
             else:
                 # an object exists only once its upload completes (pre_commit waits for the
                 # marker before that): the marker's PUT runs while the rows are encoded
-                txn.marker = _in_background(_put, *marker)
+                txn.marker = lake_files.in_background(lake_files.put_object, *marker,
+                                                      name="exactly-delta-marker")
             txn.stream = fs.open_output_stream(f"{base}/{txn.file}")
             txn.schema = batch.schema
             txn.writer = pq.ParquetWriter(txn.stream, batch.schema, compression=self.compression)
@@ -369,7 +377,8 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                     commit_properties=_commit_properties(app_id(query_id), epoch, query_id))
             except (DeltaError, OSError) as exc:
                 # the ambiguous commit: the table's own record decides (docstring)
-                if not self._holds_epoch(query_id, epoch, [a.path for a in adds], exc):
+                if not self._holds_epoch(query_id, epoch, [a.path for a in adds], based_on,
+                                         exc):
                     if not isinstance(exc, CommitFailedError):
                         raise
                     # the table's own fencing: another writer set this query's transaction
@@ -387,7 +396,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         for handle in handles:
             self._delete_marker(handle.task)
 
-    def _holds_epoch(self, query_id: str, epoch: int, files: Sequence[str],
+    def _holds_epoch(self, query_id: str, epoch: int, files: Sequence[str], based_on: int,
                      error: Exception) -> bool:
         """After a failed Delta commit of ``epoch``: whether the table holds it with exactly
         this commit's ``files`` (the commit happened). Cases, one by one:
@@ -403,6 +412,9 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         * nothing was committed (the version is below the epoch): False. A PUT delayed on
           the wire that reaches the store later can only create the version it was sent
           for, and only if nothing else took it: the epoch is never committed twice.
+        * this commit happened and a compaction merged its files into another since: they
+          are no longer in the newest version, but the commit that added them is newer
+          than ``based_on`` (the version this commit was made on): True.
 
         Raises the store's error when the table cannot be read either."""
         table = self._delta()  # read again: the version the failed call saw is stale
@@ -410,7 +422,8 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         if done is None or done < epoch:
             return False
         present = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
-        if not set(files) <= present:
+        if not set(files) <= present and not self._added_since(based_on, table.version(),
+                                                              files):
             return False
         log_event(logger, "delta_commit_resolved", logging.WARNING, epoch=epoch,
                   files=len(files), table_version=table.version(),
@@ -418,6 +431,14 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
                          "table holds the epoch with these files: the answer to the commit was "
                          "lost after the store applied it")
         return True
+
+    def _added_since(self, based_on: int, newest: int, files: Sequence[str]) -> bool:
+        """Whether one commit of the versions after ``based_on`` up to ``newest`` added all
+        of ``files`` (read from the commit files, a few after a lost answer)."""
+        fs, base = self._fs()
+        wanted = set(files)
+        return any(wanted <= set(read_commit(fs, base, version).added)
+                   for version in range(based_on + 1, newest + 1))
 
     def abort(self, handle: Handle) -> None:
         if handle.payload.file:
@@ -427,16 +448,9 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     def list_pre_commits(self, query_id: str) -> list[Handle]:
         fs, base = self._fs()
-        selector = pafs.FileSelector(f"{base}/{PENDING}/{query_id}", recursive=True,
-                                     allow_not_found=True)
         found: list[Handle] = []
-        for info in fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-                continue
-            record = _read_marker(fs, info.path, self.location.child(
-                info.path[len(base) + 1:]))
-            if record is None:
-                continue
+        for record in lake_files.marker_records(fs, base, query_id, self.location.child,
+                                                ("file",)):
             task = TaskInfo(record["query_id"], record["run_id"], int(record["epoch"]),
                             int(record["partition"]), int(record["attempt"]))
             found.append(Handle(task, DeltaPayload(0, record["file"])))
@@ -448,23 +462,7 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
 
     def _edges(self) -> list[Edge]:
         fs, base = self._fs()
-        selector = pafs.FileSelector(f"{base}/{LINEAGE}", allow_not_found=True)
-        edges = []
-        for info in fs.get_file_info(selector):
-            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
-                continue
-            shown = self.location.child(info.path[len(base) + 1:])
-            try:
-                with fs.open_input_stream(info.path) as f:
-                    edges.append(Edge.from_json(json.loads(f.read())))
-            except FileNotFoundError:
-                continue
-            except (TypeError, ValueError, KeyError) as exc:
-                raise LineageRecordError(
-                    f"{shown} is not a lineage record ({exc!r}); it records which query a "
-                    "restored query continues. Delete it: that query then counts as never "
-                    "restored") from None
-        return edges
+        return lake_files.read_edges(fs, base, self.location.child)
 
     def _table_if_any(self):
         from deltalake import DeltaTable
@@ -488,17 +486,32 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         and why a retract would be wrong (None: it is right)."""
         members = state.retracted_members(epoch)
         adds = pa.table(table.get_add_actions(flatten=True))
-        doomed = []
+        doomed, spanning = [], []
         for row in adds.select(["path", "size_bytes"]).to_pylist():
-            found = _file_epoch(row["path"], members)
-            if found is not None and found > epoch:
+            found = _line_file(row["path"], members)
+            if found is None or found.last <= epoch:
+                continue
+            if found.first > epoch:
                 doomed.append(row)
+            else:  # a compacted file holding epochs on both sides of the savepoint
+                spanning.append(found)
         rewrites = _rewrites_after(table, state.members, epoch)
         if rewrites:
             return doomed, (
                 f"the table was rewritten after the line's first epoch past {epoch} "
                 f"({', '.join(rewrites)}): those epochs' rows may now be in files this sink "
                 "cannot tell apart, so removing the line's files would not take them back")
+        if spanning:
+            spanning.sort(key=lambda f: (f.last, f.path))
+            shown = "; ".join(f"{self.location.child(f.path)} (epochs {f.first}..{f.last} of "
+                              f"query {f.query_id})" for f in spanning[:3])
+            more = f" and {len(spanning) - 3} more" if len(spanning) > 3 else ""
+            return doomed, (
+                f"compaction merged epochs on both sides of epoch {epoch} into one file: "
+                f"{shown}{more}; removing it would take back epochs up to {epoch} too, "
+                f"keeping it would keep epochs after {epoch}. Restore from a savepoint at or "
+                f"after epoch {spanning[-1].last} (the file's last epoch), or use "
+                "--sink-rollback keep")
         return doomed, None
 
     def rollback_support(self, state: TargetState, epoch: int) -> RollbackSupport:
@@ -515,72 +528,128 @@ class DeltaSink(TwoPhaseCommitSink[DeltaTxn]):
         its descendants in the line) back to ``epoch``. Idempotent (a second call finds
         nothing to remove)."""
         from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import RemoveAction
 
-        table = self._delta()
-        doomed, refusal = self._retract_plan(table, state, epoch)
-        if refusal is not None:
-            raise SavepointError(f"--sink-rollback retract: {refusal}")
-        now = int(time.time() * 1000)
         members = state.retracted_members(epoch)
-        newer = []
-        for query in members:
-            version = table.transaction_version(app_id(query))
-            if version is None or version > epoch:
-                newer.append(Transaction(app_id(query), epoch, now))
-        if not doomed and not newer:
-            return {"retracted_files": 0}
-        table.create_write_transaction(
-            [RemoveAction(row["path"], True, now, row["size_bytes"]) for row in doomed],
-            "append", table.schema(),
-            commit_properties=CommitProperties(
-                app_transactions=newer or None,
-                custom_metadata={"exactly.retractedAfter": str(epoch),
-                                 "exactly.line": ",".join(members)},
-                max_commit_retries=COMMIT_RETRIES))
-        epochs = sorted({_file_epoch(row["path"], members) or 0 for row in doomed})
-        log_event(logger, "delta_retract", files=len(doomed), after_epoch=epoch,
-                  table_version=table.version())
-        return {"retracted_files": len(doomed), "retracted_epochs": epochs}
+        for _ in range(COMMIT_RETRIES + 1):
+            table = self._delta()
+            doomed, refusal = self._retract_plan(table, state, epoch)
+            if refusal is not None:
+                raise SavepointError(f"--sink-rollback retract: {refusal}")
+            now = int(time.time() * 1000)
+            newer = []
+            for query in members:
+                version = table.transaction_version(app_id(query))
+                if version is None or version > epoch:
+                    newer.append(Transaction(app_id(query), epoch, now))
+            if not doomed and not newer:
+                return {"retracted_files": 0}
+            try:
+                # on this very snapshot, never rebased onto a newer version: deltalake does
+                # not see a concurrent removal by a commit whose removes say dataChange=false
+                # (a compaction), so a rebased retract would leave the rows the compaction
+                # moved into its new files (measured with deltalake 1.6). A lost race plans
+                # again on the new version.
+                table.create_write_transaction(
+                    [RemoveAction(row["path"], True, now, row["size_bytes"]) for row in doomed],
+                    "append", table.schema(),
+                    commit_properties=CommitProperties(
+                        app_transactions=newer or None,
+                        custom_metadata={"exactly.retractedAfter": str(epoch),
+                                         "exactly.line": ",".join(members)},
+                        max_commit_retries=0))
+            except CommitFailedError as exc:
+                log_event(logger, "delta_retract_raced", logging.WARNING, after_epoch=epoch,
+                          based_on_version=table.version(), detail=str(exc))
+                continue
+            epochs: set[int] = set()
+            for row in doomed:
+                found = _line_file(row["path"], members)
+                assert found is not None
+                epochs.update(range(found.first, found.last + 1))
+            log_event(logger, "delta_retract", files=len(doomed), after_epoch=epoch,
+                      table_version=table.version() + 1)
+            return {"retracted_files": len(doomed), "retracted_epochs": sorted(epochs)}
+        raise SavepointError(
+            f"--sink-rollback retract: every one of {COMMIT_RETRIES + 1} attempts to commit "
+            f"the retract to {self.uri} lost the race against another writer's commit; stop "
+            "the table's other writers (and compaction) and restore again")
 
     def hand_over(self, state: TargetState, to_query: str, lineage: Lineage) -> dict[str, Any]:
         """Abort the pending pre-commits of the superseded queries, then record ``to_query``
         <- ``lineage[0]`` in ``_exactly/lineage/<to_query>.json`` (one atomic write)."""
         aborted = self.abort_pre_commits(state.superseded(lineage))
         fs, base = self._fs()
-        edge = Edge(to_query, lineage[0], time.time())
-        if self.location.is_local:
-            Path(f"{base}/{LINEAGE}").mkdir(parents=True, exist_ok=True)
-        _put(fs, f"{base}/{LINEAGE}/{to_query}.json", json.dumps(edge.to_json()).encode())
+        lake_files.write_edge(fs, base, Edge(to_query, lineage[0], time.time()),
+                              local=self.location.is_local)
         return {"aborted_pre_commits": aborted}
 
     # -- helpers -------------------------------------------------------------------------
     def _discard(self, task: TaskInfo, file: str) -> None:
         fs, base = self._fs()
-        _delete(fs, f"{base}/{file}")
+        lake_files.delete_object(fs, f"{base}/{file}")
         self._delete_marker(task)
 
     def _delete_marker(self, task: TaskInfo) -> None:
         fs, base = self._fs()
-        marker = f"{base}/{self._marker_name(task)}"
-        _delete(fs, marker)
-        if self.location.is_local:  # object stores have no directories to leave behind
-            epoch_dir = Path(marker).parent
-            for directory in (epoch_dir, epoch_dir.parent):
-                with contextlib.suppress(OSError):  # not empty: other attempts remain
-                    directory.rmdir()
+        lake_files.delete_marker(fs, f"{base}/{self._marker_name(task)}",
+                                 local=self.location.is_local)
 
 
-def _file_epoch(path: str, queries: Sequence[str]) -> int | None:
-    """The epoch of a data file this sink wrote for one of ``queries`` (its name is
-    ``part-<epoch>-<attempt>-<query>[.<codec>].parquet``), None for any other file."""
+@dataclass(frozen=True)
+class DataFile:
+    """A data file of this sink, as its name tells: the query that wrote it and the epochs
+    ``first..last`` its rows come from (``first == last`` for a task's file; a compacted
+    file, :mod:`exactly.connectors.delta.compaction`, may span several)."""
+
+    path: str
+    query_id: str
+    first: int
+    last: int
+    compacted: bool
+
+
+def data_file(path: str) -> DataFile | None:
+    """Read a data file's name: a task's ``part-<epoch>-<attempt>-<query>[.<codec>].parquet``
+    or a compaction's ``part-<first>-<last>-c<token>-<query>[.<codec>].parquet``; None for a
+    file of another writer. (The compacted form is tried first: a query id that starts with
+    digits would let it pass for a task's name.)"""
     name = path.rsplit("/", 1)[-1]
-    if not name.startswith("part-") or not name.endswith(".parquet"):
-        return None
-    number = name[5:17]
-    if not number.isdigit() or not any(f"-{q}." in name for q in queries):
-        return None
-    return int(number)
+    compacted = _COMPACTED_FILE.match(name)
+    if compacted:
+        first, last = int(compacted.group(1)), int(compacted.group(2))
+        if first > last:
+            return None
+        return DataFile(path, _without_codec(compacted.group(3)), first, last, True)
+    task = _TASK_FILE.match(name)
+    if task:
+        epoch = int(task.group(1))
+        return DataFile(path, _without_codec(task.group(2)), epoch, epoch, False)
+    return None
+
+
+def compacted_name(query_id: str, first: int, last: int, token: str,
+                   compression: str) -> str:
+    """The name of a compacted file of ``query_id``'s epochs ``first..last`` (``token``: 8
+    hex digits, unique per file)."""
+    return (f"part-{first:012d}-{last:012d}-c{token}-{query_id}"
+            f"{_codec_suffix(compression)}.parquet")
+
+
+def _codec_suffix(compression: str) -> str:
+    return "" if compression.lower() == "none" else f".{compression}"
+
+
+def _without_codec(rest: str) -> str:
+    stem, dot, codec = rest.rpartition(".")
+    return stem if dot and stem and codec.lower() in _CODECS else rest
+
+
+def _line_file(path: str, queries: Sequence[str]) -> DataFile | None:
+    """The data file ``path`` when one of ``queries`` wrote it, else None."""
+    found = data_file(path)
+    return found if found is not None and found.query_id in queries else None
 
 
 def _is_append(commit: Mapping[str, Any]) -> bool:
@@ -614,7 +683,8 @@ def _rewrites_after(table, queries: Sequence[str], epoch: int) -> list[str]:
                     reached = True
                     break
                 first_after = commit["version"]
-            elif query is None and "exactly.retractedAfter" not in commit:
+            elif (query is None and "exactly.retractedAfter" not in commit
+                  and COMPACTION_KEY not in commit):  # a compaction keeps epochs in names
                 others.append(commit)
         if reached or len(history) < limit:
             break
@@ -651,57 +721,3 @@ def _commit_properties(app: str | None, epoch: int, query_id: str):
         app_transactions=[Transaction(app, epoch, int(time.time() * 1000))] if app else None,
         custom_metadata={"exactly.queryId": query_id, "exactly.epoch": str(epoch)},
         max_commit_retries=COMMIT_RETRIES)
-
-
-def _in_background(function: Any, *args: Any) -> Future:
-    """``function(*args)`` in a thread of its own; its result or error in the future."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(function(*args))
-        except BaseException as exc:  # handed to whoever waits for it
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="exactly-delta-marker", daemon=True).start()
-    return future
-
-
-def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write a small object whole: a local file atomically (temp file, fsync, rename); an
-    object-store PUT is atomic by itself."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        atomic_write_bytes(path, data)
-        return
-    with fs.open_output_stream(path) as out:
-        out.write(data)
-
-
-def _delete(fs: pafs.FileSystem, path: str) -> None:
-    try:
-        fs.delete_file(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        if fs.get_file_info(path).type != pafs.FileType.NotFound:
-            raise ExactlyError(f"cannot delete {path}: {exc}") from exc
-
-
-def _read_marker(fs: pafs.FileSystem, path: str, shown: str) -> dict[str, Any] | None:
-    repair = ("delete it and the data file it names, if any, once no driver of this query "
-              "runs: it marks an uncommitted task attempt")
-    try:
-        with fs.open_input_stream(path) as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None  # removed since the listing (a concurrent abort)
-    try:
-        record = json.loads(data)
-        missing = [k for k in ("query_id", "run_id", "epoch", "partition", "attempt", "file")
-                   if k not in record]
-    except (ValueError, TypeError) as exc:
-        raise CorruptFileError(shown, f"is not a pending-attempt record ({exc!r})",
-                               repair) from None
-    if missing:
-        raise CorruptFileError(shown, f"lacks the field(s) {', '.join(missing)}", repair)
-    return record

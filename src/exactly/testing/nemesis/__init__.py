@@ -10,5 +10,5 @@
 ``actions``   what each kind of fault does to a running job (net.*, pause.*, disk.full, kill)
 ``table``     the soak's summary table (``scripts/soak --nemesis``)
 ``checker``   names the anomalies readers saw (lost write, duplicate, aborted read, ...)
-``observers`` the readers that feed it: file sink, PostgreSQL, Kafka, Delta
+``observers`` the readers that feed it: file sink, PostgreSQL, Kafka, Delta, Iceberg
 """

@@ -24,6 +24,13 @@ the rows of the final committed output. It names:
   sink that promises whole epochs), a ``value moved back`` (a key's version going back, for
   upsert targets), a ``wrong epoch`` (an id under two epochs, under an epoch the input did
   not assign it to, or an epoch whose ids changed between two snapshots);
+* in a target's own record of its progress (:meth:`History.epoch_record`: an Iceberg table's
+  ``exactly.epoch.<query>`` property, read with the snapshots it describes): an ``epoch
+  record`` that names another epoch than the newest the reader saw committed in the same
+  read, or that goes back. The sink sets both in one commit, so they disagree only when a
+  commit was applied in part or something else changed one of them; the record is what a
+  restarted sink goes by once the snapshots expire, so a wrong one skips or repeats an epoch
+  later, even when this run's final output is right;
 * a ``read_uncommitted`` reader (a Kafka consumer that also sees open and aborted
   transactions) proves nothing about the sink: what it saw beyond the final output is
   counted as ``uncommitted reads seen``, an observation, never an anomaly.
@@ -34,6 +41,9 @@ which readers get ``whole_epochs``:
 =================================  ===========================================================
 file 2PC (``epoch-N`` dirs)        whole epochs (one directory rename per epoch)
 Delta                              whole epochs (one Delta commit per epoch)
+Iceberg                            whole epochs (one snapshot per epoch, its epoch in the
+                                   summary); the progress property is set by the same
+                                   metadata commit: ``epoch_record``
 Kafka, ``read_committed``          whole epochs (one transaction per epoch); records carry no
                                    epoch: pass ``epoch_of``
 PostgreSQL 2PC, view               whole epochs (``<table>_committed``: epochs up to the last
@@ -93,6 +103,10 @@ class Anomaly(enum.Enum):
     WRONG_EPOCH = ("wrong epoch", "a record committed under another epoch than its own: an id "
                                   "under two epochs or under one the input did not assign it "
                                   "to, or an epoch's ids changed (counts ids / (reader, epoch))")
+    EPOCH_RECORD = ("epoch record", "a target's own record of the newest epoch it holds (an "
+                                    "Iceberg table's exactly.epoch.<query> property) named "
+                                    "another epoch than the commits read with it, or went back "
+                                    "(counts (reader, query, recorded, shown))")
 
     def __init__(self, label: str, definition: str) -> None:
         self.label = label
@@ -111,6 +125,20 @@ class Row(NamedTuple):
     epoch: int | None = None
     key: Any = None
     value: Any = None
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What a target recorded as the newest epoch of ``query`` it holds (``recorded``), and
+    the newest epoch of that query among the commits read in the same read (``shown``);
+    None: no record, no commit of the query."""
+
+    reader: str
+    query: str
+    recorded: int | None
+    shown: int | None
+    at: str | None = None
+    time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +168,8 @@ class History:
         self._observations: list[Observation] = []
         self._last: dict[str, tuple[Row, ...]] = {}
         self._raw: dict[str, tuple[Any, ...]] = {}  # each reader's last snapshot as given
+        self._records: list[EpochRecord] = []
+        self._last_record: dict[tuple[str, str], tuple[int | None, int | None]] = {}
         self.polls: Counter[str] = Counter()
         self.errors: dict[str, list[str]] = defaultdict(list)
         self.error_counts: Counter[str] = Counter()
@@ -153,6 +183,23 @@ class History:
              at: str | None = None) -> None:
         """``reader`` (a stream) saw ``rows`` for the first time, in this order."""
         self._add(reader, isolation, True, rows, at)
+
+    def epoch_record(self, reader: str, query: str, recorded: int | None, shown: int | None,
+                     *, at: str | None = None) -> None:
+        """``reader`` read the target's record of the newest epoch of ``query`` it holds
+        (``recorded``) together with the commits it describes, whose newest epoch of the query
+        is ``shown``. Stored when it differs from the reader's previous record of the query."""
+        with self._lock:
+            key = (reader, query)
+            if self._last_record.get(key) == (recorded, shown):
+                return
+            self._last_record[key] = (recorded, shown)
+            self._records.append(EpochRecord(reader, query, recorded, shown, at, time.time()))
+
+    def epoch_records(self) -> list[EpochRecord]:
+        """Every stored epoch record, oldest first (a copy)."""
+        with self._lock:
+            return list(self._records)
 
     def error(self, reader: str, exc: BaseException, *, keep: int = 20) -> None:
         """A read of ``reader`` failed with ``exc`` (the first ``keep`` are kept as text)."""
@@ -299,6 +346,7 @@ class _Check:
             "polls": sum(history.polls.values()),
             "records observed": sum(len(o.rows) for o in self.observations),
             "uncommitted reads seen": 0, "epoch reads unchecked": 0,
+            "epoch records": len(history.epoch_records()),
             "reader errors": sum(history.error_counts.values())}
 
     def whole_for(self, reader: str) -> bool:
@@ -344,6 +392,30 @@ class _Check:
             self.moved_back(snapshots, streams)
         else:
             self.epochs_of_ids()
+        self.epoch_records()
+
+    def epoch_records(self) -> None:
+        """A target's record of its newest epoch must name the newest epoch of the commits
+        read with it, and never go back."""
+        newest: dict[tuple[str, str], EpochRecord] = {}
+        for record in self.history_.epoch_records():
+            where = f" ({record.at})" if record.at else ""
+            if record.recorded != record.shown:
+                self.found.add(Anomaly.EPOCH_RECORD,
+                               (record.reader, record.query, record.recorded, record.shown),
+                               f"{record.reader}: the target records epoch {record.recorded} "
+                               f"of query {record.query} as its newest, its commits' newest is "
+                               f"{record.shown}{where}")
+            key = (record.reader, record.query)
+            before = newest.get(key)
+            if (before is not None and before.recorded is not None
+                    and record.recorded is not None and record.recorded < before.recorded):
+                self.found.add(Anomaly.EPOCH_RECORD,
+                               (record.reader, record.query, record.recorded, "back"),
+                               f"{record.reader}: the record of query {record.query} went back "
+                               f"from epoch {before.recorded} to {record.recorded}{where}")
+            if record.recorded is not None:
+                newest[key] = record
 
     def uncommitted(self, observed: list[Observation], stream: bool) -> None:
         """Records a read_uncommitted reader saw beyond the final output (each time once

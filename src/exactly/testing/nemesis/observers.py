@@ -21,6 +21,10 @@ KafkaObserver          a topic, ``read_committed`` or                  a field o
                        ``read_uncommitted``, each record once          value, or None
 DeltaObserver          each new table version (local or ``s3://``)     the ``txn`` version
                                                                        (``exactly-<query>``)
+IcebergObserver        each snapshot of the table's main line, through  ``exactly.epoch`` of
+                       its catalog (SQL, REST); and the table's          the summary of the
+                       progress property ``exactly.epoch.<query>``       snapshot that added
+                       with it (:meth:`History.epoch_record`)           the row's file
 =====================  ==============================================  ======================
 """
 
@@ -350,3 +354,155 @@ class DeltaObserver(Observer):
             epoch = self._origins[fragment.path][1]
             rows.extend(Row(i, epoch, k, v) for i, k, v in self._files[fragment.path])
         self.history.snapshot(self.name, self.isolation, rows, at=f"version {version}")
+
+
+# -- Iceberg ------------------------------------------------------------------------------
+class IcebergObserver(Observer):
+    """An Iceberg table read through its catalog, as any Iceberg reader reads it. ``address``
+    names it as ``exactly verify`` does (``iceberg:CATALOG?table=NS.NAME``,
+    :data:`~exactly.connectors.iceberg.catalog.ADDRESS_FORM`; the ``AWS_*`` variables of this
+    process fill its S3 settings when it is parsed, here).
+
+    Every snapshot of the table's main line is read once, oldest first -- also those committed
+    between two polls (Iceberg keeps them: nothing a reader could have seen is skipped) -- as
+    one snapshot of the history (``at`` = ``snapshot ID (sequence N)``): the rows of its live
+    data files, each row with the epoch of the snapshot that added its file (``exactly.epoch``
+    of that snapshot's summary; None for another writer's snapshot or one that expired). A
+    snapshot with delete files is a read error (the rows are read from data files only).
+
+    Each poll also reads the table's progress property ``exactly.epoch.<query>`` of every
+    query that has one, with the newest epoch of that query on the main line of the same
+    metadata (:meth:`History.epoch_record`): the sink sets both in one metadata commit. Not
+    compared when the main line no longer reaches the table's first snapshot (expired: the
+    newest epoch is unknown) or holds a retract (it sets the property back on purpose).
+
+    Manifests and data files never change: each is read once. The catalog's client is kept
+    across polls and replaced after a failed one. A table not created yet is no error.
+    """
+
+    def __init__(self, history: History, address: str, *, name: str = "iceberg",
+                 id_column: str = "id", key_column: str | None = None,
+                 value_column: str | None = None, poll_seconds: float = 0.2) -> None:
+        super().__init__(history, name, poll_seconds=poll_seconds)
+        from exactly.connectors.iceberg.catalog import IcebergAddress
+
+        self.address = IcebergAddress.parse(address)
+        self.columns = (id_column, key_column, value_column)
+        self.snapshots_read: list[int] = []  # snapshot ids, in the order they were read
+        self._read: set[int] = set()
+        self._epochs: dict[int, int | None] = {}  # snapshot id -> its epoch
+        self._manifests: dict[str, list[tuple[str, int | None]]] = {}  # -> (file, added by)
+        self._files: dict[str, list[tuple[Any, Any, Any]]] = {}
+        self._catalog: Any = None
+
+    def _table(self) -> Any:
+        """The table as the catalog has it now; None when it does not exist yet."""
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        if self._catalog is None:
+            self._catalog = self.address.catalog.load()
+        try:
+            return self._catalog.load_table(self.address.table)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+
+    def poll(self) -> None:
+        from exactly.connectors.iceberg.snapshots import epoch_of
+
+        table = self._table()
+        if table is None:
+            return
+        for snapshot in table.metadata.snapshots:
+            self._epochs[snapshot.snapshot_id] = epoch_of(snapshot)[1]
+        line = self._main_line(table)
+        for entry in line:
+            snapshot = entry.snapshot
+            if snapshot.snapshot_id in self._read:
+                continue
+            rows = self._rows(table, snapshot)
+            self.history.snapshot(self.name, self.isolation, rows,
+                                  at=f"snapshot {snapshot.snapshot_id} "
+                                     f"(sequence {snapshot.sequence_number})")
+            self._read.add(snapshot.snapshot_id)
+            self.snapshots_read.append(snapshot.snapshot_id)
+        self._progress(table, line)
+
+    def current_rows(self) -> list[Row]:
+        """The rows of the table's current snapshot, read now (the final output); none
+        before the table or its first snapshot exists."""
+        from exactly.connectors.iceberg.snapshots import epoch_of
+
+        table = self._table()
+        if table is None or table.metadata.current_snapshot() is None:
+            return []
+        for snapshot in table.metadata.snapshots:
+            self._epochs[snapshot.snapshot_id] = epoch_of(snapshot)[1]
+        return self._rows(table, table.metadata.current_snapshot())
+
+    @staticmethod
+    def _main_line(table: Any) -> list[Any]:
+        from exactly.connectors.iceberg.snapshots import main_line
+
+        if table.metadata.current_snapshot_id is None:
+            return []
+        return list(main_line(table))[::-1]  # oldest first
+
+    def _rows(self, table: Any, snapshot: Any) -> list[Row]:
+        from pyiceberg.manifest import ManifestContent
+
+        files: list[tuple[str, int | None]] = []
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA:
+                raise ValueError(f"{self.name}: snapshot {snapshot.snapshot_id} has delete "
+                                 f"files ({manifest.manifest_path}); this reader reads data "
+                                 "files only")
+            if manifest.manifest_path not in self._manifests:
+                self._manifests[manifest.manifest_path] = [
+                    (e.data_file.file_path, e.snapshot_id)
+                    for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True)]
+            files.extend(self._manifests[manifest.manifest_path])
+        rows: list[Row] = []
+        for path, added_by in sorted(files, key=lambda f: f[0]):
+            epoch = self._epochs.get(added_by) if added_by is not None else None
+            rows.extend(Row(i, epoch, k, v) for i, k, v in self._data(table, path))
+        return rows
+
+    def _data(self, table: Any, path: str) -> list[tuple[Any, Any, Any]]:
+        if path not in self._files:
+            import pyarrow.parquet as pq
+
+            wanted = [c for c in self.columns if c]
+            with table.io.new_input(path).open() as f:
+                data = pq.read_table(f, columns=wanted)
+            cols = {c: data[c].to_pylist() for c in wanted}
+            id_column, key_column, value_column = self.columns
+            n = data.num_rows
+            self._files[path] = list(zip(cols[id_column], _pick(cols, key_column, n),
+                                         _pick(cols, value_column, n), strict=True))
+        return self._files[path]
+
+    def _progress(self, table: Any, line: list[Any]) -> None:
+        from exactly.connectors.iceberg.snapshots import PROGRESS_PREFIX, SUMMARY_RETRACTED
+
+        if line and line[0].snapshot.parent_snapshot_id is not None:
+            return  # expired ancestors: the query's newest epoch may be among them
+        if any(SUMMARY_RETRACTED in entry.properties for entry in line):
+            return
+        shown: dict[str, int] = {}
+        for entry in line:  # oldest first: the newest commit of a query wins
+            if entry.query_id is not None and entry.epoch is not None:
+                shown[entry.query_id] = entry.epoch
+        current = table.metadata.current_snapshot_id
+        for key, value in sorted(table.metadata.properties.items()):
+            if not key.startswith(PROGRESS_PREFIX):
+                continue
+            query = key[len(PROGRESS_PREFIX):]
+            recorded = int(value) if value.lstrip("-").isdigit() else None
+            self.history.epoch_record(self.name, query, recorded, shown.get(query),
+                                      at=f"snapshot {current}")
+
+    def reset(self) -> None:
+        catalog, self._catalog = self._catalog, None
+        close = getattr(catalog, "close", None)
+        if close is not None:
+            close()

@@ -82,6 +82,37 @@ def contains(needle: bytes) -> MatcherFactory:
     return factory
 
 
+def after(first: bytes, then: bytes) -> MatcherFactory:
+    """Matches when the client's stream contains ``then`` after ``first`` (either across
+    chunk boundaries; once matched, it looks for ``first`` again): e.g. ``after(b"UPDATE
+    iceberg_tables", b"COMMIT")``, the commit of a SQL catalog's swap of a table's metadata
+    pointer -- not the commits of the other transactions on the same connection."""
+    if not first or not then:
+        raise ValueError("after() needs two non-empty patterns")
+
+    def factory() -> Matcher:
+        kept = b""  # the bytes a pattern may continue from
+        armed = False  # ``first`` seen: looking for ``then``
+
+        def match(chunk: bytes) -> bool:
+            nonlocal kept, armed
+            data = kept + chunk
+            if not armed:
+                at = data.find(first)
+                if at < 0:
+                    kept = data[len(data) - len(first) + 1:] if len(first) > 1 else b""
+                    return False
+                armed, data = True, data[at + len(first):]
+            at = data.find(then)
+            if at < 0:
+                kept = data[len(data) - len(then) + 1:] if len(then) > 1 else b""
+                return False
+            armed, kept = False, data[at + len(then):]
+            return True
+        return match
+    return factory
+
+
 def kafka_request(api_key: int) -> MatcherFactory:
     """Matches when the client sends a Kafka request with this API key (EndTxn 26,
     AddOffsetsToTxn 25, TxnOffsetCommit 28, InitProducerId 22, Produce 0): it follows the
