@@ -294,6 +294,11 @@ Locations (--input, --output):
                                     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, ...)
   DIR or s3://... with _delta_log/  a Delta table: only the files of its newest version
                                     (delta:LOCATION: must be one; LOCATION?version=N)
+  iceberg:CATALOG?table=NS.NAME     an Iceberg table through its catalog: the files of its
+                                    current snapshot (CATALOG: a warehouse DIR,
+                                    sqlite:////path/catalog.db, postgresql://user@host/db or
+                                    http://host:port (REST); &snapshot=ID,
+                                    &catalog.name=NAME, &warehouse=DIR|s3://...)
   postgresql://user@host/db?table=T a PostgreSQL table or view (or --dsn-env with --table)
   kafka://host:port/topic           every record of a topic, JSON values
   sqlite:///file.db?table=T         a SQLite table (sqlite:////abs/path.db: absolute)
@@ -302,6 +307,7 @@ Examples:
   exactly verify --input data/in --output data/out --where "amount > 0"
   exactly verify --input data/in --output s3://exports/out --compare-columns '*'
   exactly verify --input data/in --output delta:s3://lake/events
+  exactly verify --input data/in --output 'iceberg:data/lake?table=db.events'
   exactly verify --input data/in --dsn-env PG_DSN --table totals --key key \\
       --expect "select key, count(*) as n from input group by key" --compare-columns n
 Exit status: 0 exactly once, 1 any mismatch, 2 bad input, 3 the audit failed.
@@ -312,8 +318,8 @@ Exit status: 0 exactly once, 1 any mismatch, 2 bad input, 3 the audit failed.
 @click.option("--input", "input_path", metavar="LOCATION",
               help="The job's input: files, a table or a topic (see below).")
 @click.option("--output", "output_path", metavar="LOCATION",
-              help="What the sink made visible: files (local or S3), a Delta table, a table "
-                   "or a topic.")
+              help="What the sink made visible: files (local or S3), a Delta or Iceberg "
+                   "table, a table or a topic.")
 @click.option("--table", help="PostgreSQL table of --output, with --dsn-env (or for a URL "
                               "without ?table=).")
 @click.option("--input-table", help="PostgreSQL table of --input, with --dsn-env.")
@@ -335,10 +341,11 @@ Exit status: 0 exactly once, 1 any mismatch, 2 bad input, 3 the audit failed.
               help="Float difference allowed, relative to the larger value (absolute below 1).")
 @click.option("--latest-by-key", is_flag=True,
               help="Compare each key's newest row of the output (a topic of updates, "
-                   "upserts across epoch directories or Delta commits).")
+                   "upserts across epoch directories, Delta or Iceberg commits).")
 @click.option("--monotonic", metavar="COLUMN",
               help="Report keys whose COLUMN moved backwards along the output's history "
-                   "(a topic's offsets, the file sink's epochs, a Delta table's commits).")
+                   "(a topic's offsets, the file sink's epochs, a Delta or Iceberg table's "
+                   "commits).")
 @click.option("--isolation", default="read_committed", show_default=True,
               type=click.Choice(["read_committed", "read_uncommitted"]),
               help="How Kafka topics are read; read_uncommitted adds aborted transactions.")

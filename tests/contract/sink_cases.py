@@ -3,8 +3,8 @@ the ids a reader sees, and what it promises beyond the common protocol.
 
 Every case writes rows carrying an integer ``id`` (the audit id of docs/design.md section 7) and
 reads back the sorted ids a reader sees, duplicates included, so "visible exactly once" is
-``visible() == sorted(expected ids)``. Server-backed cases need the ``pg`` or ``broker``
-fixture, started on first use (the ``server`` lane).
+``visible() == sorted(expected ids)``. Server-backed cases need the ``pg``, ``broker``,
+``s3_server`` or ``iceberg_rest*`` fixture, started on first use (the ``server`` lane).
 """
 
 from __future__ import annotations
@@ -385,10 +385,27 @@ class KafkaS3Case(_OnS3, KafkaCase):
     name = "kafka_s3"
 
 
+class IcebergRestS3Case(_OnS3, IcebergCase):
+    """The Iceberg sink through the test kit's REST catalog whose warehouse is on S3Proxy,
+    configured as a user would: the catalog's URI alone (the server places the table in its
+    warehouse), the store in the ``AWS_*`` environment, no ``catalog.s3.*`` option; the
+    commit log and lease on S3 too. Each test a namespace of its own."""
+
+    name = "iceberg_rest_s3"
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        super().__init__(request, tmp_path)
+        self.rest: Any = request.getfixturevalue("iceberg_rest_s3")
+        self.table_name = f"t_{tmp_path.name[-24:].lower().replace('-', '_')}.events"
+
+    def catalog_options(self) -> tuple[dict[str, str], str | None]:
+        return {"uri": self.rest.uri}, None
+
+
 CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, SqliteWalS3Case,
                                      Postgres2pcCase, PostgresWalCase, PostgresUpsertCase,
                                      KafkaCase, KafkaS3Case, DeltaCase, DeltaS3Case, IcebergCase,
-                                     IcebergRestCase, IcebergPostgresS3Case)
+                                     IcebergRestCase, IcebergPostgresS3Case, IcebergRestS3Case)
 BY_NAME = {c.name: c for c in CASES}
 
 

@@ -4,6 +4,7 @@ same rows in every snapshot, no conflict with the epoch commits, savepoint rollb
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ from exactly.connectors.iceberg.catalog import CatalogSpec
 from exactly.connectors.iceberg.compaction import compact_iceberg
 from exactly.connectors.iceberg.sink import IcebergSink
 from exactly.connectors.iceberg.snapshots import main_line
-from exactly.errors import SavepointError
+from exactly.errors import ConfigError, SavepointError
 from exactly.protocol.contract import CommitOutcome, TargetState
 from exactly.testing.harness import ProtocolHarness
 
@@ -166,3 +167,169 @@ def test_no_compacted_file_goes_on_past_a_savepoints_epoch(tmp_path):
     state = h.sink.target_state(h.query_id)
     assert h.sink.retract_after(state, 2)["retracted_epochs"] == [3]
     assert ids(tmp_path) == expected(range(3))
+
+
+# -- another writer's row-level deletes ----------------------------------------------------
+#: the reserved field ids of a positional delete file's columns (Iceberg spec, "Position
+#: Delete Files")
+DELETE_FILE_PATH, DELETE_POS = 2147483546, 2147483545
+#: a compacted file's name: part-<first>-<last>-c<8 hex>-<query>-00000.parquet
+COMPACTED = re.compile(r"^part-\d{12}-\d{12}-c[0-9a-f]{8}-")
+
+
+def commit_deletes(tbl, delete_file) -> None:
+    """Commit ``delete_file`` (a pyiceberg ``DataFile`` of delete content) as another engine's
+    merge-on-read delete does: a ``delete`` snapshot adding it in a delete manifest. pyiceberg
+    0.12 deletes copy-on-write only (``write.delete.mode=merge-on-read`` warns and falls back),
+    so its fast append is given a writer of delete manifests."""
+    from pyiceberg.manifest import ManifestContent, ManifestWriterV2
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _FastAppendFiles
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        def content(self) -> ManifestContent:
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self) -> dict[str, str]:
+            return {**super()._meta, "content": "deletes"}
+
+    class RowDelta(_FastAppendFiles):
+        def new_manifest_writer(self, spec):
+            return DeleteManifestWriter(spec, self.schema(), self.new_manifest_output(),
+                                        self._snapshot_id, self._compression)
+
+    tx = tbl.transaction()
+    with RowDelta(operation=Operation.DELETE, transaction=tx, io=tbl.io) as delta:
+        delta.append_data_file(delete_file)
+    tx.commit_transaction()
+
+
+def _write_parquet(tbl, name: str, rows: pa.Table) -> tuple[str, int]:
+    import pyarrow.parquet as pq
+
+    path = f"{tbl.location()}/data/{name}"
+    with tbl.io.new_output(path).create() as out:
+        pq.write_table(rows, out)
+    return path, len(tbl.io.new_input(path))
+
+
+def add_position_deletes(tbl, data_file, positions: list[int], *, bounds: bool = True) -> None:
+    """Delete the rows at ``positions`` of ``data_file`` with a positional delete file of its
+    own; ``bounds``: with the ``file_path`` bounds that tie it to that file (as Spark writes
+    them), else it applies to every older file of the partition."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+
+    def field(name: str, kind: pa.DataType, field_id: int) -> pa.Field:
+        return pa.field(name, kind, nullable=False,
+                        metadata={b"PARQUET:field_id": str(field_id).encode()})
+
+    schema = pa.schema([field("file_path", pa.string(), DELETE_FILE_PATH),
+                        field("pos", pa.int64(), DELETE_POS)])
+    rows = pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions},
+                    schema=schema)
+    path, size = _write_parquet(tbl, "deletes-00000.parquet", rows)
+    target = {DELETE_FILE_PATH: data_file.file_path.encode()} if bounds else None
+    commit_deletes(tbl, DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES, file_path=path,
+        file_format=FileFormat.PARQUET, partition=data_file.partition, record_count=len(rows),
+        file_size_in_bytes=size, lower_bounds=target, upper_bounds=target,
+        spec_id=data_file.spec_id))
+
+
+def add_equality_deletes(tbl, deleted_ids: list[int]) -> None:
+    """Delete the rows whose ``id`` is one of ``deleted_ids`` with an equality delete file."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.typedef import Record
+
+    id_field = tbl.schema().find_field("id").field_id
+    rows = pa.table({"id": pa.array(deleted_ids, pa.int64())}, schema=pa.schema([pa.field(
+        "id", pa.int64(), metadata={b"PARQUET:field_id": str(id_field).encode()})]))
+    path, size = _write_parquet(tbl, "eq-deletes-00000.parquet", rows)
+    commit_deletes(tbl, DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES, file_path=path,
+        file_format=FileFormat.PARQUET, partition=Record(), record_count=len(rows),
+        file_size_in_bytes=size, equality_ids=[id_field], spec_id=0))
+
+
+def data_file_of(tmp_path: Path, epoch: int, first_id: int):
+    """The live data file of ``epoch`` whose rows start at ``first_id``."""
+    import pyarrow.parquet as pq
+
+    for task in table(tmp_path).scan().plan_files():
+        if task.file.file_path.split("/")[-1].startswith(f"part-{epoch:012d}-"):
+            with table(tmp_path).io.new_input(task.file.file_path).open() as stream:
+                if pq.read_table(stream)["id"][0].as_py() == first_id:
+                    return task.file
+    raise AssertionError(f"no file of epoch {epoch} starts at id {first_id}")
+
+
+def test_a_file_another_writers_position_deletes_apply_to_stays_and_deleted_rows_stay_deleted(
+        tmp_path):
+    h = harness(tmp_path)
+    run_epochs(h, range(5))
+    held = data_file_of(tmp_path, 2, 20_000)  # rows 20_000..20_004
+    add_position_deletes(table(tmp_path), held, [0, 3])
+    assert 20_000 not in ids(tmp_path) and 20_003 not in ids(tmp_path)  # a real delete
+    before = ids(tmp_path)
+    assert before == [i for i in expected(range(5)) if i not in (20_000, 20_003)]
+
+    result = compact_iceberg(catalog(tmp_path), "db.events")
+    assert ids(tmp_path) == before  # the deleted rows stay deleted
+    assert (result.files_before, result.rewritten_files, result.files_after) == (10, 9, 2)
+    tasks = list(table(tmp_path).scan().plan_files())
+    (kept,) = [t for t in tasks if t.file.file_path == held.file_path]
+    assert [d.file_path.split("/")[-1] for d in kept.delete_files] == ["deletes-00000.parquet"]
+    assert [t.delete_files for t in tasks if t is not kept] == [set()]  # the compacted file
+    assert compact_iceberg(catalog(tmp_path), "db.events").snapshot is None
+    run_epochs(h, range(5, 6))  # the sink goes on beside the delete file
+    assert ids(tmp_path) == before + expected(range(5, 6))
+
+
+def test_a_delete_file_without_path_bounds_holds_every_file_of_its_partition(tmp_path):
+    h = harness(tmp_path)
+    run_epochs(h, range(3))
+    add_position_deletes(table(tmp_path), data_file_of(tmp_path, 1, 10_005), [4],
+                         bounds=False)
+    before = ids(tmp_path)
+    assert 10_009 not in before
+    result = compact_iceberg(catalog(tmp_path), "db.events")
+    assert (result.snapshot, result.rewritten_files, result.files_after) == (None, 0, 6)
+    assert ids(tmp_path) == before
+
+
+def test_a_delete_committed_while_the_compaction_writes_abandons_it(tmp_path, monkeypatch):
+    """The delete lands after the compaction chose its inputs: its commit is refused (stale
+    metadata), and on the new metadata an input has a delete file: nothing changes, and the
+    compaction's new files are deleted."""
+    h = harness(tmp_path)
+    run_epochs(h, range(3))
+    real = compaction._commit
+    calls = []
+
+    def delete_first(tbl, *args):
+        if not calls:
+            add_position_deletes(table(tmp_path), data_file_of(tmp_path, 0, 0), [1])
+        calls.append(1)
+        return real(tbl, *args)
+
+    monkeypatch.setattr(compaction, "_commit", delete_first)
+    result = compact_iceberg(catalog(tmp_path), "db.events")
+    assert (len(calls), result.snapshot, result.rewritten_files) == (1, None, 0)
+    assert ids(tmp_path) == [i for i in expected(range(3)) if i != 1]
+    assert files(tmp_path) == 6
+    names = [p.name for p in (tmp_path / "lake").rglob("*.parquet")]
+    assert not [n for n in names if COMPACTED.search(n)], names  # no compacted file left
+
+
+def test_equality_deletes_refuse_the_compaction_naming_the_cause_and_the_fix(tmp_path):
+    h = harness(tmp_path)
+    run_epochs(h, range(3))
+    add_equality_deletes(table(tmp_path), [10_001])
+    snapshot = table(tmp_path).metadata.current_snapshot_id
+    with pytest.raises(ConfigError, match=r"compaction of db\.events: the table has equality "
+                                          r"delete files .* nothing was compacted\. .*"
+                                          r"rewrite_data_files") as info:
+        compact_iceberg(catalog(tmp_path), "db.events")
+    assert "remove-dangling-deletes" in str(info.value)
+    assert table(tmp_path).metadata.current_snapshot_id == snapshot

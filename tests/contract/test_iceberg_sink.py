@@ -148,3 +148,18 @@ def test_statistics_of_each_file_let_readers_skip_files(tmp_path):
     assert sorted(f.record_count for f in files) == [2, 3]
     assert [task.file.record_count for task in t.scan(row_filter="id >= 10").plan_files()] \
         == [2]
+
+
+def test_a_compression_codec_parquet_cannot_write_is_refused_when_the_sink_is_built(tmp_path):
+    """Refused before the query starts (and before the table exists), naming the codecs;
+    a known one, in any case, becomes the new table's codec."""
+    from exactly.spark.formats import sink_for
+
+    options = {"table": "db.events", "warehouse": str(tmp_path / "lake"),
+               "exactly.logDir": str(tmp_path / "log")}
+    with pytest.raises(ConfigError, match=r"compression='zstdd'.*uncompressed, snappy, gzip, "
+                                          r"brotli, lz4, zstd"):
+        sink_for("exactly.iceberg", {**options, "compression": "zstdd"})
+    assert not (tmp_path / "lake").exists()
+    new_sink(tmp_path, compression="GZIP")
+    assert table(tmp_path).properties["write.parquet.compression-codec"] == "gzip"

@@ -72,3 +72,40 @@ def test_pending_attempts_and_stray_data_files_are_named(tmp_path):
     assert len(strays) == 1 and "1 data file(s) of the query that no snapshot" in \
         strays[0].problem
     assert strays[0].path.endswith(copy.name)
+
+
+def test_a_table_the_query_never_wrote_is_named_as_another_or_a_new_table(tmp_path):
+    """The checkpoint's query (q-1) completed epochs 0 and 1, the table holds only another
+    query's snapshots: not "epochs removed outside exactly" but the wrong table or a new one."""
+    harness(tmp_path, "q-2").run_epoch(0, [batch([1])])
+    found = findings(tmp_path, [0, 1])
+    assert [s for s, _ in found] == ["error"], found
+    assert "holds no snapshot of query q-1" in found[0][1], found
+    assert "removed" not in found[0][1]
+    assert "another table than the job writes" in found[0][1]
+    (repair,) = [f.repair for f in table_findings(
+        IcebergAddress.parse(f"iceberg:{tmp_path / 'lake'}?table=db.events"), "q-1", [0, 1])]
+    assert "name the table the job writes" in repair
+
+
+def test_doctor_table_compares_the_table_with_the_checkpoints_own_sink_log(tmp_path):
+    """`exactly doctor CK --table ...` on a local checkpoint whose sink log (CK/exactly-sink)
+    completed the table's epochs: no finding about the table."""
+    import json
+
+    from click.testing import CliRunner
+
+    from exactly.cli import main
+
+    sink = IcebergSink("db.events", tmp_path / "ck" / "exactly-sink",
+                       catalog=CatalogSpec.from_options({}, str(tmp_path / "lake")))
+    sink.prepare_target(SCHEMA)
+    h = ProtocolHarness(sink, query_id="q-1")
+    h.run_epoch(0, [batch([1])])
+    h.run_epoch(1, [batch([2])])
+    result = CliRunner().invoke(main, ["doctor", str(tmp_path / "ck"), "--table",
+                                       f"iceberg:{tmp_path / 'lake'}?table=db.events", "--json"])
+    assert result.exit_code in (0, 1), result.output
+    report = json.loads(result.output)
+    assert report["sink_query_id"] == "q-1"
+    assert [f for f in report["findings"] if f["path"].startswith("Iceberg table")] == []

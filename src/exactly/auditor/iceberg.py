@@ -11,20 +11,40 @@ scan (datasets.py).
 Each row carries the sequence number of the snapshot that added its file (the order of a
 key's rows for ``--latest-by-key`` and ``--monotonic``) and that snapshot's epoch: the
 ``exactly.epoch`` of its summary (:mod:`exactly.connectors.iceberg.snapshots`); rows of
-snapshots by other writers (a compaction included) have no epoch. A snapshot with delete
-files (row-level deletes of another engine) is refused: PyArrow would read the deleted rows.
+snapshots by other writers have no epoch. A file exactly's compaction wrote holds the rows
+of several epochs: its snapshot's summary says how many rows of which epoch, in file order,
+and each row gets its epoch and the sequence number of the snapshot that committed that
+epoch (on the audited snapshot's main line), as it had before the compaction -- -1 when that
+snapshot expired, as for a file whose snapshot expired. Such files are read in order, a
+batch at a time, and copied into the audit's database; files of older compactions, which
+recorded no rows per epoch, are read as the compaction's own rows (no epoch, its sequence
+number). A snapshot with delete files (row-level deletes of another engine) is refused:
+PyArrow would read the deleted rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from exactly.auditor.datasets import attach_dataset, tag, with_columns
 from exactly.auditor.locations import IcebergLocation
-from exactly.auditor.relation import EPOCH, VERSION, Relation, first_line
-from exactly.connectors.iceberg.snapshots import epoch_of
+from exactly.auditor.relation import (
+    EPOCH,
+    VERSION,
+    Relation,
+    conform,
+    first_line,
+    ident,
+    load_batches,
+)
+from exactly.connectors.iceberg.snapshots import compacted_epochs, epoch_of, main_line
 from exactly.errors import AuditInputError, ConfigError
 from exactly.objectstore import Location
 
@@ -41,13 +61,16 @@ def load_table(location: IcebergLocation) -> Any:
         raise AuditInputError(f"{what}: {exc}") from None
     except (NoSuchTableError, NoSuchNamespaceError):
         raise AuditInputError(f"{what}: the catalog has no table {location.address.table}"
-                              ) from None
+                              f"{location.address.name_hint()}") from None
 
 
 def attach_iceberg(con: Any, name: str, location: IcebergLocation,
                    columns: list[str] | None = None) -> Relation:
     """Make ``name`` the rows of the data files of ``location``'s snapshot (a view of a
-    local table, a copy of an object store's; only ``columns`` when it has them all)."""
+    local table, a copy of an object store's; only ``columns`` when it has them all), the
+    files of exactly's compaction that record their rows' epochs copied in any case, each
+    row with its own epoch. AuditInputError for a table, snapshot or file that cannot be
+    read."""
     what = location.describe()
     table = load_table(location)
     snapshot_id = location.address.snapshot
@@ -60,6 +83,7 @@ def attach_iceberg(con: Any, name: str, location: IcebergLocation,
     relation.order = [VERSION]
     epochs = {s.snapshot_id: (epoch_of(s)[1], s.sequence_number) for s in meta.snapshots}
     files: list[tuple[str, int | None, int]] = []
+    compacted: list[_CompactedFile] = []
     if snapshot_id is not None or meta.current_snapshot_id is not None:
         try:
             tasks = list(table.scan(snapshot_id=snapshot_id).plan_files())
@@ -71,24 +95,112 @@ def attach_iceberg(con: Any, name: str, location: IcebergLocation,
             raise AuditInputError(f"{what}: the snapshot has delete files (row-level deletes "
                                   "of another engine); the audit reads data files with "
                                   "PyArrow, which would not apply them")
+        history = _EpochHistory(table, snapshot_id)
         for task in tasks:
             path = task.file.file_path
-            epoch, sequence = epochs.get(added.get(path, -1), (None, -1))
+            adder = added.get(path, -1)
+            runs = history.compacted_runs(adder, path, task.file.record_count)
+            if runs is not None:
+                compacted.append(_CompactedFile(path, runs))
+                continue
+            epoch, sequence = epochs.get(adder, (None, -1))
             files.append((path, epoch, sequence))
-    schema = _arrow_schema(table, snapshot_id)
-    local = not any("://" in p and not p.startswith("file:") for p, _, _ in files) \
+    schema = with_columns(_arrow_schema(table, snapshot_id), EPOCH, VERSION)
+    paths = [p for p, _, _ in files] + [c.path for c in compacted]
+    local = not any("://" in p and not p.startswith("file:") for p in paths) \
         and "://" not in meta.location.replace("file://", "")
     fs = _filesystem(meta.location, what)
     fmt = ds.ParquetFileFormat()
     fragments = [fmt.make_fragment(_path(p), fs, partition_expression=tag(
         **{EPOCH: epoch, VERSION: sequence})) for p, epoch, sequence in files]
-    dataset = ds.FileSystemDataset(fragments, with_columns(schema, EPOCH, VERSION), fmt, fs)
+    dataset = ds.FileSystemDataset(fragments, schema, fmt, fs)
+    plain = f"__x_files_{name}" if compacted else name
     try:
-        attach_dataset(con, name, [dataset], copy=not local, columns=columns, what=what)
-    except OSError as exc:
+        attach_dataset(con, plain, [dataset], copy=not local, columns=columns, what=what)
+        if compacted:
+            _attach_compacted(con, name, plain, fs, compacted, schema, columns)
+    except (OSError, pa.ArrowInvalid) as exc:  # ArrowInvalid: a compacted file's column
+        # that does not convert to the table's type (the files' own rows go through DuckDB)
         raise AuditInputError(f"{what}: cannot read its data files: {first_line(exc)}") from None
-    relation.epoch = any(epoch is not None for _, epoch, _ in files)
+    relation.epoch = bool(compacted) or any(epoch is not None for _, epoch, _ in files)
     return relation
+
+
+@dataclass(frozen=True)
+class _CompactedFile:
+    """A file of exactly's compaction: its rows' ``(epoch, sequence number, rows)`` runs in
+    file order."""
+
+    path: str
+    runs: Sequence[tuple[int, int, int]]
+
+
+class _EpochHistory:
+    """The epochs of the audited snapshot's main line: which snapshot committed each epoch
+    of each query, and what the compactions on it say of the files they added."""
+
+    def __init__(self, table: Any, snapshot_id: int | None) -> None:
+        self.meta = table.metadata
+        self.sequence: dict[tuple[str, int], int] = {}
+        for entry in main_line(table, snapshot_id):  # newest first: a replay's snapshot wins
+            if entry.query_id is not None and entry.epoch is not None:
+                self.sequence.setdefault((entry.query_id, entry.epoch),
+                                         entry.snapshot.sequence_number)
+        self._summaries: dict[int, dict[str, tuple[str, list[tuple[int, int]]]]] = {}
+
+    def compacted_runs(self, snapshot_id: int, path: str, records: int
+                       ) -> list[tuple[int, int, int]] | None:
+        """``(epoch, sequence number, rows)`` of the rows of ``path``, when the snapshot
+        that added it is exactly's compaction recording them (and they add up to the file's
+        ``records``); else None. An epoch whose snapshot expired gets sequence number -1."""
+        if snapshot_id not in self._summaries:
+            snapshot = self.meta.snapshot_by_id(snapshot_id)
+            self._summaries[snapshot_id] = {} if snapshot is None else compacted_epochs(
+                snapshot)
+        found = self._summaries[snapshot_id].get(path)
+        if found is None:
+            return None
+        query, runs = found
+        if sum(rows for _, rows in runs) != records:
+            return None
+        return [(epoch, self.sequence.get((query, epoch), -1), rows) for epoch, rows in runs]
+
+
+def _attach_compacted(con: Any, name: str, plain: str, fs: Any,
+                      files: Sequence[_CompactedFile], schema: pa.Schema,
+                      columns: list[str] | None) -> None:
+    """Make ``name`` the rows of ``plain`` and of the compacted ``files``, these copied into
+    the audit's database in one pass over each file, every row tagged with its epoch and
+    its epoch's sequence number (a file's order is its runs' order)."""
+    if columns is not None and set(columns) <= set(schema.names):
+        wanted = [*dict.fromkeys([*columns, EPOCH, VERSION])]
+        schema = pa.schema([schema.field(c) for c in wanted])
+    copied = f"__x_compacted_{name}"
+    load_batches(con, copied, _compacted_batches(fs, files, schema), schema)
+    con.execute(f"CREATE VIEW {ident(name)} AS SELECT * FROM {ident(plain)} "
+                f"UNION ALL BY NAME SELECT * FROM {ident(copied)}")
+
+
+def _compacted_batches(fs: Any, files: Sequence[_CompactedFile], schema: pa.Schema
+                       ) -> Iterator[pa.Table]:
+    """The rows of ``files`` a batch at a time, in file order, conformed to ``schema``, with
+    :data:`EPOCH` and :data:`VERSION` filled from each file's runs."""
+    for item in files:
+        ends = np.cumsum([rows for _, _, rows in item.runs])
+        epochs = np.array([epoch for epoch, _, _ in item.runs], dtype=np.int64)
+        versions = np.array([version for _, version, _ in item.runs], dtype=np.int64)
+        with fs.open_input_file(_path(item.path)) as stream:
+            parquet = pq.ParquetFile(stream)
+            names = [n for n in schema.names if n in parquet.schema_arrow.names]
+            offset = 0
+            for batch in parquet.iter_batches(columns=names):
+                run = np.searchsorted(ends, np.arange(offset, offset + batch.num_rows),
+                                      side="right")
+                offset += batch.num_rows
+                rows = pa.Table.from_batches([batch])
+                rows = rows.append_column(EPOCH, pa.array(epochs[run])) \
+                    .append_column(VERSION, pa.array(versions[run]))
+                yield conform(rows, schema)
 
 
 def _added_by(table: Any, snapshot_id: int | None) -> dict[str, int]:

@@ -130,6 +130,7 @@ def parse_location(text: str | None, *, table: str | None = None,
         return _postgres_from_env(dsn_env, table, what)
     if not text:
         raise AuditInputError(f"{what}: missing; give a directory, s3://bucket/prefix, "
+                              "delta:LOCATION, iceberg:CATALOG?table=NS.NAME, "
                               "postgresql://...?table=..., kafka://host:port/topic or "
                               "sqlite:///file.db?table=...")
     if text[:len(_ICEBERG_PREFIX)].lower() == _ICEBERG_PREFIX:
@@ -160,7 +161,8 @@ def parse_location(text: str | None, *, table: str | None = None,
         return SqliteLocation(path, name)
     if scheme and scheme not in ("file", *SCHEMES):
         raise AuditInputError(f"{what}: {text!r}: unknown scheme {scheme}://; use a path, "
-                              "s3://, delta:, postgresql://, kafka:// or sqlite://")
+                              "s3://, delta:, iceberg:CATALOG?table=NS.NAME, postgresql://, "
+                              "kafka:// or sqlite://")
     return _files_or_delta(text, what, explicit=False)
 
 

@@ -115,18 +115,18 @@ def diagnose(checkpoint: str | Path, sink_log: str | Path | None = None,
     (:mod:`exactly.checkpoint.mirror`); the findings name the S3 objects.
     """
     if is_remote(checkpoint) or (sink_log is not None and is_remote(sink_log)):
-        report = _diagnose_remote(str(checkpoint), str(sink_log) if sink_log else None,
-                                  sink_path)
-    else:
-        report = _diagnose(checkpoint, sink_log, sink_path)
+        return _diagnose_remote(str(checkpoint), str(sink_log) if sink_log else None,
+                                sink_path, table)
+    report = _diagnose(checkpoint, sink_log, sink_path)
     if table is not None:
-        _check_table(report, table)
+        _check_table(report, table, Path(report.sink_log) if report.sink_log else None)
     return report
 
 
-def _check_table(report: Report, table: str) -> None:
+def _check_table(report: Report, table: str, log: Path | None) -> None:
     """The findings of the sink's table (``table``: an ``iceberg:`` address) about the sink
-    log's query and the epochs the log completed."""
+    log's query and the epochs the log completed (``log``: the sink log on a local disk, a
+    remote one's local copy)."""
     from exactly.connectors.iceberg.catalog import IcebergAddress
     from exactly.connectors.iceberg.health import table_findings
 
@@ -136,25 +136,30 @@ def _check_table(report: Report, table: str) -> None:
         report.add("error", table, str(exc), "give the table as iceberg:CATALOG?table=NS.NAME")
         return
     completed: list[int] = []
-    if report.sink_log is not None and not is_remote(report.sink_log):
-        folder = Path(report.sink_log) / "complete"
-        if folder.is_dir():
-            completed = [int(m.group(1)) for p in folder.iterdir()
-                         if (m := _LOG_FILE.match(p.name))]
+    folder = None if log is None else log / "complete"
+    if folder is not None and folder.is_dir():
+        completed = [int(m.group(1)) for p in folder.iterdir()
+                     if (m := _LOG_FILE.match(p.name))]
     for finding in table_findings(address, report.sink_query_id, completed):
         report.add(finding.severity, finding.path, finding.problem, finding.repair)
 
 
 def _diagnose_remote(checkpoint: str, sink_log: str | None,
-                     sink_path: str | Path | None) -> Report:
+                     sink_path: str | Path | None, table: str | None = None) -> Report:
+    """:func:`_diagnose` on a local copy of the checkpoint and the sink log; the table
+    check (``table``) reads the copy's completed epochs, while the copy lasts."""
     if not checkpoint_exists(checkpoint):
         report = Report(checkpoint, sink_log)
         report.add("error", checkpoint, "does not exist (no object under this prefix)",
                    "name the checkpoint the job was started with")
+        if table is not None:
+            _check_table(report, table, None)
         return report
     remote_log = sink_log or (layout.join(checkpoint, layout.SINK_LOG_DIR))
     with mirrored(checkpoint, sink_log) as (root, log):
         report = _diagnose(root, log, sink_path)
+        if table is not None:
+            _check_table(report, table, log)
         names = {str(root): checkpoint}
         if log is not None:
             names[str(log)] = remote_log

@@ -101,7 +101,11 @@ class CatalogSpec:
                     "SQLAlchemy URL of SQLite or PostgreSQL (sqlite:////path/catalog.db, "
                     "postgresql://user@host/db); for a REST catalog set catalog.type=rest")
         where = props.get("warehouse", "")
-        if where.startswith(("s3://", "s3a://")) or any(k.startswith("s3.") for k in props):
+        # a REST catalog places its tables itself: on S3 though no warehouse here says so,
+        # and the executors' FileIO has only these properties (pyarrow reads no endpoint
+        # from the environment: its files would go to AWS, the markers to AWS_ENDPOINT_URL)
+        if kind == "rest" or where.startswith(("s3://", "s3a://")) or any(
+                k.startswith("s3.") for k in props):
             for env, key in S3_PROPERTIES.items():
                 if key not in props and os.environ.get(env):
                     props[key] = os.environ[env]
@@ -156,7 +160,10 @@ def _normal(warehouse: str) -> str:
 ADDRESS_FORM = ("iceberg:CATALOG?table=NAMESPACE.NAME, CATALOG a warehouse directory (its "
                 "catalog.db), sqlite:////path/catalog.db, postgresql://user@host/db or "
                 "http://host:port (REST); &warehouse=DIR|s3://... where new tables go; "
-                "&snapshot=ID to read an older snapshot")
+                f"&catalog.name=NAME the catalog's name (the sink's catalog.name, default "
+                f"{CATALOG_NAME}); &snapshot=ID to read an older snapshot")
+#: the query parameters of an address that are its own, not its catalog URL's
+ADDRESS_PARAMETERS = ("table", "warehouse", "catalog.name", "snapshot")
 
 
 @dataclass(frozen=True)
@@ -169,9 +176,10 @@ class IcebergAddress:
 
     @classmethod
     def parse(cls, text: str) -> IcebergAddress:
-        """``iceberg:CATALOG?table=NS.NAME[&warehouse=W][&snapshot=ID]`` (:data:`ADDRESS_FORM`).
-        The catalog's own query parameters (``sslmode=...``) stay with its URL. ConfigError
-        naming the form for anything else."""
+        """``iceberg:CATALOG?table=NS.NAME[&warehouse=W][&catalog.name=NAME][&snapshot=ID]``
+        (:data:`ADDRESS_FORM`). The catalog URL's own query parameters (``sslmode=...``) stay
+        with it. ConfigError naming the form for anything else, also for a parameter that is
+        not the address's after a warehouse directory (which has none of its own)."""
         from urllib.parse import parse_qsl, urlencode
 
         body = text[len("iceberg:"):] if text.startswith("iceberg:") else text
@@ -179,19 +187,28 @@ class IcebergAddress:
         params = dict(parse_qsl(query, keep_blank_values=True))
         table = params.pop("table", "")
         warehouse = params.pop("warehouse", None)
+        name = params.pop("catalog.name", None)
         snapshot = params.pop("snapshot", None)
         if not where or not table:
             raise ConfigError(f"{redact_dsn(text)} names no Iceberg table: write {ADDRESS_FORM}")
         parse_identifier(table)
         if snapshot is not None and not snapshot.lstrip("-").isdigit():
             raise ConfigError(f"{redact_dsn(text)}: snapshot={snapshot!r} is not a snapshot id")
+        if name is not None and not name.strip():
+            raise ConfigError(f"{redact_dsn(text)}: catalog.name is empty; name the catalog as "
+                              f"the sink's option catalog.name does (default {CATALOG_NAME})")
+        named = {} if name is None else {"name": name.strip()}
         rest = f"{where}?{urlencode(params)}" if params else where
         if rest.startswith(("http://", "https://")):
-            spec = CatalogSpec.from_options({"type": "rest", "uri": rest}, warehouse)
+            spec = CatalogSpec.from_options({**named, "type": "rest", "uri": rest}, warehouse)
         elif rest.startswith(("sqlite:", "postgresql:", "postgres:", "postgresql+")):
-            spec = CatalogSpec.from_options({"uri": rest}, warehouse)
+            spec = CatalogSpec.from_options({**named, "uri": rest}, warehouse)
+        elif params:
+            raise ConfigError(
+                f"{redact_dsn(text)}: unknown parameter(s) {', '.join(sorted(params))} (an "
+                f"address takes {', '.join(ADDRESS_PARAMETERS)}): write {ADDRESS_FORM}")
         else:
-            spec = CatalogSpec.from_options({}, warehouse or rest)
+            spec = CatalogSpec.from_options(named, warehouse or where)
         return cls(spec, table, int(snapshot) if snapshot is not None else None)
 
     def sink_options(self) -> dict[str, str]:
@@ -211,3 +228,12 @@ class IcebergAddress:
 
     def describe(self) -> str:
         return f"Iceberg table {self.table} ({self.catalog.describe()})"
+
+    def name_hint(self) -> str:
+        """What to say when a SQL catalog has no such table: it keys tables by the catalog's
+        name, which may be another than the address's (empty for other catalogs)."""
+        if self.catalog.properties.get("type") != "sql":
+            return ""
+        return (f" under the catalog name {self.catalog.name!r} (a SQL catalog keeps each "
+                "table under the name of the catalog that created it: for a table written "
+                "with the sink's option catalog.name, add &catalog.name=NAME)")

@@ -5,7 +5,13 @@ An epoch writes one file per write task (and partition value): at a short trigge
 thousands of small files an hour. :func:`compact_iceberg` rewrites runs of *contiguous epochs
 of one query and one partition* into files of up to ``target_file_bytes``, named
 ``part-<first epoch>-<last epoch>-c<8 hex>-<query>-00000.parquet``, in one snapshot whose
-summary carries ``exactly.compaction`` (each new file's query and epoch range). pyiceberg
+summary carries ``exactly.compaction``: each new file's query, epoch range and the rows each
+epoch contributes, in the file's order (``{file: [query, first, last, [[epoch, rows], ...]]}``;
+older compactions recorded the range only). A new file holds its inputs' rows
+in epoch order, and its Parquet footer carries the same ``[[epoch, rows], ...]``
+(``exactly.epochs``), so that a later compaction of it knows every row's epoch even after
+the snapshot that wrote it expired. The audit (:mod:`exactly.auditor.iceberg`) gives each
+compacted row its epoch's place in the table's history from the summary. pyiceberg
 0.12 cannot write Iceberg's ``replace`` operation (a rewrite that changes no data), so the
 snapshot is an ``overwrite`` with the same rows: a streaming reader of the table that stops
 at overwrites (Spark's, unless ``streaming-skip-overwrite-snapshots``) must skip it.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -42,6 +49,7 @@ from exactly.connectors.iceberg.data_files import (
     file_query,
 )
 from exactly.connectors.iceberg.snapshots import SUMMARY_COMPACTION
+from exactly.errors import ConfigError
 from exactly.logs import log_event
 
 logger = logging.getLogger("exactly.iceberg")
@@ -50,6 +58,9 @@ logger = logging.getLogger("exactly.iceberg")
 TARGET_FILE_BYTES = 512 * 1024 * 1024
 #: commits of a compaction refused because another commit came first, tried again
 COMMIT_RETRIES = 15
+#: the Parquet footer key of a compacted file: its rows' epochs, JSON ``[[epoch, rows], ...]``
+EPOCHS_KEY = b"exactly.epochs"
+_COMPACTED_NAME = re.compile(r"^part-\d{12}-\d{12}-c[0-9a-f]{8}-")
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,9 @@ class CompactionResult:
     snapshot: int | None = None
     #: new file -> [query, first epoch, last epoch]
     ranges: dict[str, list[Any]] = field(default_factory=dict)
+    #: new file -> its rows' epochs in file order, ``[[epoch, rows], ...]`` (a file with an
+    #: input of an older compaction, which did not record them, is absent)
+    epoch_rows: dict[str, list[list[int]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The fields :meth:`exactly.connectors.delta.compaction.CompactionResult.to_json`
@@ -164,8 +178,8 @@ def compact_iceberg(catalog: Any, table_name: str, *,
 
     loaded = catalog.load()
     table = loaded.load_table(table_name)
-    live = _live(table)
-    groups = plan(live, target_file_bytes=target_file_bytes, min_input_files=min_input_files,
+    live, inputs = _live(table)
+    groups = plan(inputs, target_file_bytes=target_file_bytes, min_input_files=min_input_files,
                   keep_newest_epochs=keep_newest_epochs, split_after=split_after)
     rewritten = sum(len(g.files) for g in groups)
     if not groups or dry_run:
@@ -173,23 +187,25 @@ def compact_iceberg(catalog: Any, table_name: str, *,
                                 len(groups), 0, None)
     layout = TableLayout.of(table, catalog.io_properties())
     writer = LayoutWriter(layout)
-    outputs = [(group, _rewrite(table, writer, group)) for group in groups]
-    written = [facts for _, facts in outputs]
-    ranges = {facts.path: [g.query, g.first, g.last] for g, facts in outputs}
+    outputs = [(group, *_rewrite(table, writer, group)) for group in groups]
+    written = [facts for _, facts, _ in outputs]
+    ranges = {facts.path: [g.query, g.first, g.last] for g, facts, _ in outputs}
+    epoch_rows = {facts.path: runs for _, facts, runs in outputs if runs is not None}
+    summary = compaction_summary(ranges, epoch_rows)
     try:
         for _ in range(COMMIT_RETRIES + 1):
-            current = {f.file_path for f in _live(table)}
+            current = {f.file_path for f in _live(table)[1]}
             if not all(f.file_path in current for g in groups for f in g.files):
                 raise _Stale()  # an input went (a retract, another compaction): start over
             try:
-                table = _commit(table, groups, written, ranges)
+                table = _commit(table, groups, written, summary)
                 break
             except CommitFailedException:
                 table = loaded.load_table(table_name)
         else:
             raise CommitFailedException(f"compaction of {table_name}: {COMMIT_RETRIES + 1} "
                                         "commits in a row lost the race to other writers")
-    except (_Stale, CommitFailedException) as exc:
+    except (_Stale, CommitFailedException, ConfigError) as exc:
         fs, _ = _fs(layout)
         for facts in written:
             lake_files.delete_object(fs, facts.path.split("://", 1)[-1])
@@ -200,7 +216,8 @@ def compact_iceberg(catalog: Any, table_name: str, *,
         raise
     snapshot = table.metadata.current_snapshot_id
     result = CompactionResult(len(live), len(live) - rewritten + len(written), rewritten,
-                              len(written), sum(f.size for f in written), snapshot, ranges)
+                              len(written), sum(f.size for f in written), snapshot, ranges,
+                              epoch_rows)
     log_event(logger, "iceberg_compaction", table=table_name, files_before=result.files_before,
               files_after=result.files_after, snapshot=snapshot)
     return result
@@ -210,10 +227,29 @@ class _Stale(Exception):
     pass
 
 
-def _live(table: Any) -> list[Any]:
+def _live(table: Any) -> tuple[list[Any], list[Any]]:
+    """The table's live data files, and those of them compaction may take as inputs: not a
+    file that a row-level delete file applies to (another writer's merge-on-read delete, in
+    pyiceberg's scan plan), whose rows as read are fewer than the file's -- it stays as it
+    is, its deletes with it. Raises ConfigError when the plan cannot say which files deletes
+    apply to (equality deletes, which pyiceberg 0.12 does not read): nothing is compacted."""
     if table.metadata.current_snapshot_id is None:
-        return []
-    return [task.file for task in table.scan().plan_files()]
+        return [], []
+    try:
+        tasks = list(table.scan().plan_files())
+    except (ValueError, NotImplementedError) as exc:
+        if "equality delete" not in str(exc).lower():
+            raise
+        name = ".".join(table.name())
+        raise ConfigError(
+            f"compaction of {name}: the table has equality delete files (another writer's "
+            "row-level deletes), which pyiceberg 0.12 cannot match to data files, so a "
+            "compaction could bring deleted rows back; nothing was compacted. Apply and drop "
+            "them with the engine that wrote them first (Spark: CALL <catalog>.system."
+            f"rewrite_data_files(table => '{name}', options => map('delete-file-threshold', "
+            "'1', 'remove-dangling-deletes', 'true'))), or do not compact this table with "
+            "exactly") from None
+    return [t.file for t in tasks], [t.file for t in tasks if not t.delete_files]
 
 
 def _fs(layout: TableLayout) -> Any:
@@ -222,18 +258,50 @@ def _fs(layout: TableLayout) -> Any:
     return Location.parse(layout.location).filesystem()
 
 
-def _rewrite(table: Any, writer: LayoutWriter, group: _Group) -> Any:
-    """Write the rows of ``group``'s files, in epoch order, into one new file beside them."""
+def _rewrite(table: Any, writer: LayoutWriter, group: _Group
+             ) -> tuple[Any, list[list[int]] | None]:
+    """Write the rows of ``group``'s files into one new file beside them: its facts, and its
+    rows' epochs in file order (``[[epoch, rows], ...]``; None when an input is a file of an
+    older compaction, which recorded no epoch of its rows: the rows then stay in the inputs'
+    order, oldest epochs first).
+
+    The rows are in epoch order: each input's rows are cut at their epochs and the pieces put
+    in epoch order (stable: within an epoch, the inputs' order), whatever the inputs' ranges
+    (a compacted input may reach past the epoch of a plain file an earlier merge left out)."""
     first_file = group.files[0].file_path
     directory = first_file.rsplit("/", 1)[0]
     name = (f"part-{group.first:012d}-{group.last:012d}-c{uuid.uuid4().hex[:8]}-"
             f"{group.query}-00000.parquet")
     path = f"{directory}/{name}"
-    tables = []
+    tables: list[pa.Table] = []
+    pieces: list[tuple[int, pa.Table]] | None = []
     for data_file in group.files:
         with table.io.new_input(data_file.file_path).open() as stream:
-            tables.append(pq.read_table(stream))
+            read = pq.read_table(stream)
+        tables.append(read)
+        runs = input_epochs(data_file.file_path, read)
+        if runs is None or pieces is None:
+            pieces = None
+            continue
+        offset = 0
+        for epoch, count in runs:
+            pieces.append((epoch, read.slice(offset, count)))
+            offset += count
+    epochs: list[list[int]] | None = None
+    if pieces is not None:
+        pieces.sort(key=lambda piece: piece[0])  # stable
+        tables = [piece for _, piece in pieces]
+        epochs = []
+        for epoch, piece in pieces:
+            if epochs and epochs[-1][0] == epoch:
+                epochs[-1][1] += piece.num_rows
+            elif piece.num_rows:
+                epochs.append([epoch, piece.num_rows])
     rows = pa.concat_tables(tables, promote_options="default")
+    kept = {k: v for k, v in (rows.schema.metadata or {}).items() if k != EPOCHS_KEY}
+    if epochs is not None:
+        kept[EPOCHS_KEY] = json.dumps(epochs).encode()
+    rows = rows.replace_schema_metadata(kept or None)
     partition = [None if v is None else _hex(writer, i, v)
                  for i, v in enumerate(group.files[0].partition)]
     stream = writer.io.new_output(path).create(overwrite=True)
@@ -242,8 +310,25 @@ def _rewrite(table: Any, writer: LayoutWriter, group: _Group) -> Any:
                                     **writer.writer_kwargs))
     for batch in rows.to_batches():
         out.add(batch)
-    metadata, size = out.close()
-    return writer.facts(out, metadata, size)
+    footer, size = out.close()
+    return writer.facts(out, footer, size), epochs
+
+
+def input_epochs(path: str, rows: pa.Table) -> list[list[int]] | None:
+    """The epochs of a data file's rows (read whole as ``rows``) in file order,
+    ``[[epoch, rows], ...]``: a plain file of the sink holds its name's epoch; a compacted
+    one says it in its footer (:data:`EPOCHS_KEY`). None for a compacted file of an older
+    compaction (no such footer) or a footer whose counts do not add up to the rows."""
+    metadata = rows.schema.metadata or {}
+    if EPOCHS_KEY in metadata:
+        try:
+            runs = [[int(e), int(n)] for e, n in json.loads(metadata[EPOCHS_KEY])]
+        except (ValueError, TypeError):
+            return None
+        return runs if sum(n for _, n in runs) == rows.num_rows else None
+    if _COMPACTED_NAME.match(path.rsplit("/", 1)[-1]):
+        return None
+    return [[file_epochs(path)[0], rows.num_rows]]
 
 
 def _hex(writer: LayoutWriter, index: int, value: Any) -> str:
@@ -252,13 +337,21 @@ def _hex(writer: LayoutWriter, index: int, value: Any) -> str:
     return to_bytes(writer.partition_type.fields[index].field_type, value).hex()
 
 
+def compaction_summary(ranges: dict[str, list[Any]],
+                       epoch_rows: dict[str, list[list[int]]]) -> dict[str, str]:
+    """A compaction snapshot's summary: :data:`SUMMARY_COMPACTION`, JSON ``{new file: [query,
+    first epoch, last epoch, [[epoch, rows], ...]]}``, the last item only where known."""
+    record = {path: [*span, *([epoch_rows[path]] if path in epoch_rows else [])]
+              for path, span in ranges.items()}
+    return {SUMMARY_COMPACTION: json.dumps(record, sort_keys=True)}
+
+
 def _commit(table: Any, groups: Sequence[_Group], written: Sequence[Any],
-            ranges: dict[str, list[Any]]) -> Any:
+            summary: dict[str, str]) -> Any:
     from exactly.connectors.iceberg.sink import without_retries
 
     schema, specs = table.schema(), table.metadata.specs()
     tx = without_retries(table).transaction()
-    summary = {SUMMARY_COMPACTION: json.dumps(ranges, sort_keys=True)}
     with tx.update_snapshot(snapshot_properties=summary).overwrite() as rewrite:
         for group in groups:
             for data_file in group.files:

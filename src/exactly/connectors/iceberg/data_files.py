@@ -32,6 +32,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from exactly.errors import ConfigError
+
 #: rows of a Parquet row group (pyiceberg's ``write.parquet.row-group-limit`` default)
 ROW_GROUP_ROWS = 1024 * 1024
 #: a row group is written once its buffered batches hold this many bytes, however few rows
@@ -39,6 +41,26 @@ ROW_GROUP_BYTES = 128 * 1024 * 1024
 _NAME = re.compile(r"^part-(\d{12})-(.+)-([0-9a-f-]{36})-(\d{5})\.parquet$")
 #: the middle of a compacted file's name: ``<last epoch>-c<8 hex>`` (compaction.py)
 _COMPACTED = re.compile(r"^(\d{12})-c[0-9a-f]{8}$")
+#: the values of a table's ``write.parquet.compression-codec`` that pyiceberg's Parquet
+#: writer (PyArrow) writes -- Iceberg's names, which its other engines read too
+PARQUET_CODECS = ("uncompressed", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
+def parquet_codec(name: str) -> str:
+    """``name`` (any case) as a table's ``write.parquet.compression-codec``. ConfigError
+    naming :data:`PARQUET_CODECS` for any other name, and for a codec this PyArrow was built
+    without (its files could not be written)."""
+    codec = name.strip().lower()
+    if codec not in PARQUET_CODECS:
+        raise ConfigError(
+            f"exactly.iceberg sink: compression={name!r} is not a Parquet codec pyiceberg "
+            f"writes; use one of {', '.join(PARQUET_CODECS)} (the new table's "
+            "write.parquet.compression-codec), or drop the option for zstd")
+    if codec != "uncompressed" and not pa.Codec.is_available(codec):
+        raise ConfigError(
+            f"exactly.iceberg sink: compression={name!r}: this PyArrow was built without "
+            f"{codec}; use another of {', '.join(PARQUET_CODECS)}")
+    return codec
 
 
 def data_file_name(epoch: int, attempt_key: str, query_id: str, number: int) -> str:

@@ -1,8 +1,9 @@
 """``exactly doctor --table iceberg:...``: what an Iceberg table says about a query's epochs.
 
-Read-only. Compared with the sink's commit log (the query id, the completed epochs): the
-table's progress for the query (``exactly.epoch.<query>``) behind a completed epoch (epochs
-lost outside exactly), ahead of it (a commit whose completion record the next start writes),
+Read-only. Compared with the sink's commit log (the query id, the completed epochs): a
+table with no trace of the query at all (the wrong table, or a new one), the table's
+progress for the query (``exactly.epoch.<query>``) behind a completed epoch (epochs lost
+outside exactly), ahead of it (a commit whose completion record the next start writes),
 an epoch committed in two snapshots, pending task attempts, data files of the query that no
 snapshot names (aborted attempts whose cleanup did not finish), and a query whose snapshots
 expired (its replays are still recognised by the progress property, which must stay).
@@ -45,7 +46,7 @@ def table_findings(address: IcebergAddress, query_id: str | None,
     except ConfigError as exc:
         return [TableFinding("error", where, str(exc), "check the address's catalog")]
     except (NoSuchTableError, NoSuchNamespaceError):
-        return [TableFinding("error", where, "does not exist in its catalog",
+        return [TableFinding("error", where, f"does not exist in its catalog{address.name_hint()}",
                              "name the table the job writes (iceberg:CATALOG?table=NS.NAME)")]
     if query_id is None:
         return [TableFinding("info", where, "the sink log names no query: only the table's "
@@ -54,7 +55,18 @@ def table_findings(address: IcebergAddress, query_id: str | None,
     progress = snapshots.committed_epoch(table, query_id)
     newest = max(completed) if completed else None
     prop = snapshots.progress_property(query_id)
-    if newest is not None and (progress is None or progress < newest):
+    if newest is not None and progress is None and not _ever_written(table, query_id):
+        found.append(TableFinding(
+            "error", where, f"holds no snapshot of query {query_id} and no property {prop}, "
+            f"but the sink log completed epochs up to {newest}: the address names another "
+            "table than the job writes, or the table is a new one (replaced, or created "
+            "after the query's epochs were written; in at_least_once mode, which sets no "
+            "property, also: the query's snapshots expired)",
+            "name the table the job writes (its catalog, &catalog.name=NAME and table=NS.NAME "
+            "as the sink's options); for a new table on purpose, start the job on a new "
+            "checkpoint, or restore it from a savepoint (`exactly run -s`) to write the "
+            "epochs into it again"))
+    elif newest is not None and (progress is None or progress < newest):
         held = "none of its epochs" if progress is None else f"its epochs up to {progress}"
         found.append(TableFinding(
             "error", where, f"holds {held} (property {prop}), but the sink log completed "
@@ -91,6 +103,12 @@ def table_findings(address: IcebergAddress, query_id: str | None,
             f"none needed; keep {prop} when editing table properties"))
     found.extend(_files(table, query_id))
     return found
+
+
+def _ever_written(table: Any, query_id: str) -> bool:
+    """Whether any snapshot the table's metadata keeps (on its main line or not) is one of
+    ``query_id``'s: a table rolled back before the query's epochs still keeps them."""
+    return any(snapshots.epoch_of(s)[0] == query_id for s in table.metadata.snapshots)
 
 
 def _files(table: Any, query_id: str) -> list[TableFinding]:

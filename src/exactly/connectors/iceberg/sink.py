@@ -45,7 +45,9 @@ Options: ``path`` or ``table`` (``namespace.name``), ``warehouse`` (where new ta
 no ``catalog.uri`` the embedded SQLite catalog is kept there), ``catalog.<key>`` (pyiceberg
 catalog properties: ``catalog.uri``, ``catalog.type``, ``catalog.s3.endpoint``, ...),
 ``partitionBy`` (the spec of a table the sink creates, :mod:`.partitioning`), ``compression``
-(the Parquet codec of a table the sink creates; default zstd, pyiceberg's).
+(the Parquet codec of a table the sink creates, one of
+:data:`~exactly.connectors.iceberg.data_files.PARQUET_CODECS`; default zstd, pyiceberg's;
+another name is refused when the sink is built).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from exactly.connectors.iceberg.data_files import (
     data_file_name,
     file_epoch,
     file_epochs,
+    parquet_codec,
 )
 from exactly.connectors.iceberg.partitioning import build_spec, describe_spec, parse_partitioning
 from exactly.errors import ConfigError, DataLossError, FencedError, SavepointError
@@ -149,7 +152,8 @@ class IcebergSink(TwoPhaseCommitSink[IcebergTxn]):
         self._log_dir = log_dir
         parse_partitioning(partition_by)  # a bad spec fails now, before the query starts
         self.partition_by = partition_by
-        self.compression = compression
+        # a codec PyArrow cannot write fails now, not at the first epoch's first file
+        self.compression = parquet_codec(compression) if compression else None
         self.layout: TableLayout | None = None
         self._catalog: Any = None
         self._table: Any = None  # the driver's table, kept across epochs

@@ -9,11 +9,13 @@ table to an older snapshot is seen); the property says it once the query's snaps
 (a snapshot's summary goes with it). A retract (savepoint rollback) sets the property back
 in the snapshot that removes the epochs' files, and says so in that snapshot's summary
 (``exactly.retractedAfter``, ``exactly.line``). A compaction by exactly is a snapshot with
-``exactly.compaction`` in its summary; it adds and removes files, never rows.
+``exactly.compaction`` in its summary; it adds and removes files, never rows, and says which
+epochs the rows of each file it adds come from (:func:`compacted_epochs`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +63,30 @@ def epoch_of(snapshot: Any) -> tuple[str | None, int | None]:
     if query is None or epoch is None or not str(epoch).isdigit():
         return None, None
     return str(query), int(epoch)
+
+
+def compacted_epochs(snapshot: Any) -> dict[str, tuple[str, list[tuple[int, int]]]]:
+    """The files an exactly compaction's ``snapshot`` added, each with its query and its
+    rows' epochs in file order, ``[(epoch, rows), ...]``, from the summary's
+    :data:`SUMMARY_COMPACTION` (``{file: [query, first, last, [[epoch, rows], ...]]}``).
+    Files of older compactions (``[query, first, last]``: no rows per epoch) and entries
+    that do not parse are left out; ``{}`` for any other snapshot."""
+    summary = snapshot.summary
+    extra = summary.additional_properties if summary is not None else {}
+    try:
+        record = json.loads(extra.get(SUMMARY_COMPACTION) or "{}")
+    except ValueError:
+        return {}
+    found: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+    for path, entry in (record.items() if isinstance(record, dict) else ()):
+        if not isinstance(entry, list) or len(entry) < 4 or not isinstance(entry[3], list):
+            continue
+        try:
+            runs = [(int(epoch), int(rows)) for epoch, rows in entry[3]]
+        except (TypeError, ValueError):
+            continue
+        found[str(path)] = (str(entry[0]), runs)
+    return found
 
 
 def main_line(table: Any, snapshot_id: int | None = None) -> Iterator[EpochSnapshot]:

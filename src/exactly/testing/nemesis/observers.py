@@ -36,10 +36,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from exactly.testing.nemesis.checker import ISOLATIONS, READ_COMMITTED, History, Row
 from exactly.testing.readers import BackgroundReader
+
+T = TypeVar("T")
 
 
 class Observer(BackgroundReader):
@@ -287,6 +289,46 @@ class KafkaObserver(Observer):
 
 
 # -- Delta --------------------------------------------------------------------------------
+#: ``deltalake``'s errors when the LIST of ``_delta_log/`` missed commit files: one between
+#: two others it returned (a gap), or the first, ``00000000000000000000.json`` (it holds
+#: the table's metadata and protocol), with every later one it returned contiguous
+INCOMPLETE_LISTING = ("Expected contiguous commit files, but found gap",
+                      "No table metadata or protocol found in delta log")
+#: reads in all of :func:`retry_incomplete_listing` (the first and the retries), and the
+#: wait before each retry: a LIST overlaps a PUT of the sink for milliseconds, one commit
+#: every few hundred milliseconds
+LISTING_ATTEMPTS = 5
+LISTING_WAIT_S = 0.2
+
+
+def retry_incomplete_listing(read: Callable[[], T], *, attempts: int = LISTING_ATTEMPTS,
+                             wait_s: float = LISTING_WAIT_S) -> T:
+    """``read()`` (a read of a Delta table on the test kit's S3 server while a job commits
+    to it), read again -- up to ``attempts`` reads in all, ``wait_s`` apart -- while it
+    fails with one of ``deltalake``'s :data:`INCOMPLETE_LISTING` errors, then raised as is.
+
+    Those errors are S3Proxy's, not the table's: a LIST that overlaps a PUT in the same
+    directory can omit settled objects (:mod:`exactly.testing.s3_server`), here commit files
+    of ``_delta_log/`` while the sink writes its next commit. The files are there: a listing
+    a moment later holds them. Real S3's LIST is strongly consistent. A log that stays
+    broken (a commit file missing for good) still fails after the last read; any other
+    error is raised at once. A listing that misses only the newest commits reads an older
+    version, no error: the caller reads again anyway."""
+    from deltalake.exceptions import DeltaError
+
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, not {attempts}")
+    attempt = 1
+    while True:
+        try:
+            return read()
+        except DeltaError as exc:
+            if attempt >= attempts or not any(m in str(exc) for m in INCOMPLETE_LISTING):
+                raise
+        attempt += 1
+        time.sleep(wait_s)
+
+
 class DeltaObserver(Observer):
     """A Delta table, each new version read once (a snapshot per version, ``at`` =
     ``version N``): the rows of its files, each row with the epoch of the commit that added
