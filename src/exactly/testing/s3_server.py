@@ -30,10 +30,10 @@ What it does not (measured): it is a server for **one writer at a time per direc
   deleted file ends it the same way). With 2 threads writing, a third of the listings
   missed some of 50 settled objects, some listed none. Listings also show in-flight
   temporary files as keys ``<key>-<uuid>``. A ``deltalake`` read of a table that a job
-  commits to then fails now and then with "Expected contiguous commit files, but found gap"
-  or "No table metadata or protocol found in delta log" (a commit file missing from the
-  LIST of ``_delta_log/``): a test's read that must not fail on it reads again
-  (:func:`exactly.testing.nemesis.observers.retry_incomplete_listing`).
+  commits to then fails now and then, most often with "Expected contiguous commit files,
+  but found gap" (a commit file missing from the LIST of ``_delta_log/``): a test's read
+  that must not fail on it reads again
+  (:func:`exactly.testing.nemesis.observers.retry_incomplete_listing` names each such error).
 
 The backend is ``filesystem-nio2`` (``filesystem`` is an alias of it since S3Proxy 3); the
 legacy ``filesystem-jclouds`` lists without omissions but reports every directory as a key

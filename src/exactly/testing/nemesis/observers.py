@@ -289,11 +289,15 @@ class KafkaObserver(Observer):
 
 
 # -- Delta --------------------------------------------------------------------------------
-#: ``deltalake``'s errors when the LIST of ``_delta_log/`` missed commit files: one between
-#: two others it returned (a gap), or the first, ``00000000000000000000.json`` (it holds
-#: the table's metadata and protocol), with every later one it returned contiguous
+#: ``deltalake``'s errors (deltalake 1.6, delta-kernel) when the LIST of ``_delta_log/``
+#: missed files the log holds: a commit between two others it returned; the first commit
+#: (``00000000000000000000.json``: the table's metadata and protocol); the newest commits
+#: up to a version asked for (``DeltaTable(uri, version=N)``); the checkpoint that
+#: ``_last_checkpoint`` names (a table past 100 commits, deltalake's checkpoint interval)
 INCOMPLETE_LISTING = ("Expected contiguous commit files, but found gap",
-                      "No table metadata or protocol found in delta log")
+                      "No table metadata or protocol found in delta log",
+                      "not the same as the specified end version",
+                      "Had a _last_checkpoint hint but didn't find any checkpoints")
 #: reads in all of :func:`retry_incomplete_listing` (the first and the retries), and the
 #: wait before each retry: a LIST overlaps a PUT of the sink for milliseconds, one commit
 #: every few hundred milliseconds
@@ -312,8 +316,8 @@ def retry_incomplete_listing(read: Callable[[], T], *, attempts: int = LISTING_A
     of ``_delta_log/`` while the sink writes its next commit. The files are there: a listing
     a moment later holds them. Real S3's LIST is strongly consistent. A log that stays
     broken (a commit file missing for good) still fails after the last read; any other
-    error is raised at once. A listing that misses only the newest commits reads an older
-    version, no error: the caller reads again anyway."""
+    error is raised at once. A read of the newest version whose listing misses only the
+    newest commits reads an older version, no error: a caller that waits reads again."""
     from deltalake.exceptions import DeltaError
 
     if attempts < 1:
