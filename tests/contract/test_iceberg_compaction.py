@@ -94,21 +94,27 @@ def test_the_sink_goes_on_after_a_compaction_and_recognises_a_replay(tmp_path):
     assert files(tmp_path) == 1 + 4
 
 
+def before_first_commit(monkeypatch, action) -> list[int]:
+    """Run ``action`` (another writer's commit) once, just before the compaction's first
+    commit attempt; the list returned counts the attempts."""
+    real = compaction._commit
+    calls: list[int] = []
+
+    def first(table, *args):
+        if not calls:
+            action()
+        calls.append(1)
+        return real(table, *args)
+
+    monkeypatch.setattr(compaction, "_commit", first)
+    return calls
+
 def test_compaction_racing_an_epoch_commit_retries_and_both_land(tmp_path, monkeypatch):
     """The sink commits epoch 4 after the compaction read the table and before its commit:
     the catalog refuses the compaction (stale metadata), which tries again on the new one."""
     h = harness(tmp_path)
     run_epochs(h, range(4))
-    real = compaction._commit
-    calls = []
-
-    def epoch_first(table, *args):
-        if not calls:
-            run_epochs(h, range(4, 5))
-        calls.append(1)
-        return real(table, *args)
-
-    monkeypatch.setattr(compaction, "_commit", epoch_first)
+    calls = before_first_commit(monkeypatch, lambda: run_epochs(h, range(4, 5)))
     result = compact_iceberg(catalog(tmp_path), "db.events")
     assert len(calls) == 2 and result.snapshot is not None
     assert ids(tmp_path) == expected(range(5))
@@ -304,16 +310,8 @@ def test_a_delete_committed_while_the_compaction_writes_abandons_it(tmp_path, mo
     compaction's new files are deleted."""
     h = harness(tmp_path)
     run_epochs(h, range(3))
-    real = compaction._commit
-    calls = []
-
-    def delete_first(tbl, *args):
-        if not calls:
-            add_position_deletes(table(tmp_path), data_file_of(tmp_path, 0, 0), [1])
-        calls.append(1)
-        return real(tbl, *args)
-
-    monkeypatch.setattr(compaction, "_commit", delete_first)
+    calls = before_first_commit(monkeypatch, lambda: add_position_deletes(
+        table(tmp_path), data_file_of(tmp_path, 0, 0), [1]))
     result = compact_iceberg(catalog(tmp_path), "db.events")
     assert (len(calls), result.snapshot, result.rewritten_files) == (1, None, 0)
     assert ids(tmp_path) == [i for i in expected(range(3)) if i != 1]
