@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from supervised import EXACTLY, JOBS, SupervisedRun, audit_rows, ids_in
+from supervised import EXACTLY, JOBS, SupervisedRun, ids_in
 
 from exactly.audit import audit_ids, file_ids
 from exactly.procs import JOB_TOKEN_ENV, job_processes, kill_job
@@ -57,69 +57,6 @@ def _kill_tree(pid: int) -> None:
     assert token, f"pid {pid} carries no job token"
     kill_job(token, psutil.Process(pid), what=f"the driver {pid}")
     assert not job_processes(token)
-
-
-@pytest.mark.chaos
-def test_the_spare_takes_over_a_killed_driver_a_new_one_replaces_it_and_both_killed_restart_cold(
-        tmp_path):
-    """One run, three faults, every id once: (1) the active driver's tree is SIGKILLed while
-    a spare is ready: the spare becomes the driver (same run, its pid) and a new spare
-    starts behind it; (2) that spare's tree is SIGKILLed: the job goes on, the launcher says
-    so and starts another spare; (3) the driver and its spare are SIGKILLed together: the
-    next driver starts from scratch (a pid never seen as a spare). The input outlasts the
-    test however slow the machine (an exhausted input commits no epoch after a restart),
-    so the audit is of every id the generator reached."""
-    out = tmp_path / "out"
-    env = {"JOB_OUT": str(out), "JOB_ROWS": "10000000", "JOB_RATE": "250",
-           "JOB_INTERVAL": "1s"}
-    run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--restart-strategy",
-                        "fixed-delay", "--restart-option", "attempts=5",
-                        "--restart-option", "delay=1s", log=tmp_path / "run.log")
-    watched = Watched(run)
-    try:
-        # (1) the active driver dies while its spare is warm
-        watched.wait(lambda: watched.spare() is not None, "a warm spare")
-        first, spare = run.status().driver.pid, watched.spare()
-        before = ids_in(out)
-        _kill_tree(first)
-        watched.wait(lambda: run.status().driver.pid == spare
-                     and run.status().state == "running", "the spare as the driver")
-        watched.wait(lambda: ids_in(out) > before + 400, "epochs of the former spare")
-        recovered = [e for e in run.history() if e["event"] == "recovered"]
-        assert len(recovered) == 1, run.history()
-        print(f"kill -> first committed epoch of the spare: {recovered[0]['recovery_s']} s")
-
-        # (2) the new spare behind it is killed: the driver goes on, another spare starts
-        watched.wait(lambda: watched.spare() not in (None, spare), "a new spare behind it")
-        second_spare = watched.spare()
-        _kill_tree(second_spare)
-        watched.wait(lambda: f"the spare driver (pid {second_spare}) ended" in run.output(),
-                     "the launcher's word on the lost spare")
-        assert run.status().driver.pid == spare  # the active driver was not touched
-        watched.wait(lambda: watched.spare() not in (None, second_spare), "a third spare")
-        third_spare = watched.spare()
-
-        # (3) the driver and its spare die together: a driver from scratch
-        _kill_tree(spare)
-        _kill_tree(third_spare)
-        watched.wait(lambda: run.status().driver.pid not in (first, spare)
-                     and run.status().state == "running"
-                     and len([e for e in run.history() if e["event"] == "recovered"]) == 2,
-                     "a driver started from scratch that committed an epoch")
-        cold = run.status().driver.pid
-        assert cold not in watched.spares
-
-        before = ids_in(out)
-        watched.wait(lambda: ids_in(out) > before + 400, "epochs of the cold driver")
-        stopped = run.command("stop", str(tmp_path / "ck"))
-        assert stopped.returncode == 0, stopped.stderr
-        assert run.wait() == 0, run.output()[-3000:]
-    finally:
-        run.close()
-    audit_rows(out, int(file_ids(out)[0].max()) + 1)  # the generator's ids 0.. in order
-    failures = [e for e in run.history() if e["event"] == "failure"]
-    assert [e["kind"] for e in failures] == ["process", "process"], failures
-    assert run.status().state == "stopped" and run.status().spare is None
 
 
 def test_spare_driver_off_keeps_none_and_on_with_spark_connect_is_refused(tmp_path):
@@ -219,16 +156,20 @@ def _sink_env(sink: str, tmp_path: Path, request) -> tuple[dict[str, str], objec
     pytest.param("kafka", marks=[pytest.mark.server, pytest.mark.slow]),
     pytest.param("delta", marks=pytest.mark.slow),
 ])
-def test_the_spare_takes_over_after_a_kill_at_every_driver_protocol_point(sink, tmp_path,
-                                                                          request):
-    """``exactly run --fault P1@E1,P2@E2,...`` SIGKILLs the driver's whole tree at each of
-    the driver's protocol points in turn; every time the warm spare takes the job over
-    (the next driver is a process job.json showed as the spare), and the sink holds every
-    id exactly once in the end. (The executor's point, ``in_write``, fails a task, which
-    restarts the query inside the driver: no driver process dies.)"""
-    rows = 100 * (SPACING * len(POINTS) + 10)
+def test_the_spare_takes_every_driver_point_kill_a_lost_spare_is_replaced_both_lost_restart_cold(
+        sink, tmp_path, request):
+    """One run, every id once in the sink: (1) ``exactly run --fault P1@E1,P2@E2,...``
+    SIGKILLs the driver's whole tree at each of the driver's protocol points in turn; every
+    time the warm spare takes the job over (the next driver is a process job.json showed as
+    the spare) and a new spare starts behind it; (2) that spare's tree is SIGKILLed: the job
+    goes on with the same driver, the launcher says so and starts another spare; (3) the
+    driver and its spare are SIGKILLed together, at no protocol point: the next driver
+    starts from scratch (a pid never seen as a spare). (The executor's point, ``in_write``,
+    fails a task, which restarts the query inside the driver: no driver process dies.) The
+    input outlasts the test however slow the machine (an exhausted input commits no epoch
+    after a restart), so the audit is of every id the generator reached."""
     env, ids = _sink_env(sink, tmp_path, request)
-    env.update({"JOB_ROWS": str(rows), "JOB_RATE": "100", "JOB_INTERVAL": "1s"})
+    env.update({"JOB_ROWS": "10000000", "JOB_RATE": "100", "JOB_INTERVAL": "1s"})
     # the first kill waits SPACING epochs too: the first driver's first epochs catch up the
     # rows generated while it started (seconds on a loaded machine) and go by in about a
     # second, before its spare (started once it committed an epoch) exists
@@ -236,14 +177,46 @@ def test_the_spare_takes_over_after_a_kill_at_every_driver_protocol_point(sink, 
     marker = tmp_path / "fired.json"
     markers = [tmp_path / f"fired-{i}.json" for i in range(1, len(POINTS) + 1)]
     run = SupervisedRun("datagen_job.py", tmp_path / "ck", env, "--fault", schedule,
-                        "--fault-marker", str(marker), log=tmp_path / "run.log")
+                        "--fault-marker", str(marker), "--restart-strategy", "fixed-delay",
+                        "--restart-option", "attempts=10", "--restart-option", "delay=1s",
+                        log=tmp_path / "run.log")
     watched = Watched(run)
+
+    def held() -> int:
+        return len(np.unique(ids()))
     try:
+        # (1) a kill at every driver point, the spare taking over each time
         watched.wait(lambda: all(m.exists() for m in markers)
                      and len(watched.drivers) == len(POINTS) + 1
                      and run.status().state == "running", "every fault and a driver after it",
                      timeout=420)
-        watched.wait(lambda: len(np.unique(ids())) >= rows, "every row", timeout=240)
+        takeovers = list(watched.drivers)
+        assert all(driver in watched.spares for driver in takeovers[1:]), (
+            takeovers, watched.spares)
+        active = takeovers[-1]
+
+        # (2) the spare behind the last one is killed: the driver goes on, another starts
+        watched.wait(lambda: watched.spare() not in (None, active), "a new spare behind it")
+        killed_spare = watched.spare()
+        _kill_tree(killed_spare)
+        watched.wait(lambda: f"the spare driver (pid {killed_spare}) ended" in run.output(),
+                     "the launcher's word on the lost spare")
+        assert run.status().driver.pid == active  # the active driver was not touched
+        watched.wait(lambda: watched.spare() not in (None, killed_spare), "another spare")
+        third_spare = watched.spare()
+
+        # (3) the driver and its spare die together: a driver from scratch
+        recovered = len([e for e in run.history() if e["event"] == "recovered"])
+        _kill_tree(active)
+        _kill_tree(third_spare)
+        watched.wait(lambda: run.status().driver.pid not in takeovers
+                     and run.status().state == "running"
+                     and len([e for e in run.history() if e["event"] == "recovered"])
+                     > recovered, "a driver started from scratch that committed an epoch")
+        cold = run.status().driver.pid
+        assert cold not in watched.spares
+        before = held()
+        watched.wait(lambda: held() > before + 200, "epochs of the cold driver")
         stopped = run.command("stop", str(tmp_path / "ck"))
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
@@ -251,11 +224,14 @@ def test_the_spare_takes_over_after_a_kill_at_every_driver_protocol_point(sink, 
         run.close()
     fired = [json.loads(m.read_text())["point"] for m in markers]
     assert fired == list(POINTS)
-    assert all(driver in watched.spares for driver in watched.drivers[1:]), (
-        watched.drivers, watched.spares)
     recoveries = [e["recovery_s"] for e in run.history() if e["event"] == "recovered"]
-    print(f"{sink}: kill -> first committed epoch of the spare, per point: {recoveries}")
-    report = audit_ids(ids(), np.arange(rows, dtype=np.int64))
+    print(f"{sink}: kill -> first committed epoch of the next driver, per point and then "
+          f"cold: {recoveries}")
+    failures = [e for e in run.history() if e["event"] == "failure"]
+    assert [e["kind"] for e in failures] == ["process"] * (len(POINTS) + 1), failures
+    assert run.status().state == "stopped" and run.status().spare is None
+    found = ids()
+    report = audit_ids(found, np.arange(int(found.max()) + 1, dtype=np.int64))
     assert report.ok, report.rows()
 
 

@@ -36,7 +36,11 @@ def _every_row_then_stop(run: SupervisedRun, out: Path, rows: int) -> None:
     """Wait for all ``rows`` in ``out``, then ``exactly stop``: the run ends with 0."""
     run.wait_for(lambda: ids_in(out) >= rows, "every row in the output", timeout=240)
     stopped = run.command("stop", str(run.checkpoint))
-    assert stopped.returncode == 0, stopped.stderr
+    status = Path(run.checkpoint) / "exactly-job" / "job.json"
+    assert stopped.returncode == 0, (  # with what the run said and its job.json, to explain
+        f"{stopped.stderr}\n--- job.json:\n"
+        f"{status.read_text() if status.exists() else '(none)'}\n--- the run's output:\n"
+        f"{run.output()[-4000:]}")
     assert run.wait() == 0, run.output()[-3000:]
 
 
