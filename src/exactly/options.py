@@ -93,6 +93,9 @@ KAFKA_PUBLISH_TIMEOUT_MS = "exactly.kafka.publishTimeoutMs"
 DEFAULT_PUBLISH_TIMEOUT_MS = 300_000
 KAFKA_CALL_TIMEOUT_MS = "exactly.kafka.callTimeoutMs"
 DEFAULT_KAFKA_CALL_TIMEOUT_MS = 30_000
+#: publish each epoch in this many shares, each by its own transactional producer
+KAFKA_PUBLISH_SHARES = "exactly.kafka.publishShares"
+MAX_KAFKA_PUBLISH_SHARES = 256
 # read side (exactly.connectors.kafka.reader; SUBSCRIBE etc. below): defaults and extras
 DEFAULT_STARTING_OFFSETS = "earliest"  #: STARTING_OFFSETS: earliest | latest | JSON
 KAFKA_ISOLATION_LEVEL = "kafka.isolation.level"
@@ -148,7 +151,7 @@ SINK_OPTIONS: dict[str, tuple[str, ...]] = {
                        COMMIT_TIMEOUT_MS),
     "exactly.kafka": (*SINK_COMMON, KAFKA_BOOTSTRAP, TOPIC, TRANSACTIONAL_ID_PREFIX,
                       KAFKA_TRANSACTION_TIMEOUT_MS, KAFKA_MARKER_TOPIC,
-                      KAFKA_PUBLISH_TIMEOUT_MS, KAFKA_CALL_TIMEOUT_MS),
+                      KAFKA_PUBLISH_TIMEOUT_MS, KAFKA_CALL_TIMEOUT_MS, KAFKA_PUBLISH_SHARES),
     "exactly.delta": (*SINK_COMMON, PATH, COMPRESSION),
     "exactly.iceberg": (*SINK_COMMON, PATH, TABLE, WAREHOUSE, PARTITION_BY, COMPRESSION),
 }

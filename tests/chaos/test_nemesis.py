@@ -28,6 +28,7 @@ are proven by tests/unit/test_lease_clock_jumps.py (see docs/reliability.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from exactly.auditor import verify
@@ -155,6 +157,9 @@ class Target:
     leftovers: Callable[[], int] = lambda: 0
     #: the output as ``exactly verify`` names it (the final audit is verify's)
     location: str = ""
+    #: the shares each epoch is published in (Kafka's ``publishShares``): readers see whole
+    #: shares, not whole epochs
+    shares: int = 1
 
 
 #: the durations of the kinds of fault that do not last the default range
@@ -175,26 +180,44 @@ def schedule_for(kinds: list[str], length: Length) -> FaultSchedule:
                                            if base_kind(k) in DURATIONS})
 
 
-def epochs_of_input(checkpoint: Path) -> dict[int, int]:
-    """Each input id's epoch, from Spark's offset log (the datagen source's offset is the
-    number of rows generated before an epoch): what the checker needs for targets whose
-    rows do not carry their epoch (Kafka, the write-ahead sink). Spark keeps the newest 100
-    entries: an epoch whose predecessor's entry is gone has an unknown start and is left out
-    (its ids are not assigned), except epoch 0, which starts at row 0."""
+def epoch_ranges(checkpoint: Path) -> dict[int, tuple[int, int]]:
+    """Each epoch's input ids ``[start, end)``, from Spark's offset log (the datagen source's
+    offset is the number of rows generated before an epoch). Spark keeps the newest 100
+    entries: an epoch whose predecessor's entry is gone has an unknown start and is left out,
+    except epoch 0, which starts at row 0."""
     ends = {}
     for epoch in batch_numbers(str(checkpoint), "offsets"):
         entry = read_offsets(str(checkpoint), epoch)
         if entry is not None:
             (source,) = entry.input.sources
             ends[epoch] = int(source["rows"])
-    epoch_of = {}
+    ranges = {}
     for epoch, end in ends.items():
         start = 0 if epoch == 0 else ends.get(epoch - 1)
-        if start is None:
+        if start is not None:
+            ranges[epoch] = (start, end)
+    return ranges
+
+
+def epochs_of_input(checkpoint: Path) -> dict[int, int]:
+    """Each input id's epoch (:func:`epoch_ranges`): what the checker needs for targets
+    whose rows do not carry their epoch (Kafka, the write-ahead sink)."""
+    return {i: epoch for epoch, (start, end) in epoch_ranges(checkpoint).items()
+            for i in range(start, end)}
+
+
+def partitions_of_input(checkpoint: Path) -> dict[int, int]:
+    """Each input id's read task in its epoch: the datagen source splits an epoch's rows
+    into ``numPartitions`` (2) even ranges, and the job keeps its partitions to the sink, so
+    an id's share is its task's number modulo the shares."""
+    partition_of = {}
+    for start, end in epoch_ranges(checkpoint).values():
+        if end <= start:
             continue
-        for i in range(start, end):
-            epoch_of[i] = epoch
-    return epoch_of
+        bounds = np.linspace(start, end, min(2, end - start) + 1, dtype=np.int64)
+        for task, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+            partition_of.update(dict.fromkeys(range(int(lo), int(hi)), task))
+    return partition_of
 
 
 def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary:
@@ -221,6 +244,7 @@ def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary
     readers = target.observers(history)
     nemesis = None
     epoch_of: dict[int, int] = {}
+    share_of: dict[int, int] = {}
     try:
         for reader in readers:
             reader.__enter__()
@@ -254,6 +278,9 @@ def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary
         assert stopped.returncode == 0, stopped.stderr
         assert run.wait() == 0, run.output()[-3000:]
         epoch_of = epochs_of_input(checkpoint)
+        if target.shares > 1:
+            share_of = {i: task % target.shares
+                        for i, task in partitions_of_input(checkpoint).items()}
     except BaseException:
         print(f"fault log ({tmp_path / 'faults.jsonl'}):\n{log.text()}")
         raise
@@ -276,7 +303,8 @@ def run_under_nemesis(tmp_path: Path, target: Target, length: Length) -> Summary
     final = target.final_rows()
     audit = verify(None, target.location, expect=f"select range as id from range({rows})")
     report = check(history, expected_ids=range(rows), final_rows=final,
-                   whole_epochs=target.whole_epochs, epoch_of=epoch_of, audit=audit)
+                   whole_epochs=target.whole_epochs, epoch_of=epoch_of, audit=audit,
+                   share_of=share_of)
     summary.records_audited = len(final)
     summary.missing = rows - len({r.id for r in final} & set(range(rows)))
     summary.duplicated = len(final) - len({r.id for r in final})
@@ -460,6 +488,15 @@ def test_the_kafka_sink_under_the_nemesis_commits_every_row_once_and_readers_see
     kafka_under_the_nemesis(tmp_path, broker, topic, kafka_proxy, SHORT)
 
 
+# CI budget: the shares' default-lane proofs are in tests/kafka/test_kafka_publish_shares.py
+@pytest.mark.slow
+def test_the_kafka_sink_in_shares_under_the_nemesis_commits_every_row_once_readers_see_whole_shares(
+        tmp_path, broker, topic, kafka_proxy):
+    """``exactly.kafka.publishShares=2``: each share published by a task of its own; the
+    checker holds readers to whole shares of epochs (not whole epochs)."""
+    kafka_under_the_nemesis(tmp_path, broker, topic, kafka_proxy, SHORT, shares=2)
+
+
 @pytest.mark.soak
 def test_the_kafka_sink_soaks_under_the_nemesis_with_kills(tmp_path, broker, topic,
                                                            kafka_proxy):
@@ -467,7 +504,7 @@ def test_the_kafka_sink_soaks_under_the_nemesis_with_kills(tmp_path, broker, top
 
 
 def kafka_under_the_nemesis(tmp_path: Path, broker: Any, topic: str, kafka_proxy: FaultProxy,
-                            length: Length) -> None:
+                            length: Length, shares: int = 1) -> None:
     from exactly.testing.kafka_broker import consume_all
 
     read = json_row("id")
@@ -488,9 +525,10 @@ def kafka_under_the_nemesis(tmp_path: Path, broker: Any, topic: str, kafka_proxy
 
     # a producer abandoned after its call hung is replaced after 10 s instead of 30
     env = {"JOB_SINK": "kafka", "JOB_BOOTSTRAP": broker.proxied_bootstrap, "JOB_TOPIC": topic,
-           "JOB_KAFKA_CALL_TIMEOUT_MS": "10000"}
-    target = Target("kafka", env, 3000, final_rows, observers, {"kafka-read_committed"},
-                    server, location=f"kafka://{broker.bootstrap}/{topic}")
+           "JOB_KAFKA_CALL_TIMEOUT_MS": "10000", "JOB_KAFKA_SHARES": str(shares)}
+    target = Target("kafka" if shares == 1 else f"kafka-{shares}-shares", env, 3000,
+                    final_rows, observers, {"kafka-read_committed"}, server,
+                    location=f"kafka://{broker.bootstrap}/{topic}", shares=shares)
     summary = run_under_nemesis(tmp_path, target, length)
     assert summary.faults.keys() >= {"net.answer", "pause.server", "net.cut"}
 

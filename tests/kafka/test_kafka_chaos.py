@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from exactly.connectors.kafka.publisher import IN_TRANSACTION
+from exactly.connectors.kafka.shares import IN_SHARE
 from exactly.connectors.kafka.streaming import STREAMING
 from exactly.demos.kafka import ChaosRun, chaos_schedule, run_chaos
 from exactly.protocol.faults import DRIVER_POINTS, FaultPoint, FaultSpec
@@ -182,3 +183,34 @@ def test_through_the_data_source_writer_every_point_and_a_broker_restart_stay_ex
     assert run.committed.report.ok, run.committed.report.to_json()
     assert run.committed.report.found_rows == LONG.events
     assert run.committed.seq_errors == 0
+
+
+#: epochs in two shares: the driver publishes nothing, so the one producer's point
+#: (``kafka.in_transaction``) is the share task's (``kafka.in_share``, on an executor)
+SHARES_SCHEDULE = [FaultSpec(IN_SHARE if s.point == IN_TRANSACTION else s.point, s.min_epoch)
+                   for s in chaos_schedule(10, None, None)]
+
+
+@pytest.mark.slow
+def test_in_two_shares_killed_at_every_point_and_inside_a_share_leaves_no_hanging_transaction(
+        broker, tmp_path):
+    """``exactly.kafka.publishShares=2``: the driver SIGKILLed at every protocol point, a
+    share's Python worker inside its open transaction, then the broker restarted: a
+    read_committed consumer sees every record once and per key the sequence 1..n, and
+    Kafka's own ``kafka-transactions.sh find-hanging`` finds no transaction left open."""
+    run = run_chaos(broker.bootstrap, tmp_path, events=SHORT.events, epochs=SHORT.epochs,
+                    schedule=SHARES_SCHEDULE, publish_shares=2,
+                    restart_broker=lambda: (broker.kill(), broker.start()),
+                    restart_broker_after_epoch=BROKER_RESTART_EPOCH)
+    assert set(run.fired) == (EVERY_POINT - {IN_TRANSACTION}) | {IN_SHARE}
+    assert run.broker_restarts == 1
+    r = run.committed.report
+    assert r.ok, r.to_json()
+    assert r.found_rows == SHORT.events
+    assert run.committed.seq_errors == 0
+    assert run.uncommitted.report.duplicate_extra_rows > 0  # the share's aborted transaction
+    assert broker.hanging_transactions() == []
+    # and no transaction of the job is left open (the coordinator's own view)
+    states = broker.transaction_states(run.prefix)
+    assert states and not {i: st for i, st in states.items()
+                           if st not in ("CompleteCommit", "CompleteAbort", "Empty")}, states

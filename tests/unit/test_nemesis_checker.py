@@ -126,6 +126,30 @@ def test_a_stream_that_ends_with_part_of_an_epoch_is_torn_by_the_inputs_assignme
     assert kinds(report) == {Anomaly.TORN_EPOCH}
 
 
+def test_a_target_of_whole_shares_may_show_one_share_of_an_epoch_never_part_of_one():
+    """Kafka with publishShares: epoch 1 is ids 3, 4 (share 0) and 5, 6 (share 1)."""
+    epoch_of, share_of = {1: 0, 2: 0, 3: 1, 4: 1, 5: 1, 6: 1}, {1: 0, 2: 1, 3: 0, 4: 0,
+                                                                  5: 1, 6: 1}
+    final = [(i,) for i in range(1, 7)]
+    h = History()
+    h.snapshot("kafka-rc", RC, [(1,), (2,), (3,), (4,)])  # share 0 of epoch 1 alone
+    h.snapshot("kafka-rc", RC, final)
+    whole_shares = check(h, expected_ids=set(range(1, 7)), final_rows=final,
+                         whole_epochs=True, epoch_of=epoch_of, share_of=share_of)
+    assert whole_shares.ok, whole_shares.render()
+    # the same reads of a target that promises whole epochs: epoch 1 was torn
+    assert kinds(check(h, expected_ids=set(range(1, 7)), final_rows=final,
+                       whole_epochs=True, epoch_of=epoch_of)) == {Anomaly.TORN_EPOCH}
+    # part of a share is torn under either promise
+    h = History()
+    h.snapshot("kafka-rc", RC, [(1,), (2,), (3,), (4,), (5,)])
+    h.snapshot("kafka-rc", RC, final)
+    report = check(h, expected_ids=set(range(1, 7)), final_rows=final, whole_epochs=True,
+                   epoch_of=epoch_of, share_of=share_of)
+    assert kinds(report) == {Anomaly.TORN_EPOCH}
+    assert "1 of epoch 1 share 1's 2 ids" in report.anomalies[Anomaly.TORN_EPOCH][0]
+
+
 def test_a_key_seen_at_a_newer_epoch_then_an_older_one_is_a_value_moved_back():
     final = [("a", 2, "a", 20), ("b", 1, "b", 10)]
     h = History()

@@ -118,6 +118,8 @@ class ChaosRun:
     uncommitted: KafkaAudit
     broker_restarts: int = 0
     fired: list[str] = field(default_factory=list)
+    #: the job's transactional id prefix
+    prefix: str = ""
 
 
 def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: str = "exactly",
@@ -128,11 +130,13 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
               on_start: Callable[[Attempt], None] | None = None,
               on_end: Callable[[Attempt], None] | None = None,
               checkpoint: str | None = None,
-              env: dict[str, str] | None = None, writer: str = "start_query") -> ChaosRun:
+              env: dict[str, str] | None = None, writer: str = "start_query",
+              publish_shares: int = 1) -> ChaosRun:
     """Produce the input, run the job under ``schedule`` until drained, audit the output.
 
     ``writer`` (``start_query`` | ``datasource``, for ``sink="exactly"``): where the sink
     commits, see :mod:`exactly.demos.kafka_job`.
+    ``publish_shares``: the sink's ``exactly.kafka.publishShares``.
     ``checkpoint`` defaults to ``<workdir>/checkpoint`` (an ``s3a://`` URI puts it, and the
     sink's log and staging beside it, on object storage; ``env`` then carries the ``AWS_*``
     settings to the job). ``restart_broker`` is called once, in the first attempt that
@@ -151,7 +155,8 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
                "--checkpoint", checkpoint or str(workdir / "checkpoint"), "--sink", sink,
                "--writer", writer, "--mode", mode,
                "--prefix", f"demo-{name}",
-               "--max-offsets-per-trigger", str(math.ceil(events / epochs))]
+               "--max-offsets-per-trigger", str(math.ceil(events / epochs)),
+               "--publish-shares", str(publish_shares)]
     restarts = 0
 
     def line(attempt: Attempt, event: dict) -> None:
@@ -169,7 +174,7 @@ def run_chaos(bootstrap: str, workdir: Path, *, events: int, epochs: int, sink: 
     committed = audit_output(bootstrap, input_topic, output_topic, "read_committed")
     uncommitted = audit_output(bootstrap, input_topic, output_topic, "read_uncommitted")
     fired = [str((a.fired or {}).get("point")) for a in attempts if a.crashed]
-    return ChaosRun(attempts, committed, uncommitted, restarts, fired)
+    return ChaosRun(attempts, committed, uncommitted, restarts, fired, f"demo-{name}")
 
 
 def run_demo(events: int, crashes: int, seed: int, workdir: Path,

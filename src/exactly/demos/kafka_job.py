@@ -112,6 +112,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> None:
                    opt.TRANSACTIONAL_ID_PREFIX: args.prefix,
                    opt.KAFKA_TRANSACTION_TIMEOUT_MS: str(args.txn_timeout_ms),
                    opt.CHECKPOINT_INTERVAL_MS: str(args.interval_ms),
+                   opt.KAFKA_PUBLISH_SHARES: str(args.publish_shares),
                    **(fault.options() if fault is not None else {})}
         if args.sink == "exactly" and args.writer == "start_query":
             query = start_query(df, sink_format="exactly.kafka", checkpoint=config,
@@ -169,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-offsets-per-trigger", type=int, default=500)
     p.add_argument("--interval-ms", type=int, default=1000)
     p.add_argument("--txn-timeout-ms", type=int, default=60_000)
+    p.add_argument("--publish-shares", type=int, default=1,
+                   help="exactly.kafka.publishShares: publish each epoch in N shares")
     p.add_argument("--continuous", action="store_true",
                    help="keep running with a processing-time trigger (bench latency)")
     add_fault_flags(p)

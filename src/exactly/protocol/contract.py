@@ -214,6 +214,13 @@ class TwoPhaseCommitSink(ABC, Generic[TxnT]):
         (called before every commit of the run, recovery included). Sinks that keep
         clients across epochs key them by the run; default: nothing to do."""
 
+    def bind_commit_session(self, spark: Any) -> None:
+        """The Spark session of the process that commits (``foreachBatch``: the driver's),
+        before the first commit of a run. A sink may run a small Spark job of its commit
+        phase in it (the Kafka sink publishes an epoch's shares on the executors). Not
+        called where the commit runs without one (a Python data source writer's commit);
+        default: nothing."""
+
     def start_early_publish(self, query_id: str, run_id: str, epoch: int) -> None:
         """The driver run ``run_id`` (holding the lease) is about to run epoch ``epoch``'s
         tasks, and will then commit them in this process. A sink may start moving the

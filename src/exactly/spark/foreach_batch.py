@@ -173,6 +173,8 @@ class TwoPhaseForeachBatch:
                                     checkpoint_location=running_checkpoint(query_id))
         if self._committer is None or self._committer.settings is not self.settings:
             self._committer = Committer(self.sink, self.settings, self.fault)
+        if not is_connect(batch_df):  # (on Connect, mapInArrow jobs need the client's API)
+            self.sink.bind_commit_session(batch_df.sparkSession)
         committer = self._committer
         if self.settings.mode is Mode.EXACTLY_ONCE:
             committer.ensure_run(query_id, run_id)  # a new run recovers before its tasks write

@@ -219,6 +219,39 @@ class KafkaBroker(ServerProcess):
             raise ExactlyError(f"the Kafka broker on {self.bootstrap} did not start within "
                                f"{timeout:.0f}s ({exc}); see {self.log_file}") from None
 
+    def hanging_transactions(self, max_minutes: int = 0) -> list[str]:
+        """What Kafka's own ``kafka-transactions.sh find-hanging`` reports for this broker
+        (``org.apache.kafka.tools.TransactionsCommand``): the lines of transactions open
+        longer than ``max_minutes`` (0: any open one) that the coordinator no longer knows
+        as ongoing; empty when there is none. Raises ExactlyError when the tool fails."""
+        found = subprocess.run(
+            self._java("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server",
+                       self.bootstrap, "find-hanging", "--broker-id", "1",
+                       "--max-transaction-timeout", str(max_minutes)),
+            capture_output=True, text=True, timeout=120)
+        if found.returncode != 0:
+            raise ExactlyError(f"kafka-transactions find-hanging failed:\n{found.stdout}"
+                               f"{found.stderr}")
+        lines = [line for line in found.stdout.splitlines() if line.strip()]
+        # a header line (Topic Partition ProducerId ...) when anything was found
+        return [line for line in lines if line.split()[0] != "Topic"]
+
+    def transaction_states(self, prefix: str = "") -> dict[str, str]:
+        """Each transactional id the coordinator knows (starting with ``prefix``) and its
+        state (``Ongoing``, ``CompleteCommit``, ``CompleteAbort``, ``Empty``, ...), from
+        ``kafka-transactions.sh list``. Raises ExactlyError when the tool fails."""
+        found = subprocess.run(
+            self._java("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server",
+                       self.bootstrap, "list"), capture_output=True, text=True, timeout=120)
+        if found.returncode != 0:
+            raise ExactlyError(f"kafka-transactions list failed:\n{found.stdout}{found.stderr}")
+        states = {}
+        for line in found.stdout.splitlines()[1:]:  # after the header
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].startswith(prefix):
+                states[fields[0]] = fields[3]
+        return states
+
     def create_topic(self, name: str, partitions: int = 2, **config: str) -> None:
         """Create ``name`` (no-op if it exists)."""
         create_topic(self.bootstrap, name, partitions, **config)

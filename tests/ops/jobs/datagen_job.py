@@ -5,8 +5,9 @@ reader instead of the generator. ``JOB_SINK`` picks the sink: ``files`` (default
 ``JOB_OUT``), ``postgres`` (the 2PC sink; ``JOB_DSN``, ``JOB_TABLE``), ``wal`` (the
 write-ahead sink into PostgreSQL; ``JOB_DSN``, ``JOB_TABLE``), ``kafka`` (``JOB_BOOTSTRAP``,
 ``JOB_TOPIC``; JSON values; ``JOB_KAFKA_CALL_TIMEOUT_MS``: its
-``exactly.kafka.callTimeoutMs``), ``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://``
-URI; S3 settings from the ``AWS_*`` environment) or ``iceberg`` (``JOB_ICEBERG``: the table's
+``exactly.kafka.callTimeoutMs``; ``JOB_KAFKA_SHARES``: its ``exactly.kafka.publishShares``),
+``delta`` (``JOB_DELTA_PATH``: a local path or an ``s3://`` URI; S3 settings from the
+``AWS_*`` environment) or ``iceberg`` (``JOB_ICEBERG``: the table's
 address, ``iceberg:CATALOG?table=NS.NAME[&warehouse=...]`` as ``exactly pipeline --output``
 takes it; S3 settings from the ``AWS_*`` environment).
 
@@ -118,6 +119,8 @@ def build(spark):
                             "topic": _env("JOB_TOPIC"),
                             "transactionalIdPrefix": f"ops-{_env('JOB_TOPIC')}",
                             **({"exactly.kafka.callTimeoutMs": _env("JOB_KAFKA_CALL_TIMEOUT_MS")}
-                               if _env("JOB_KAFKA_CALL_TIMEOUT_MS") else {})})
+                               if _env("JOB_KAFKA_CALL_TIMEOUT_MS") else {}),
+                            **({"exactly.kafka.publishShares": _env("JOB_KAFKA_SHARES")}
+                               if _env("JOB_KAFKA_SHARES") else {})})
     return Job(out, sink_format="exactly.files", path=_env("JOB_OUT"),
                options={"format": "parquet"}, checkpoint=checkpoint)

@@ -18,6 +18,10 @@ Options (``df.writeStream.format("exactly.kafka")``, keys named in :mod:`exactly
                               sending the epoch marker, ``commit_transaction``) may wait
                               before the producer is replaced and the publish tried again
                               (default 30000; at most the publish timeout)
+``exactly.kafka.publishShares``  publish each epoch in N shares (default 1: the whole epoch in
+                              one transaction of one producer); share i by the producer
+                              ``<prefix>-<query id>-<i>`` with its own epoch marker
+                              (:mod:`exactly.connectors.kafka.shares`)
 ``exactly.fault``             a fault to inject (:mod:`exactly.protocol.faults`), e.g. the
                               sink's own ``kafka.in_transaction@EPOCH``
 
@@ -76,6 +80,8 @@ class KafkaSinkOptions:
     #: the armed fault (options ``exactly.fault``, ``exactly.faultMarker``, ...), for the sink's
     #: own point ``kafka.in_transaction``
     fault: FaultSpec | None = None
+    #: shares an epoch is published in (option ``exactly.kafka.publishShares``)
+    publish_shares: int = 1
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], mode: Mode) -> KafkaSinkOptions:
@@ -109,7 +115,8 @@ class KafkaSinkOptions:
                                                opt.DEFAULT_PUBLISH_TIMEOUT_MS)),
             call_timeout_ms=_positive_ms(options, opt.KAFKA_CALL_TIMEOUT_MS,
                                          opt.DEFAULT_KAFKA_CALL_TIMEOUT_MS),
-            fault=fault_from(options))
+            fault=fault_from(options),
+            publish_shares=_shares(options))
 
     @property
     def call_timeout_s(self) -> float:
@@ -128,13 +135,17 @@ class KafkaSinkOptions:
         return {key: value for key, value in self.client_conf().items()
                 if key not in PRODUCER_ONLY}
 
-    def transactional_id(self, query_id: str) -> str:
-        """The transactional id of the query's publishing producer."""
-        return f"{self.transactional_id_prefix}-{query_id}"
+    def transactional_id(self, query_id: str, share: int | None = None) -> str:
+        """The transactional id of the query's publishing producer (``share``: of that share
+        of each epoch, when epochs are published in shares)."""
+        base = f"{self.transactional_id_prefix}-{query_id}"
+        return base if share is None else f"{base}-{share}"
 
-    def marker_group(self, query_id: str) -> str:
-        """The consumer group whose offset of ``<marker topic>[0]`` is the epoch marker."""
-        return f"{self.transactional_id_prefix}-{query_id}-epochs"
+    def marker_group(self, query_id: str, share: int | None = None) -> str:
+        """The consumer group whose offset of ``<marker topic>[0]`` is the epoch marker (of
+        one share, ``share``, when epochs are published in shares)."""
+        base = f"{self.transactional_id_prefix}-{query_id}-epochs"
+        return base if share is None else f"{base}-{share}"
 
     def lineage_group(self) -> str:
         """The consumer group whose offset metadata of ``<marker topic>[0]`` records the
@@ -207,6 +218,21 @@ def check_schema(schema: Any, topic: str | None) -> None:
     if "headers" in fields and not isinstance(fields["headers"], ArrayType):
         raise ConfigError("exactly.kafka sink: column 'headers' must be "
                           "array<struct<key: string, value: binary>>")
+
+
+def _shares(options: Mapping[str, str]) -> int:
+    raw = options.get(opt.KAFKA_PUBLISH_SHARES)
+    if raw is None:
+        return 1
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= opt.MAX_KAFKA_PUBLISH_SHARES:
+        raise ConfigError(f"exactly.kafka sink: option {opt.KAFKA_PUBLISH_SHARES}={raw!r} must "
+                          f"be a whole number from 1 (the default: one transaction an epoch) "
+                          f"to {opt.MAX_KAFKA_PUBLISH_SHARES}, e.g. the number of executors")
+    return value
 
 
 def _positive_ms(options: Mapping[str, str], key: str, default: int) -> int:

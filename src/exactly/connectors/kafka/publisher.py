@@ -249,23 +249,36 @@ def flush(producer: Any, timeout: float) -> None:
 
 
 # -- the epoch marker -------------------------------------------------------------------
-def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30) -> int:
-    """One past the last epoch of ``query_id`` published to Kafka (0 when none was).
+def read_marker(options: KafkaSinkOptions, query_id: str, timeout: float = 30,
+                share: int | None = None) -> int:
+    """One past the last epoch of ``query_id`` (of its share ``share``) published to Kafka
+    (0 when none was).
 
     Read-only: it fences nothing (unlike the session's own read, which runs after
     ``init_transactions``); while a publish is in flight it waits for it to settle.
     """
+    return read_marker_record(options, query_id, timeout, share)[0]
+
+
+def read_marker_record(options: KafkaSinkOptions, query_id: str, timeout: float = 30,
+                       share: int | None = None) -> tuple[int, dict[str, Any]]:
+    """(:func:`read_marker`, the marker's metadata: ``{"epoch": ...}``, for a share also
+    ``"share"`` and ``"shares"``; ``{}`` when there is none or it is not JSON)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({**options.connection_conf(),
-                         "group.id": options.marker_group(query_id),
+                         "group.id": options.marker_group(query_id, share),
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         (tp,) = kafka_call(consumer.committed, [TopicPartition(options.require_marker_topic(), 0)],
                            timeout=timeout, what="read epoch marker")
-        return max(tp.offset, 0)
     finally:
         consumer.close()
+    try:
+        metadata = json.loads(tp.metadata) if tp.metadata else {}
+    except ValueError:
+        metadata = {}
+    return max(tp.offset, 0), metadata if isinstance(metadata, dict) else {}
 
 
 # -- the publish session ----------------------------------------------------------------
@@ -291,11 +304,20 @@ class ClientLog:
 
 
 class PublishSession:
-    """The driver side's transactional producer of one query, fenced and recovered."""
+    """The transactional producer of one query (or of one share of its epochs: ``share``,
+    of ``shares``), fenced and recovered. ``crash_point``: the fault point inside its
+    transaction (the driver's :data:`IN_TRANSACTION`; a share's task its own)."""
 
-    def __init__(self, options: KafkaSinkOptions, query_id: str) -> None:
+    def __init__(self, options: KafkaSinkOptions, query_id: str, share: int | None = None,
+                 shares: int = 1, crash_point: str = IN_TRANSACTION) -> None:
         self.options = options
         self.query_id = query_id
+        self.share = share
+        self.shares = shares
+        self.crash_point = crash_point
+        #: the producer's transactional id and the group whose offset is its epoch marker
+        self.transactional_id = options.transactional_id(query_id, share)
+        self.group = options.marker_group(query_id, share)
         self.producer: Any = None
         #: why the producer must not begin another transaction (None: it may)
         self.suspect: str | None = None
@@ -323,7 +345,7 @@ class PublishSession:
         level = opts.producer_conf.get("log_level", "")
         user_level = int(level) if level.isdigit() else _MIN_CLIENT_LOG_LEVEL
         self.producer = new_producer(opts, {
-            "transactional.id": opts.transactional_id(self.query_id),
+            "transactional.id": self.transactional_id,
             "transaction.timeout.ms": opts.transaction_timeout_ms,
             "error_cb": self._on_client_error,
             "logger": ClientLog(self._mark_suspect, user_level),
@@ -367,7 +389,7 @@ class PublishSession:
 
         return Consumer({
             **self.options.connection_conf(),
-            "group.id": self.options.marker_group(self.query_id),
+            "group.id": self.group,
             "isolation.level": "read_committed", "enable.auto.commit": False})
 
     def _marker_group(self) -> bytes:
@@ -526,7 +548,7 @@ class PublishSession:
         transaction holds it already) and commit."""
         producer = self.producer
         # the records reach the broker's log, uncommitted, before the crash
-        maybe_crash(self.options.fault, IN_TRANSACTION, epoch,
+        maybe_crash(self.options.fault, self.crash_point, epoch,
                     before=lambda: producer.flush(30))
         if self.marker_in_txn != epoch:
             self._send_marker(epoch)
@@ -535,7 +557,8 @@ class PublishSession:
         self.marker_in_txn = None
         self._marker = epoch + 1
         log_event(logger, "epoch_published", epoch=epoch, rows=rows, attempt=attempt,
-                  streamed=streamed,
+                  streamed=streamed, **({"share": self.share, "shares": self.shares}
+                                        if self.share is not None else {}),
                   publish_ms=round((time.perf_counter() - started) * 1000, 1))
 
     def _send_marker(self, epoch: int) -> None:
@@ -543,10 +566,17 @@ class PublishSession:
         from confluent_kafka import TopicPartition
 
         marker = TopicPartition(self.options.require_marker_topic(), 0, epoch + 1,
-                                metadata=json.dumps({"epoch": epoch}))
+                                metadata=json.dumps(self._marker_metadata(epoch)))
         self._txn_call(self.producer.send_offsets_to_transaction, [marker],
                        self._marker_group(), what="send epoch marker")
         self.marker_in_txn = epoch
+
+    def _marker_metadata(self, epoch: int) -> dict[str, Any]:
+        """What the marker's offset metadata says: the epoch, and for a share its number
+        and the epoch's number of shares (read by :func:`read_marker_record`)."""
+        if self.share is None:
+            return {"epoch": epoch}
+        return {"epoch": epoch, "share": self.share, "shares": self.shares}
 
     def _txn_call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
         """One transactional call of the producer, bounded by ``callTimeoutMs`` even when
@@ -591,7 +621,7 @@ class PublishSession:
         if producer is not None:
             _abandoned.append(producer)
         log_event(logger, "producer_abandoned", logging.WARNING, call=what,
-                  transactional_id=self.options.transactional_id(self.query_id))
+                  transactional_id=self.transactional_id)
 
     def _raise_if_final(self, epoch: int, exc: BaseException) -> None:
         """Fenced or fatal: no retry can help; raise the error that says so."""
@@ -601,7 +631,7 @@ class PublishSession:
         if is_fenced(exc):
             raise FencedError(
                 f"epoch {epoch}: Kafka fenced this producer "
-                f"({self.options.transactional_id(self.query_id)}): {err.str()}. A newer "
+                f"({self.transactional_id}): {err.str()}. A newer "
                 "instance of this query took over; this one must stop. Nothing of "
                 "this instance's open transaction becomes visible.") from exc
         if err.fatal():

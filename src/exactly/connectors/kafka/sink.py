@@ -63,7 +63,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,16 @@ from exactly.connectors.kafka.publisher import (
     produce_batch,
     read_marker,
 )
+from exactly.connectors.kafka.shares import (
+    KafkaPayload,
+    epoch_shares,
+    publish_in_process,
+    publish_on_executors,
+    share_ids,
+    share_of,
+    split,
+)
+from exactly.connectors.kafka.shares import published_through as target_published_through
 from exactly.connectors.kafka.streaming import EpochStream
 from exactly.errors import DataLossError
 from exactly.logs import log_event
@@ -118,7 +128,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
     """Exactly-once Kafka output for ``read_committed`` consumers: one transaction per epoch."""
 
     name = "kafka"
-    payload_type = StagedPayload
+    payload_type = KafkaPayload
 
     def __init__(self, options: KafkaSinkOptions, settings: SinkSettings) -> None:
         self.options = options
@@ -127,9 +137,16 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         self.stage = open_stage(self.root, "staging", _STAGED)
         self._run_id: str | None = None
         self._stream: EpochStream | None = None
+        #: the committing process's Spark session (foreachBatch): epochs in shares are
+        #: published by a Spark job of it
+        self._spark: Any = None
+        self._said_in_process = False
 
-    def __getstate__(self) -> dict[str, Any]:  # the executors need no stream
-        return {**self.__dict__, "_stream": None}
+    def __getstate__(self) -> dict[str, Any]:  # the executors need no stream, no session
+        return {**self.__dict__, "_stream": None, "_spark": None}
+
+    def bind_commit_session(self, spark: Any) -> None:
+        self._spark = spark
 
     @property
     def log_directory(self) -> Path | str:
@@ -178,9 +195,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             if txn.errors:
                 raise KafkaSinkError(f"Kafka refused records of epoch {txn.task.epoch}: "
                                      f"{txn.errors[0]} ({len(txn.errors)} errors)")
-            return StagedPayload(txn.rows)
+            return KafkaPayload(txn.rows)
         assert txn.staged is not None
-        return self.stage.pre_commit(txn.staged)
+        # the share count the epoch is published in goes into the intent with the file
+        return KafkaPayload(**asdict(self.stage.pre_commit(txn.staged)),
+                            shares=self.options.publish_shares)
 
     def abort_transaction(self, txn: KafkaTxn) -> None:
         if txn.producer is not None:
@@ -198,7 +217,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         staged = self.stage.staged_file(handle)
         if staged is None or staged.exists():
             return CommitOutcome.COMMITTED
-        if self._publisher(handle.query_id).published_through() > handle.epoch:
+        if self._handle_published(handle):
             return CommitOutcome.ALREADY_COMMITTED
         raise DataLossError(
             f"epoch {handle.epoch} partition {handle.partition}: the staged rows "
@@ -214,6 +233,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         the handles' files). Idempotent: an epoch whose marker is already committed is not
         produced again. Raises FencedError when a newer producer of the same query took over.
         """
+        shares = epoch_shares(handles, self.options.publish_shares)
+        if shares > 1:
+            self._publish_shares(epoch, handles, shares)
+            return
         files = [f for f in map(self.stage.staged_file, handles) if f is not None]
         stream, self._stream = self._stream, None
         if stream is not None and (stream.epoch != epoch or not files):
@@ -238,6 +261,41 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
             if handle.payload.dir:
                 self._remove(handle)
 
+    def _publish_shares(self, epoch: int, handles: Sequence[Handle], shares: int) -> None:
+        """Epoch ``epoch`` in ``shares`` shares, each by its own producer in one transaction
+        with its own marker (:mod:`exactly.connectors.kafka.shares`): as a Spark job on the
+        executors when this process has a Spark session, else here one after the other."""
+        stream, self._stream = self._stream, None
+        if stream is not None:  # never begun with shares; a stream of another setting
+            self._end_stream(stream)
+        if not handles:
+            return
+        query_id = handles[0].query_id
+        parts = split(handles, shares)
+        if self._spark is not None:
+            publish_on_executors(self._spark, self.options, self.stage, query_id, epoch, parts)
+        else:
+            if not self._said_in_process:
+                log_event(logger, "kafka_shares_in_process", logging.WARNING, shares=shares,
+                          hint="the commit runs without a Spark session (writeStream.format"
+                               "(\"exactly.kafka\")): each share is published from this "
+                               "process, one after the other; start the query with "
+                               "exactly.start_query to publish them on the executors")
+                self._said_in_process = True
+            publish_in_process(self.options, self.stage, query_id, epoch, parts)
+        for handle in handles:
+            if handle.payload.dir:
+                self._remove(handle)
+
+    def _handle_published(self, handle: Handle) -> bool:
+        """Whether the share (or the whole epoch) ``handle`` was published in is in Kafka."""
+        shares = getattr(handle.payload, "shares", 1)
+        if shares == 1:
+            return self._publisher(handle.query_id).published_through() > handle.epoch
+        share = share_of(handle, shares)
+        return (read_marker(self.options, handle.query_id, share=share) > handle.epoch
+                or read_marker(self.options, handle.query_id) > handle.epoch)
+
     def abort(self, handle: Handle) -> None:
         if handle.payload.dir:
             self._remove(handle)
@@ -246,8 +304,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         """Begin the epoch's transaction now and stream each task's staged rows into it
         while the tasks run (:mod:`exactly.connectors.kafka.streaming`); exactly_once only.
         Nothing of it is visible before :meth:`publish_epoch` commits it."""
-        if self.mode is not Mode.EXACTLY_ONCE:
-            return
+        if self.mode is not Mode.EXACTLY_ONCE or self.options.publish_shares > 1:
+            return  # shares are published by their own producers after the intent
         if self._stream is not None:
             self._end_stream(self._stream)
         self._run_id = run_id
@@ -296,7 +354,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         return f"topic {self.options.topic or self.options.marker_topic}"
 
     def _last_epoch(self, query_id: str) -> int | None:
-        after = read_marker(self.options, query_id)
+        after = target_published_through(self.options, query_id)
         return after - 1 if after > 0 else None
 
     def target_state(self, query_id: str) -> TargetState:
@@ -322,13 +380,14 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         fenced = []
         newest = () if state.fresh else (lineage[0].query_id, *state.members[:1])
         for query in dict.fromkeys(newest):
-            txn_id = self.options.transactional_id(query)
-            producer = Producer({**self.options.client_conf(), "transactional.id": txn_id})
-            try:
-                producer.init_transactions(30)
-            finally:
-                producer.flush(5)
-            fenced.append(txn_id)
+            for txn_id in (self.options.transactional_id(query),
+                           *share_ids(self.options, query)):
+                producer = Producer({**self.options.client_conf(), "transactional.id": txn_id})
+                try:
+                    producer.init_transactions(30)
+                finally:
+                    producer.flush(5)
+                fenced.append(txn_id)
         done: dict[str, Any] = {"fenced": fenced}
         try:
             dropped = record_edge(self.options, Edge(to_query, lineage[0], time.time()))

@@ -301,7 +301,7 @@ class _Findings:
 def check(history: History, *, expected_ids: Iterable[Any], final_rows: Iterable[Any],
           whole_epochs: bool | Collection[str], epoch_of: Mapping[Any, int] | None = None,
           upsert: bool = False, audit: VerifyReport | None = None,
-          examples: int = 10) -> Report:
+          examples: int = 10, share_of: Mapping[Any, int] | None = None) -> Report:
     """Name every anomaly of ``history`` against the truth at the end.
 
     ``expected_ids``: the ids the final output must hold (every input id once the input is
@@ -309,6 +309,10 @@ def check(history: History, *, expected_ids: Iterable[Any], final_rows: Iterable
     job ended. ``whole_epochs``: True when every reader's target promises whole epochs, or
     the names of the readers that read such a target (see the module docstring). ``epoch_of``:
     the input's epoch of each id, when the test knows it (one input file per epoch).
+    ``share_of``: the share each id is published in, for a target that promises whole shares
+    of epochs rather than whole epochs (the Kafka sink with ``exactly.kafka.publishShares``
+    > 1): a torn epoch is then part of a share of an epoch, and a reader may see some shares
+    of an epoch without the others.
     ``upsert``: the target holds one row per key that later epochs overwrite (ids may move
     to newer epochs; versions are checked instead). ``audit``: ``exactly verify``'s report of
     the same output; when given, lost, duplicated and unexpected ids in the final state are
@@ -316,31 +320,38 @@ def check(history: History, *, expected_ids: Iterable[Any], final_rows: Iterable
     """
     final = [r if isinstance(r, Row) else Row(*r) for r in final_rows]
     run = _Check(history, set(expected_ids), final, whole_epochs, epoch_of or {}, upsert,
-                 _Findings(examples))
+                 _Findings(examples), share_of or {})
     run.final_state(audit)
     run.history()
     return run.found.report(run.stats, {r: list(e) for r, e in history.errors.items()})
 
 
+def _unit_name(unit: Any) -> str:
+    """``epoch 3``, or ``epoch 3 share 1`` for a share."""
+    return f"epoch {unit[0]} share {unit[1]}" if isinstance(unit, tuple) else f"epoch {unit}"
+
+
 class _Check:
     def __init__(self, history: History, expected: set[Any], final: list[Row],
                  whole_epochs: bool | Collection[str], epoch_of: Mapping[Any, int],
-                 upsert: bool, found: _Findings) -> None:
+                 upsert: bool, found: _Findings, share_of: Mapping[Any, int]) -> None:
         self.observations = history.observations()
+        self.share_of = share_of
         self.history_ = history
         self.expected, self.final, self.epoch_of, self.upsert = expected, final, epoch_of, upsert
         self.whole = whole_epochs
         self.found = found
         self.final_ids = Counter(r.id for r in final)
         self.final_has_epochs = any(r.epoch is not None for r in final)
-        self.complete: dict[int, set[Any]] = defaultdict(set)  # epoch -> its committed ids
+        #: epoch (or (epoch, share), with ``share_of``) -> its committed ids
+        self.complete: dict[Any, set[Any]] = defaultdict(set)
         if self.final_has_epochs:
             for r in final:
                 if r.epoch is not None:
                     self.complete[r.epoch].add(r.id)
         else:
             for id_, epoch in epoch_of.items():
-                self.complete[epoch].add(id_)
+                self.complete[self._unit(id_, epoch)].add(id_)
         self.stats: dict[str, int] = {
             "observations": len(self.observations),
             "polls": sum(history.polls.values()),
@@ -352,8 +363,17 @@ class _Check:
     def whole_for(self, reader: str) -> bool:
         return self.whole if isinstance(self.whole, bool) else reader in self.whole
 
-    def epoch(self, row: Row) -> int | None:
-        return row.epoch if row.epoch is not None else self.epoch_of.get(row.id)
+    def epoch(self, row: Row) -> Any:
+        """The row's epoch, or (epoch, share) for a target of whole shares: the unit a reader
+        sees whole; None when unknown."""
+        if row.epoch is not None:
+            return row.epoch
+        epoch = self.epoch_of.get(row.id)
+        return None if epoch is None else self._unit(row.id, epoch)
+
+    def _unit(self, id_: Any, epoch: int) -> Any:
+        share = self.share_of.get(id_)
+        return epoch if share is None else (epoch, share)
 
     # -- the final state ----------------------------------------------------------------
     def final_state(self, audit: VerifyReport | None) -> None:
@@ -452,7 +472,7 @@ class _Check:
                      epochs_seen: dict[int, tuple[frozenset[Any], int]]) -> None:
         """Torn epochs in one snapshot; and an epoch (as the rows name it) whose ids differ
         from what an earlier snapshot showed whole."""
-        by_epoch: dict[int, set[Any]] = defaultdict(set)
+        by_epoch: dict[Any, set[Any]] = defaultdict(set)
         named: set[int] = set()
         for r in obs.rows:
             epoch = self.epoch(r)
@@ -473,7 +493,7 @@ class _Check:
                                f"{reader}: epoch {epoch} held {_few(before[0])} in snapshot "
                                f"#{before[1]}, {_few(ids)} in #{obs.seq}")
 
-    def torn(self, reader: str, epoch: int, ids: set[Any], where: str) -> bool:
+    def torn(self, reader: str, epoch: Any, ids: set[Any], where: str) -> bool:
         complete = self.complete.get(epoch)
         if complete is None:
             self.stats["epoch reads unchecked"] += 1
@@ -481,7 +501,7 @@ class _Check:
         missing = complete - ids
         if missing and ids & complete:
             self.found.add(Anomaly.TORN_EPOCH, (reader, epoch),
-                           f"{reader}: {len(ids & complete)} of epoch {epoch}'s "
+                           f"{reader}: {len(ids & complete)} of {_unit_name(epoch)}'s "
                            f"{len(complete)} ids in {where}, missing {_few(missing)}")
             return True
         return False
@@ -497,7 +517,7 @@ class _Check:
         for obs in observed:
             self.aborted(reader, obs, Counter(r.id for r in obs.rows))
         if observed and self.whole_for(reader):
-            by_epoch: dict[int, set[Any]] = defaultdict(set)
+            by_epoch: dict[Any, set[Any]] = defaultdict(set)
             for obs in observed:
                 for r in obs.rows:
                     epoch = self.epoch(r)
