@@ -7,11 +7,10 @@ flight, leave every record once for ``read_committed`` readers."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
+from json_records import ids, rows
 
 from exactly.config import Mode
 from exactly.connectors.kafka.options import KafkaSinkOptions
@@ -26,7 +25,6 @@ from exactly.connectors.kafka.sink import KafkaSink
 from exactly.protocol.contract import SinkSettings
 from exactly.protocol.faults import FaultPoint, SimulatedCrash, fault_action, raise_simulated_crash
 from exactly.testing.harness import ProtocolHarness
-from exactly.testing.kafka_broker import consume_all
 
 
 def options(broker, topic: str, shares: int, **extra: str) -> KafkaSinkOptions:
@@ -41,17 +39,6 @@ def harness(broker, topic: str, log_dir: Path, shares: int, query_id: str | None
     settings = SinkSettings(mode=Mode.EXACTLY_ONCE, log_dir=str(log_dir))
     return ProtocolHarness(KafkaSink(options(broker, topic, shares, **extra), settings),
                            settings, query_id=query_id)
-
-
-def rows(start: int, count: int) -> pa.RecordBatch:
-    ids = list(range(start, start + count))
-    return pa.record_batch({"key": [str(i % 3) for i in ids],
-                            "value": [json.dumps({"id": i}) for i in ids]})
-
-
-def ids(broker, topic: str, isolation: str = "read_committed") -> list[int]:
-    return sorted(json.loads(v)["id"] for _, _, _, v in
-                  consume_all(broker.bootstrap, topic, isolation_level=isolation))
 
 
 def share_markers(h: ProtocolHarness[KafkaSink], shares: int) -> list[int]:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+from json_records import ids, rows
 
 from exactly.config import Mode
 from exactly.connectors.kafka.options import KafkaSinkOptions
@@ -23,7 +24,6 @@ from exactly.connectors.kafka.streaming import EpochStream, StagedTail
 from exactly.protocol.contract import SinkSettings, TaskInfo
 from exactly.protocol.staging import StagedFile
 from exactly.testing.harness import ProtocolHarness
-from exactly.testing.kafka_broker import consume_all
 
 
 def harness(broker, topic: str, log_dir: Path) -> ProtocolHarness[KafkaSink]:
@@ -33,17 +33,6 @@ def harness(broker, topic: str, log_dir: Path) -> ProtocolHarness[KafkaSink]:
         "transactionalIdPrefix": "test", "kafka.transaction.timeout.ms": "20000"},
         settings.mode)
     return ProtocolHarness(KafkaSink(options, settings), settings)
-
-
-def rows(start: int, count: int) -> pa.RecordBatch:
-    ids = list(range(start, start + count))
-    return pa.record_batch({"key": [str(i % 3) for i in ids],
-                            "value": [json.dumps({"id": i}) for i in ids]})
-
-
-def ids(broker, topic: str, isolation: str = "read_committed") -> list[int]:
-    return sorted(json.loads(v)["id"] for _, _, _, v in
-                  consume_all(broker.bootstrap, topic, isolation_level=isolation))
 
 
 def stable_end(broker, topic: str) -> int:

@@ -111,6 +111,9 @@ from exactly.protocol.target_state import line_state
 logger = logging.getLogger("exactly.kafka")
 
 _STAGED = "rows.arrow"
+#: queries this process said publish their shares in process (said once a query: Spark
+#: builds a new sink object before every epoch of the data source writer)
+_SAID_IN_PROCESS: set[str] = set()
 
 
 @dataclass
@@ -140,7 +143,6 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         #: the committing process's Spark session (foreachBatch): epochs in shares are
         #: published by a Spark job of it
         self._spark: Any = None
-        self._said_in_process = False
 
     def __getstate__(self) -> dict[str, Any]:  # the executors need no stream, no session
         return {**self.__dict__, "_stream": None, "_spark": None}
@@ -275,13 +277,13 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
         if self._spark is not None:
             publish_on_executors(self._spark, self.options, self.stage, query_id, epoch, parts)
         else:
-            if not self._said_in_process:
+            if query_id not in _SAID_IN_PROCESS:
+                _SAID_IN_PROCESS.add(query_id)
                 log_event(logger, "kafka_shares_in_process", logging.WARNING, shares=shares,
                           hint="the commit runs without a Spark session (writeStream.format"
                                "(\"exactly.kafka\")): each share is published from this "
                                "process, one after the other; start the query with "
                                "exactly.start_query to publish them on the executors")
-                self._said_in_process = True
             publish_in_process(self.options, self.stage, query_id, epoch, parts)
         for handle in handles:
             if handle.payload.dir:
