@@ -193,6 +193,8 @@ class KafkaCase(SinkCase):
     name = "kafka"
     server = True
     already_committed_between_commits = 0
+    #: more sink options
+    extra: dict[str, str] = {}
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
         super().__init__(request, tmp_path)
@@ -208,8 +210,8 @@ class KafkaCase(SinkCase):
 
         options = KafkaSinkOptions.from_options({
             "kafka.bootstrap.servers": self.broker.bootstrap, "topic": self.topic,
-            "transactionalIdPrefix": "contract", "kafka.transaction.timeout.ms": "20000"},
-            settings.mode)
+            "transactionalIdPrefix": "contract", "kafka.transaction.timeout.ms": "20000",
+            **self.extra}, settings.mode)
         return KafkaSink(options, settings)
 
     def batch(self, ids: list[int]) -> pa.RecordBatch:
@@ -379,6 +381,15 @@ class SqliteWalS3Case(_OnS3, SqliteWalCase):
     name = "sqlite_wal_s3"
 
 
+class KafkaSharesCase(KafkaCase):
+    """The Kafka sink publishing each epoch in 2 shares (``exactly.kafka.publishShares``),
+    from the committing process (no Spark session here): each share its own producer and
+    marker."""
+
+    name = "kafka_shares"
+    extra = {"exactly.kafka.publishShares": "2"}
+
+
 class KafkaS3Case(_OnS3, KafkaCase):
     """The Kafka sink with its staged Arrow files, log and lease on S3."""
 
@@ -404,7 +415,8 @@ class IcebergRestS3Case(_OnS3, IcebergCase):
 
 CASES: tuple[type[SinkCase], ...] = (FilesCase, SqliteWalCase, SqliteWalS3Case,
                                      Postgres2pcCase, PostgresWalCase, PostgresUpsertCase,
-                                     KafkaCase, KafkaS3Case, DeltaCase, DeltaS3Case, IcebergCase,
+                                     KafkaCase, KafkaSharesCase, KafkaS3Case, DeltaCase,
+                                     DeltaS3Case, IcebergCase,
                                      IcebergRestCase, IcebergPostgresS3Case, IcebergRestS3Case)
 BY_NAME = {c.name: c for c in CASES}
 
