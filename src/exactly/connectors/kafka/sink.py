@@ -53,6 +53,9 @@ superseded queries (which aborts a transaction a crashed driver left open, so
 Committed records cannot be taken back: a rollback cannot ``retract``; ``keep`` publishes
 the epochs after the savepoint again (``read_committed`` readers then see them twice).
 
+Publishing an epoch in N shares from the executors, each share exactly once by its own
+producer and marker (``exactly.kafka.publishShares``): :mod:`exactly.connectors.kafka.shares`.
+
 Options, the start-time checks and the input columns: :mod:`exactly.connectors.kafka.options`;
 the publishing producer, the epoch marker and the error handling:
 :mod:`exactly.connectors.kafka.publisher`.
@@ -128,7 +131,9 @@ class KafkaTxn:
 
 
 class KafkaSink(TwoPhaseCommitSink[KafkaTxn]):
-    """Exactly-once Kafka output for ``read_committed`` consumers: one transaction per epoch."""
+    """Exactly-once Kafka output for ``read_committed`` consumers: one transaction per epoch,
+    or with ``exactly.kafka.publishShares=N`` one per share of an epoch
+    (:mod:`exactly.connectors.kafka.shares`)."""
 
     name = "kafka"
     payload_type = KafkaPayload
