@@ -134,11 +134,12 @@ def test_as_pid_1_of_a_pid_namespace_the_launcher_survives_repeated_driver_tree_
         # seen from outside its namespace, the job runs (its pids are looked up in it)
         seen = json.loads(run.command("checkpoints", str(ck), "--json").stdout)
         assert seen["status"] == "running", seen["status"]
-        epochs_before = run.committed_epochs()
         token = _driver_of(launcher).environ()[JOB_TOKEN_ENV]
         launcher.kill()  # the whole job: PID 1 dies, the kernel kills its namespace
         assert run.proc.wait(timeout=60) != 0
         _wait(lambda: not job_processes(token), "the namespace's processes to end", 30)
+        # read once nothing of the job is alive: an epoch may commit until the kill lands
+        epochs_before = run.committed_epochs()
     finally:
         run.close()
     assert len(set(killed)) == DRIVER_TREE_KILLS
